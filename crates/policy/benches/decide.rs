@@ -1,1 +1,71 @@
-fn main() {}
+//! Feature extraction + decision per request, the policy's share of router overhead.
+//!
+//! `cargo bench -p quantrouter-policy --bench decide`
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use quantrouter_policy::{
+    decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
+    DEFAULT_PROFILE_SET,
+};
+
+/// A prompt of about `len` bytes mixing prose, numbers and a little code.
+fn prompt_of(len: usize) -> String {
+    let unit = "Summarise the quarterly report: revenue grew 12% to $4.2M while costs fell. \
+                Then write a Python function `def growth(a, b): return (b - a) / a` and explain it. ";
+    unit.repeat(len / unit.len() + 1)[..len].to_owned()
+}
+
+/// The default set widened to `n` profiles with varied numbers.
+fn set_with(n: usize) -> ProfileSet {
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let base = set.profiles.clone();
+    set.profiles = (0..n)
+        .map(|i| {
+            let mut p = base[i % base.len()].clone();
+            p.id = format!("{}-{i}", p.id);
+            p.cost_per_1m_output_tokens *= 1.0 + i as f64 / 10.0;
+            p.latency.itl_ms += i as f64 * 0.1;
+            p
+        })
+        .collect();
+    set.default_profile = set.profiles[0].id.clone();
+    set.validate().unwrap();
+    set
+}
+
+fn features_and_decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("features_and_decision");
+    for profiles in [3, 20] {
+        let set = set_with(profiles);
+        for len in [200, 4 * 1024, 64 * 1024] {
+            let text = prompt_of(len);
+            group.throughput(Throughput::Bytes(len as u64));
+            let id = BenchmarkId::new(format!("{profiles}_profiles"), format!("{len}B"));
+            group.bench_with_input(id, &text, |b, text| {
+                b.iter(|| {
+                    let prompt = Prompt {
+                        segments: vec![Segment {
+                            role: Role::User,
+                            text: black_box(text),
+                        }],
+                        wants_json: false,
+                    };
+                    let features = Features::extract(&prompt, &set.policy.complexity).unwrap();
+                    let req = RouteRequest {
+                        features: &features,
+                        max_tokens: Some(256),
+                        overrides: Overrides::default(),
+                        routing_key: "bench",
+                    };
+                    black_box(decide(&set, &req, &[]).unwrap())
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, features_and_decision);
+criterion_main!(benches);

@@ -1,1 +1,46 @@
-//! Routing policy.
+//! quantrouter's routing policy: profile sets, prompt features and utility selection.
+//!
+//! Pure and synchronous: no I/O, no clocks, no global state, so every decision is
+//! reproducible from its inputs and property-testable.
+//!
+//! ```
+//! use quantrouter_policy::{decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment};
+//!
+//! let set = ProfileSet::from_json(quantrouter_policy::DEFAULT_PROFILE_SET).unwrap();
+//! let prompt = Prompt {
+//!     segments: vec![Segment { role: Role::User, text: "Say hello in French." }],
+//!     wants_json: false,
+//! };
+//! let features = Features::extract(&prompt, &set.policy.complexity).unwrap();
+//! let request = RouteRequest {
+//!     features: &features,
+//!     max_tokens: Some(32),
+//!     overrides: Overrides::default(),
+//!     routing_key: "req-1",
+//! };
+//! let decision = decide(&set, &request, &[]).unwrap();
+//! assert_eq!(set.profiles[decision.profile].tier, "int4");
+//! assert_eq!(decision.reason.as_str(), "utility");
+//! ```
+
+mod audit;
+mod features;
+mod profile;
+mod seed;
+mod select;
+
+pub use audit::{audit, AuditError, AuditReport, LabelStats};
+pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
+pub use profile::{
+    ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet, ProfileSetError,
+    Quality, QualityFallback, RequiredQuality, ServiceUpstream, StaticUpstream, Upstream,
+    ValidationErrors, Weights,
+};
+pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
+pub use select::{
+    decide, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection, RouteError,
+    RouteRequest, RoutingDecision,
+};
+
+/// The built-in profile set (`profiles/default.json`), used when no other source is set.
+pub const DEFAULT_PROFILE_SET: &str = include_str!("../../../profiles/default.json");

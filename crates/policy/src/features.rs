@@ -1,0 +1,702 @@
+//! Prompt features and the complexity score (SPEC §1 step 2, `docs/routing.md`).
+//!
+//! Everything is computed in one pass over a bounded *scoring window* of the prompt, so the
+//! cost per request is capped by `policy.complexity.scoring_window_chars` whatever the prompt
+//! size. Only the token estimate looks at the whole prompt, and only at its length.
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::ComplexityWeights;
+
+/// Who wrote a piece of prompt text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    /// Tool results, developer messages and anything else: scored like user text.
+    Other,
+}
+
+/// One text part of one message (multimodal messages contribute their text parts only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment<'a> {
+    pub role: Role,
+    pub text: &'a str,
+}
+
+/// The parts of a request that features are computed from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt<'a> {
+    /// Messages in request order (a completion prompt is one `User` segment).
+    pub segments: Vec<Segment<'a>>,
+    /// The request asked for JSON output (`response_format` json_object / json_schema).
+    pub wants_json: bool,
+}
+
+/// The task a prompt asks for; profiles can declare a quality per class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskClass {
+    Code,
+    Math,
+    Structured,
+    General,
+}
+
+/// Features of one prompt; every score is in [0,1].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Features {
+    /// Shannon entropy of the window's bytes, mapped from 3..5.5 bits to 0..1.
+    pub entropy: f64,
+    /// Share of words that are content words (not function words).
+    pub lexical: f64,
+    pub code: f64,
+    pub math: f64,
+    pub json: f64,
+    /// Numeric words per word, scaled so 25% numbers saturates.
+    pub numeric: f64,
+    /// Log-scaled window length: ~0 for a short question, 1 at the full window.
+    pub length: f64,
+    pub task_class: TaskClass,
+    /// Weighted sum of the scores above, clamped to [0,1].
+    pub complexity: f64,
+    /// Bytes of prompt text in the whole request (not just the window).
+    pub prompt_bytes: usize,
+    /// Number of messages, for per-message token overhead.
+    pub segments: usize,
+}
+
+/// A prompt that cannot be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureError {
+    #[error("prompt is empty")]
+    EmptyPrompt,
+}
+
+/// Assistant turns are context, not the ask: they get at most this share of the window.
+const ASSISTANT_WINDOW_SHARE: usize = 4;
+/// Chat templates add a few tokens of framing per message.
+const TOKENS_PER_MESSAGE: usize = 4;
+
+// === impl Features ===
+
+impl Features {
+    /// Extracts features from a prompt and scores its complexity with `weights`.
+    pub fn extract(prompt: &Prompt<'_>, weights: &ComplexityWeights) -> Result<Self, FeatureError> {
+        let prompt_bytes: usize = prompt.segments.iter().map(|s| s.text.len()).sum();
+        if prompt
+            .segments
+            .iter()
+            .all(|s| s.text.trim_start().is_empty())
+        {
+            return Err(FeatureError::EmptyPrompt);
+        }
+
+        let mut scan = Scanner::default();
+        let window = weights.scoring_window_chars.max(1);
+        let mut assistant_left = window / ASSISTANT_WINDOW_SHARE;
+        let mut left = window;
+        // The ask (system + user) first, then assistant context if room is left.
+        for pass_assistant in [false, true] {
+            for seg in &prompt.segments {
+                if (seg.role == Role::Assistant) != pass_assistant || left == 0 {
+                    continue;
+                }
+                let mut budget = left;
+                if pass_assistant {
+                    budget = budget.min(assistant_left);
+                }
+                let text = truncate_at_char(seg.text, budget);
+                scan.feed(text);
+                left -= text.len();
+                if pass_assistant {
+                    assistant_left -= text.len();
+                }
+            }
+        }
+        Ok(scan.finish(
+            prompt.wants_json,
+            window,
+            weights,
+            prompt_bytes,
+            prompt.segments.len(),
+        ))
+    }
+
+    /// Estimated prompt tokens for a tokenizer averaging `chars_per_token`.
+    pub fn estimated_input_tokens(&self, chars_per_token: f64) -> u64 {
+        let per_char = if chars_per_token > 0.0 {
+            chars_per_token
+        } else {
+            4.0
+        };
+        (self.prompt_bytes as f64 / per_char).ceil() as u64
+            + (self.segments * TOKENS_PER_MESSAGE) as u64
+    }
+}
+
+fn truncate_at_char(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// One pass over the window text, counting what the scores need.
+#[derive(Debug)]
+struct Scanner {
+    byte_counts: [u32; 256],
+    bytes: usize,
+    words: u32,
+    function_words: u32,
+    numbers: u32,
+    /// Digits plus number words ("three", "twice", "quarter"): quantities in word problems.
+    quantities: u32,
+    code_keywords: u32,
+    code_intent: u32,
+    code_symbols: u32,
+    fences: u32,
+    indented_lines: u32,
+    math_ops: u32,
+    math_words: u32,
+    latex: u32,
+    quantity_cues: u32,
+    json_words: u32,
+    json_braces: u32,
+    /// The previous word, lowercased (for two-word cues such as "how many").
+    prev_word: [u8; 8],
+    /// Kind of the last non-space byte, for operator context.
+    last: Last,
+    /// An operator waiting to see what follows it.
+    pending_op: Option<u8>,
+    at_line_start: bool,
+    leading_spaces: u32,
+    backticks: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Last {
+    Nothing,
+    Digit,
+    Alpha,
+    Close,
+    Other,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self {
+            byte_counts: [0; 256],
+            bytes: 0,
+            words: 0,
+            function_words: 0,
+            numbers: 0,
+            quantities: 0,
+            code_keywords: 0,
+            code_intent: 0,
+            code_symbols: 0,
+            fences: 0,
+            indented_lines: 0,
+            math_ops: 0,
+            math_words: 0,
+            latex: 0,
+            quantity_cues: 0,
+            json_words: 0,
+            json_braces: 0,
+            prev_word: [0; 8],
+            last: Last::Nothing,
+            pending_op: None,
+            at_line_start: true,
+            leading_spaces: 0,
+            backticks: 0,
+        }
+    }
+}
+
+impl Scanner {
+    fn feed(&mut self, text: &str) {
+        let bytes = text.as_bytes();
+        self.bytes += bytes.len();
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if is_word_byte(b) {
+                let start = i;
+                while i < bytes.len() && is_word_byte(bytes[i]) {
+                    self.byte_counts[bytes[i] as usize] += 1;
+                    i += 1;
+                }
+                self.word(&bytes[start..i], bytes.get(start.wrapping_sub(1)).copied());
+                continue;
+            }
+            self.byte_counts[b as usize] += 1;
+            self.symbol(b, bytes.get(i + 1).copied());
+            i += 1;
+        }
+        // Segments are separate messages: no cue spans them.
+        self.at_line_start = true;
+        self.pending_op = None;
+        self.last = Last::Nothing;
+    }
+
+    fn word(&mut self, word: &[u8], before: Option<u8>) {
+        self.at_line_start = false;
+        self.words += 1;
+        let is_number = word.iter().all(u8::is_ascii_digit);
+        if let Some(op) = self.pending_op.take() {
+            let operand_ok = match op {
+                b'-' | b'/' => is_number && self.last == Last::Digit,
+                _ => true,
+            };
+            if operand_ok {
+                self.math_ops += 1;
+            }
+        }
+        // Cue words are matched on their first 8 bytes, lowercased, without allocating.
+        let mut lower = [0u8; 8];
+        for (dst, src) in lower.iter_mut().zip(word) {
+            *dst = src.to_ascii_lowercase();
+        }
+        let lw = &lower[..word.len().min(8)];
+        if is_number {
+            self.numbers += 1;
+            self.quantities += 1;
+            self.last = Last::Digit;
+        } else {
+            self.last = Last::Alpha;
+            self.classify_word(lw, word.len() <= 8, before);
+        }
+        self.prev_word = lower;
+    }
+
+    fn classify_word(&mut self, w: &[u8], whole: bool, before: Option<u8>) {
+        if whole && is_function_word(w) {
+            self.function_words += 1;
+        }
+        match w {
+            b"def" | b"fn" | b"class" | b"import" | b"return" | b"elif" | b"lambda" | b"const"
+            | b"let" | b"var" | b"void" | b"struct" | b"impl" | b"self" | b"public"
+            | b"private" | b"static" | b"async" | b"await" | b"null" | b"none" | b"true"
+            | b"false" | b"int" | b"str" | b"bool" | b"println" | b"printf" | b"include" => {
+                self.code_keywords += 1
+            }
+            b"python" | b"java" | b"rust" | b"golang" | b"c++" | b"sql" | b"regex" | b"code"
+            | b"function" | b"program" | b"script" | b"compile" | b"debug" | b"bug" | b"api"
+            | b"html" | b"css" | b"bash" | b"query" | b"array" | b"string" | b"integer"
+            | b"method" | b"variable" | b"loop" => self.code_intent += 1,
+            b"json" | b"yaml" | b"xml" | b"csv" | b"schema" => self.json_words += 1,
+            b"calculat" | b"solve" | b"equation" | b"sum" | b"average" | b"percent"
+            | b"product" | b"total" | b"times" | b"remainin" | b"altogeth" | b"profit"
+            | b"cost" | b"costs" | b"spend" | b"spent" | b"earn" | b"earns" | b"paid" | b"pays"
+            | b"per" | b"each" | b"every" | b"minutes" | b"hours" | b"dollars" | b"cents"
+            | b"miles" | b"integral" | b"derivati" | b"probabil" | b"fraction" | b"ratio"
+            | b"rate" | b"older" | b"younger" | b"combined" | b"price" | b"sold" | b"sells"
+            | b"buys" | b"bought" | b"fewer" | b"left" => self.math_words += 1,
+            b"one" | b"two" | b"three" | b"four" | b"five" | b"six" | b"seven" | b"eight"
+            | b"nine" | b"ten" | b"eleven" | b"twelve" | b"fifteen" | b"twenty" | b"thirty"
+            | b"forty" | b"fifty" | b"hundred" | b"thousand" | b"million" | b"third"
+            | b"quarter" | b"double" | b"triple" | b"dozen" => self.quantities += 1,
+            b"twice" | b"half" => {
+                self.quantities += 1;
+                self.math_words += 1;
+            }
+            b"many" | b"much" if &self.prev_word[..4] == b"how\0" => self.quantity_cues += 1,
+            _ => {}
+        }
+        if before == Some(b'\\') {
+            self.latex += 1;
+        }
+    }
+
+    fn symbol(&mut self, b: u8, next: Option<u8>) {
+        match b {
+            b'\n' => {
+                if self.leading_spaces >= 4 {
+                    self.indented_lines += 1;
+                }
+                self.at_line_start = true;
+                self.leading_spaces = 0;
+                self.backticks = 0;
+                return;
+            }
+            b' ' | b'\t' if self.at_line_start => {
+                self.leading_spaces += if b == b'\t' { 4 } else { 1 };
+                return;
+            }
+            b' ' | b'\t' | b'\r' => return,
+            _ => {}
+        }
+        if self.at_line_start && self.leading_spaces >= 4 {
+            self.indented_lines += 1;
+            self.leading_spaces = 0;
+        }
+        self.at_line_start = false;
+        if b == b'`' {
+            self.backticks += 1;
+            if self.backticks == 3 {
+                self.fences += 1;
+            }
+        } else {
+            self.backticks = 0;
+        }
+        match b {
+            b'{' | b'}' | b';' | b'[' | b']' | b'<' | b'>' | b'|' | b'&' | b'#' | b'_' => {
+                self.code_symbols += 1;
+                if b == b'{' && next == Some(b'"') {
+                    self.json_braces += 1;
+                }
+            }
+            b'$' | b'%' => self.math_words += 1,
+            b'\\' => {}
+            b'+' | b'-' | b'*' | b'/' | b'=' | b'^' => {
+                if matches!(self.last, Last::Digit | Last::Alpha | Last::Close) {
+                    self.pending_op = Some(b);
+                }
+                if b == b'=' && next == Some(b'=') {
+                    self.code_symbols += 1;
+                }
+                self.last = Last::Other;
+                return;
+            }
+            b')' => {
+                self.last = Last::Close;
+                return;
+            }
+            _ => {}
+        }
+        if b != b'(' {
+            self.pending_op = None;
+        }
+        self.last = Last::Other;
+    }
+
+    fn finish(
+        self,
+        wants_json: bool,
+        window: usize,
+        w: &ComplexityWeights,
+        prompt_bytes: usize,
+        segments: usize,
+    ) -> Features {
+        let words = f64::from(self.words.max(1));
+        let entropy = scale(shannon_entropy(&self.byte_counts, self.bytes), 3.0, 5.5);
+        let lexical = if self.words == 0 {
+            0.0
+        } else {
+            1.0 - f64::from(self.function_words) / words
+        };
+        let code = clamp01(
+            0.6 * f64::from(self.fences.min(1))
+                + 0.2 * f64::from(self.code_keywords.min(4))
+                + 0.25 * f64::from(self.code_intent.min(2))
+                + 0.1 * f64::from(self.indented_lines.min(5))
+                + 4.0 * f64::from(self.code_symbols) / self.bytes.max(1) as f64,
+        );
+        let quantities = f64::from(self.quantities.min(4));
+        let word_problem = if self.quantities >= 2 {
+            0.2 * f64::from(self.math_words.min(3)) + 0.4 * f64::from(self.quantity_cues.min(1))
+        } else {
+            0.0
+        };
+        let math = clamp01(
+            0.35 * f64::from(self.math_ops.min(3))
+                + 0.4 * f64::from(self.latex.min(2))
+                + 0.1 * quantities
+                + word_problem,
+        );
+        let json = if wants_json {
+            1.0
+        } else {
+            clamp01(
+                0.6 * f64::from(self.json_words.min(1)) + 0.3 * f64::from(self.json_braces.min(2)),
+            )
+        };
+        let numeric = clamp01(4.0 * f64::from(self.numbers) / words);
+        let length = scale(
+            (1.0 + self.bytes as f64).ln(),
+            (1.0 + 32.0f64).ln(),
+            (1.0 + window as f64).ln(),
+        );
+        let task_class = if code >= 0.5 && code >= math {
+            TaskClass::Code
+        } else if math >= 0.5 {
+            TaskClass::Math
+        } else if json >= 0.5 {
+            TaskClass::Structured
+        } else {
+            TaskClass::General
+        };
+        let complexity = clamp01(
+            w.entropy * entropy
+                + w.lexical * lexical
+                + w.code * code
+                + w.math * math
+                + w.json * json
+                + w.numeric * numeric
+                + w.length * length,
+        );
+        Features {
+            entropy,
+            lexical,
+            code,
+            math,
+            json,
+            numeric,
+            length,
+            task_class,
+            complexity,
+            prompt_bytes,
+            segments,
+        }
+    }
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b >= 0x80
+}
+
+/// The commonest English function words; the rest count as content words.
+fn is_function_word(w: &[u8]) -> bool {
+    matches!(
+        w,
+        b"a" | b"an"
+            | b"the"
+            | b"and"
+            | b"or"
+            | b"but"
+            | b"if"
+            | b"of"
+            | b"to"
+            | b"in"
+            | b"on"
+            | b"at"
+            | b"by"
+            | b"for"
+            | b"with"
+            | b"from"
+            | b"as"
+            | b"is"
+            | b"are"
+            | b"was"
+            | b"were"
+            | b"be"
+            | b"been"
+            | b"it"
+            | b"its"
+            | b"this"
+            | b"that"
+            | b"these"
+            | b"those"
+            | b"he"
+            | b"she"
+            | b"they"
+            | b"we"
+            | b"you"
+            | b"i"
+            | b"me"
+            | b"my"
+            | b"your"
+            | b"his"
+            | b"her"
+            | b"their"
+            | b"our"
+            | b"do"
+            | b"does"
+            | b"did"
+            | b"have"
+            | b"has"
+            | b"had"
+            | b"will"
+            | b"would"
+            | b"can"
+            | b"could"
+            | b"should"
+            | b"not"
+            | b"no"
+            | b"so"
+            | b"than"
+            | b"then"
+            | b"there"
+            | b"what"
+            | b"which"
+            | b"who"
+            | b"how"
+            | b"about"
+            | b"into"
+            | b"some"
+            | b"any"
+            | b"all"
+    )
+}
+
+/// Bits per byte, 0 for empty input.
+fn shannon_entropy(counts: &[u32; 256], total: usize) -> f64 {
+    if total == 0 {
+        return 0.0;
+    }
+    let n = total as f64;
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let p = f64::from(c) / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+fn scale(value: f64, lo: f64, hi: f64) -> f64 {
+    clamp01((value - lo) / (hi - lo))
+}
+
+fn clamp01(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(0.0, 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(text: &str) -> Features {
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text,
+            }],
+            wants_json: false,
+        };
+        Features::extract(&prompt, &ComplexityWeights::default()).unwrap()
+    }
+
+    #[test]
+    fn empty_and_whitespace_prompts_are_rejected() {
+        let w = ComplexityWeights::default();
+        for text in ["", "   \n\t "] {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text,
+                }],
+                wants_json: false,
+            };
+            assert_eq!(
+                Features::extract(&prompt, &w),
+                Err(FeatureError::EmptyPrompt)
+            );
+        }
+        assert_eq!(
+            Features::extract(&Prompt::default(), &w),
+            Err(FeatureError::EmptyPrompt)
+        );
+    }
+
+    #[test]
+    fn python_function_is_code() {
+        let f = features(
+            "Complete this Python function:\ndef add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
+        );
+        assert_eq!(f.task_class, TaskClass::Code);
+        assert!(f.code >= 0.5, "{f:?}");
+    }
+
+    #[test]
+    fn word_problem_is_math() {
+        let f = features(
+            "Seal releases 3 songs every month. He gets $2000 per song. How much money does he get in his first 3 years?",
+        );
+        assert_eq!(f.task_class, TaskClass::Math);
+    }
+
+    #[test]
+    fn latex_is_math() {
+        let f = features(r"Evaluate \int_0^1 x^2 dx and \frac{1}{2}");
+        assert_eq!(f.task_class, TaskClass::Math);
+    }
+
+    #[test]
+    fn json_request_is_structured() {
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text: "List three colours.",
+            }],
+            wants_json: true,
+        };
+        let f = Features::extract(&prompt, &ComplexityWeights::default()).unwrap();
+        assert_eq!(f.task_class, TaskClass::Structured);
+        assert_eq!(f.json, 1.0);
+    }
+
+    #[test]
+    fn short_chat_is_simple_general() {
+        let f = features("Give three tips for staying healthy.");
+        assert_eq!(f.task_class, TaskClass::General);
+        assert!(f.complexity < 0.4, "{f:?}");
+    }
+
+    #[test]
+    fn complexity_grows_with_code_content() {
+        let simple = features("Say hello to my friend.");
+        let code =
+            features("```rust\nfn main() { let x: Vec<u8> = vec![]; println!(\"{x:?}\"); }\n```");
+        assert!(
+            code.complexity > simple.complexity + 0.2,
+            "{simple:?} {code:?}"
+        );
+    }
+
+    #[test]
+    fn system_prompt_counts_and_assistant_is_capped() {
+        let w = ComplexityWeights {
+            scoring_window_chars: 64,
+            ..ComplexityWeights::default()
+        };
+        let long = "x".repeat(1000);
+        let prompt = Prompt {
+            segments: vec![
+                Segment {
+                    role: Role::Assistant,
+                    text: &long,
+                },
+                Segment {
+                    role: Role::System,
+                    text: "You write Python code.",
+                },
+                Segment {
+                    role: Role::User,
+                    text: "hi",
+                },
+            ],
+            wants_json: false,
+        };
+        let f = Features::extract(&prompt, &w).unwrap();
+        assert!(f.code > 0.0, "system prompt must be scored: {f:?}");
+        assert_eq!(f.prompt_bytes, 1000 + 22 + 2);
+        assert_eq!(f.estimated_input_tokens(4.0), 256 + 12);
+    }
+
+    #[test]
+    fn window_bounds_the_scored_text_at_a_char_boundary() {
+        let w = ComplexityWeights {
+            scoring_window_chars: 5,
+            ..ComplexityWeights::default()
+        };
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text: "ééééé",
+            }],
+            wants_json: false,
+        };
+        assert!(Features::extract(&prompt, &w).is_ok());
+    }
+}

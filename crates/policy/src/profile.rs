@@ -1,0 +1,583 @@
+//! The profile-set document: the table of model-quantization profiles and the routing policy
+//! that operators push to Redis (SPEC §3).
+//!
+//! Parsing and validation are separate steps so a caller can report every problem at once;
+//! [`ProfileSet::from_json`] does both and is what every source should use.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::features::TaskClass;
+
+/// A complete, versioned routing configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileSet {
+    /// Monotonic document version; a router never replaces a set with an older one.
+    pub version: u64,
+    /// When the document was written (RFC 3339), informational.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    /// The profile that shadow mode, canary control traffic and savings are measured against.
+    pub default_profile: String,
+    #[serde(default)]
+    pub policy: Policy,
+    pub profiles: Vec<Profile>,
+}
+
+/// How profiles are scored and chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub weights: Weights,
+    /// Hard upper bound on predicted latency unless a request overrides it.
+    pub latency_budget_ms: f64,
+    /// The output length latency and cost are predicted for when a request sets no
+    /// `max_tokens`, and the cap when it sets a larger one: `max_tokens` is a ceiling,
+    /// not a forecast, and chat answers are typically a few hundred tokens.
+    pub expected_output_tokens: u32,
+    pub required_quality: RequiredQuality,
+    pub complexity: ComplexityWeights,
+    pub quality_fallback: QualityFallback,
+    pub mode: Mode,
+    /// Share of requests routed adaptively in `canary` mode, 0..=100.
+    pub canary_percent: u8,
+}
+
+/// Weights of the utility terms; only their ratios matter.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Weights {
+    pub quality: f64,
+    pub latency: f64,
+    pub cost: f64,
+}
+
+/// Required quality grows linearly with prompt complexity from `base` to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequiredQuality {
+    pub base: f64,
+    pub max: f64,
+}
+
+/// Feature weights of the complexity score (see `docs/routing.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ComplexityWeights {
+    pub entropy: f64,
+    pub lexical: f64,
+    pub code: f64,
+    pub math: f64,
+    pub json: f64,
+    pub numeric: f64,
+    pub length: f64,
+    /// Features are computed over at most this many bytes of prompt text, which bounds the
+    /// work per request whatever the prompt size.
+    pub scoring_window_chars: usize,
+}
+
+/// Re-run degenerate non-streamed answers on a better profile.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QualityFallback {
+    pub enabled: bool,
+    /// An answer whose repeated-word share exceeds this is treated as degenerate.
+    pub max_repetition_ratio: f64,
+}
+
+/// What the router does with a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Route adaptively.
+    #[default]
+    Enforce,
+    /// Decide and record, but send everything to `default_profile`.
+    Shadow,
+    /// Adaptive for `canary_percent`% of request keys, default profile for the rest.
+    Canary,
+}
+
+/// One model-quantization pair served by one vLLM deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub id: String,
+    /// The model name the upstream serves; requests are rewritten to it.
+    pub model: String,
+    pub quantization: String,
+    /// Scaling and metrics group (e.g. `fp16`, `fp8`, `int4`).
+    pub tier: String,
+    pub upstream: Upstream,
+    pub cost_per_1m_input_tokens: f64,
+    pub cost_per_1m_output_tokens: f64,
+    pub latency: Latency,
+    pub quality: Quality,
+    pub max_context_tokens: u32,
+    /// In-flight requests the router sends before queueing; vLLM's default `max_num_seqs`.
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: u32,
+    /// Characters per token for estimates; ~4 for English with Llama-family tokenizers.
+    #[serde(default = "default_chars_per_token")]
+    pub chars_per_token: f64,
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+}
+
+/// Where a profile's vLLM server lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Upstream {
+    /// A Kubernetes service, reached by cluster DNS or through EndpointSlice discovery.
+    Service(ServiceUpstream),
+    /// Fixed base URLs, balanced by the router.
+    Static(StaticUpstream),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceUpstream {
+    pub service: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// vLLM's OpenAI server listens on 8000 by default.
+    #[serde(default = "default_port")]
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticUpstream {
+    pub urls: Vec<String>,
+}
+
+/// Unloaded latency of a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Latency {
+    pub ttft_ms: f64,
+    pub itl_ms: f64,
+}
+
+/// Measured answer quality in [0,1], per task class where known.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quality {
+    pub default: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub math: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<f64>,
+}
+
+/// Why a document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileSetError {
+    /// Not JSON, wrong types or unknown fields.
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    /// Well-formed but breaks a rule.
+    #[error("{0}")]
+    Invalid(ValidationErrors),
+}
+
+/// Every rule a document breaks, each with its JSON path.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    /// JSON path such as `profiles[2].latency.itl_ms`.
+    pub path: String,
+    pub message: String,
+}
+
+// === impl ProfileSet ===
+
+impl ProfileSet {
+    /// Parses and validates a document; errors carry the JSON path.
+    pub fn from_json(text: &str) -> Result<Self, ProfileSetError> {
+        let set: ProfileSet = parse_with_path(text)?;
+        set.validate().map_err(ProfileSetError::Invalid)?;
+        Ok(set)
+    }
+
+    /// Checks every rule of SPEC §3 and reports all violations.
+    pub fn validate(&self) -> Result<(), ValidationErrors> {
+        let mut errors = Vec::new();
+        let mut err = |path: String, message: &str| {
+            errors.push(FieldError {
+                path,
+                message: message.to_owned(),
+            })
+        };
+        self.policy.check(&mut err);
+        if self.profiles.is_empty() {
+            err("profiles".into(), "must contain at least one profile");
+        } else if !self.profiles.iter().any(|p| p.enabled) {
+            err("profiles".into(), "at least one profile must be enabled");
+        }
+        for (i, profile) in self.profiles.iter().enumerate() {
+            let path = format!("profiles[{i}]");
+            if self.profiles[..i].iter().any(|p| p.id == profile.id) {
+                err(format!("{path}.id"), "duplicate profile id");
+            }
+            profile.check(&path, &mut err);
+        }
+        if !self.profiles.iter().any(|p| p.id == self.default_profile) {
+            err(
+                "default_profile".into(),
+                "must name a profile in `profiles`",
+            );
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ValidationErrors(errors))
+        }
+    }
+
+    /// The profile with this id.
+    pub fn profile(&self, id: &str) -> Option<&Profile> {
+        self.profiles.iter().find(|p| p.id == id)
+    }
+
+    /// Index of the profile with this id.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.profiles.iter().position(|p| p.id == id)
+    }
+
+    /// Index of `default_profile` (validated to exist; falls back to the first profile).
+    pub fn default_index(&self) -> usize {
+        self.index_of(&self.default_profile).unwrap_or(0)
+    }
+}
+
+/// Deserializes with `serde_path_to_error` so a type error names its JSON path.
+pub(crate) fn parse_with_path<T: serde::de::DeserializeOwned>(
+    text: &str,
+) -> Result<T, ProfileSetError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ProfileSetError::Parse {
+            path: if path == "." { "$".into() } else { path },
+            message: e.into_inner().to_string(),
+        }
+    })
+}
+
+// === impl Policy ===
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            weights: Weights::default(),
+            // Interactive chat tolerates a few seconds for a few hundred tokens.
+            latency_budget_ms: 8000.0,
+            expected_output_tokens: 256,
+            required_quality: RequiredQuality::default(),
+            complexity: ComplexityWeights::default(),
+            quality_fallback: QualityFallback::default(),
+            mode: Mode::Enforce,
+            canary_percent: 100,
+        }
+    }
+}
+
+impl Policy {
+    fn check(&self, err: &mut impl FnMut(String, &str)) {
+        let w = &self.weights;
+        for (name, value) in [
+            ("quality", w.quality),
+            ("latency", w.latency),
+            ("cost", w.cost),
+        ] {
+            check_unit(&format!("policy.weights.{name}"), value, err);
+        }
+        positive("policy.latency_budget_ms", self.latency_budget_ms, err);
+        if self.expected_output_tokens == 0 {
+            err("policy.expected_output_tokens".into(), "must be > 0");
+        }
+        let rq = &self.required_quality;
+        check_unit("policy.required_quality.base", rq.base, err);
+        check_unit("policy.required_quality.max", rq.max, err);
+        if rq.max < rq.base {
+            err("policy.required_quality.max".into(), "must be >= base");
+        }
+        let c = &self.complexity;
+        for (name, value) in [
+            ("entropy", c.entropy),
+            ("lexical", c.lexical),
+            ("code", c.code),
+            ("math", c.math),
+            ("json", c.json),
+            ("numeric", c.numeric),
+            ("length", c.length),
+        ] {
+            check_unit(&format!("policy.complexity.{name}"), value, err);
+        }
+        if c.scoring_window_chars == 0 {
+            err(
+                "policy.complexity.scoring_window_chars".into(),
+                "must be > 0",
+            );
+        }
+        check_unit(
+            "policy.quality_fallback.max_repetition_ratio",
+            self.quality_fallback.max_repetition_ratio,
+            err,
+        );
+        if self.canary_percent > 100 {
+            err("policy.canary_percent".into(), "must be in [0, 100]");
+        }
+    }
+}
+
+impl Default for Weights {
+    /// Quality dominates; cost outweighs latency because every profile must already meet
+    /// the latency budget to be feasible.
+    fn default() -> Self {
+        Self {
+            quality: 1.0,
+            latency: 0.3,
+            cost: 0.5,
+        }
+    }
+}
+
+impl Default for RequiredQuality {
+    /// 0.80 is where 4-bit quantizations of 8B models still answer simple prompts well;
+    /// 0.97 asks for near-FP16 quality on the hardest prompts.
+    fn default() -> Self {
+        Self {
+            base: 0.80,
+            max: 0.97,
+        }
+    }
+}
+
+impl Default for ComplexityWeights {
+    /// Tuned on `shared/eval/prompt-mix.jsonl`; see `docs/routing.md` for each weight.
+    fn default() -> Self {
+        Self {
+            entropy: 0.20,
+            lexical: 0.15,
+            code: 0.30,
+            math: 0.30,
+            json: 0.20,
+            numeric: 0.10,
+            length: 0.25,
+            scoring_window_chars: 4096,
+        }
+    }
+}
+
+impl Default for QualityFallback {
+    /// Half the words being repeats is far beyond natural prose (~0.2-0.3 for long answers).
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_repetition_ratio: 0.5,
+        }
+    }
+}
+
+// === impl Profile ===
+
+impl Profile {
+    fn check(&self, path: &str, err: &mut impl FnMut(String, &str)) {
+        if self.id.trim().is_empty() {
+            err(format!("{path}.id"), "must not be empty");
+        }
+        if self.model.trim().is_empty() {
+            err(format!("{path}.model"), "must not be empty");
+        }
+        if self.tier.trim().is_empty() {
+            err(format!("{path}.tier"), "must not be empty");
+        }
+        let cost_in = format!("{path}.cost_per_1m_input_tokens");
+        positive(&cost_in, self.cost_per_1m_input_tokens, err);
+        let cost_out = format!("{path}.cost_per_1m_output_tokens");
+        positive(&cost_out, self.cost_per_1m_output_tokens, err);
+        positive(
+            &format!("{path}.latency.ttft_ms"),
+            self.latency.ttft_ms,
+            err,
+        );
+        positive(&format!("{path}.latency.itl_ms"), self.latency.itl_ms, err);
+        check_unit(
+            &format!("{path}.quality.default"),
+            self.quality.default,
+            err,
+        );
+        for (name, value) in [
+            ("code", self.quality.code),
+            ("math", self.quality.math),
+            ("structured", self.quality.structured),
+        ] {
+            if let Some(value) = value {
+                check_unit(&format!("{path}.quality.{name}"), value, err);
+            }
+        }
+        if self.max_context_tokens == 0 {
+            err(format!("{path}.max_context_tokens"), "must be > 0");
+        }
+        if self.max_concurrency == 0 {
+            err(format!("{path}.max_concurrency"), "must be > 0");
+        }
+        positive(
+            &format!("{path}.chars_per_token"),
+            self.chars_per_token,
+            err,
+        );
+        self.upstream.check(&format!("{path}.upstream"), err);
+    }
+
+    /// Quality for a task class, falling back to `quality.default`.
+    pub fn quality_for(&self, class: TaskClass) -> f64 {
+        let q = &self.quality;
+        match class {
+            TaskClass::Code => q.code,
+            TaskClass::Math => q.math,
+            TaskClass::Structured => q.structured,
+            TaskClass::General => None,
+        }
+        .unwrap_or(q.default)
+    }
+}
+
+fn default_max_concurrency() -> u32 {
+    256
+}
+
+fn default_chars_per_token() -> f64 {
+    4.0
+}
+
+fn default_enabled() -> bool {
+    true
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_port() -> u16 {
+    8000
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    fn check(&self, path: &str, err: &mut impl FnMut(String, &str)) {
+        match self {
+            Upstream::Service(s) => {
+                if !is_dns_label(&s.service) {
+                    err(format!("{path}.service"), "must be a DNS-1123 label");
+                }
+                if !is_dns_label(&s.namespace) {
+                    err(format!("{path}.namespace"), "must be a DNS-1123 label");
+                }
+                if s.port == 0 {
+                    err(format!("{path}.port"), "must be in 1..=65535");
+                }
+            }
+            Upstream::Static(s) => {
+                if s.urls.is_empty() {
+                    err(format!("{path}.urls"), "must contain at least one URL");
+                }
+                for (i, url) in s.urls.iter().enumerate() {
+                    if let Err(why) = check_base_url(url) {
+                        err(format!("{path}.urls[{i}]"), why);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Base URLs to reach this upstream without discovery: the static list, or the
+    /// service's cluster DNS name.
+    pub fn base_urls(&self) -> Vec<String> {
+        match self {
+            Upstream::Service(s) => vec![format!(
+                "http://{}.{}.svc:{}",
+                s.service, s.namespace, s.port
+            )],
+            Upstream::Static(s) => s.urls.clone(),
+        }
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Accepts `http(s)://host[:port][/path]` with a non-empty host and a numeric port.
+fn check_base_url(url: &str) -> Result<(), &'static str> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain whitespace");
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => {
+            (host, Some(port))
+        }
+        _ => (authority, None),
+    };
+    if host.is_empty() || host.contains('@') {
+        return Err("must have a host");
+    }
+    if let Some(port) = port {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => return Err("port must be a number in 1..=65535"),
+        }
+    }
+    Ok(())
+}
+
+fn check_unit(path: &str, value: f64, err: &mut impl FnMut(String, &str)) {
+    if !(0.0..=1.0).contains(&value) {
+        err(path.to_owned(), "must be in [0, 1]");
+    }
+}
+
+fn positive(path: &str, value: f64, err: &mut impl FnMut(String, &str)) {
+    if !(value > 0.0 && value.is_finite()) {
+        err(path.to_owned(), "must be > 0");
+    }
+}
+
+// === impl ValidationErrors ===
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}: {}", e.path, e.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ValidationErrors {}
+
+#[cfg(test)]
+mod tests;

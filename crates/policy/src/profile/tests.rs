@@ -1,0 +1,172 @@
+use super::*;
+use crate::DEFAULT_PROFILE_SET;
+
+fn default_set() -> ProfileSet {
+    ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap()
+}
+
+fn errors_of(set: &ProfileSet) -> Vec<String> {
+    match set.validate() {
+        Ok(()) => vec![],
+        Err(e) => {
+            e.0.iter()
+                .map(|e| format!("{}: {}", e.path, e.message))
+                .collect()
+        }
+    }
+}
+
+#[test]
+fn default_set_is_valid_and_round_trips() {
+    let set = default_set();
+    assert_eq!(set.profiles.len(), 3);
+    let json = serde_json::to_string(&set).unwrap();
+    assert_eq!(ProfileSet::from_json(&json).unwrap(), set);
+}
+
+#[test]
+fn unknown_field_names_its_path() {
+    let text = DEFAULT_PROFILE_SET.replace("\"ttft_ms\": 60", "\"ttft_ms\": 60, \"bogus\": 1");
+    let err = ProfileSet::from_json(&text).unwrap_err();
+    let ProfileSetError::Parse { path, message } = err else {
+        panic!("expected a parse error, got {err:?}");
+    };
+    assert_eq!(path, "profiles[0].latency.bogus");
+    assert!(message.contains("bogus"), "{message}");
+}
+
+#[test]
+fn wrong_type_names_its_path() {
+    let text = DEFAULT_PROFILE_SET.replace(
+        "\"max_context_tokens\": 16384,\n      \"max_concurrency\": 192",
+        "\"max_context_tokens\": \"big\",\n      \"max_concurrency\": 192",
+    );
+    let err = ProfileSet::from_json(&text).unwrap_err().to_string();
+    assert!(err.starts_with("profiles[1].max_context_tokens:"), "{err}");
+}
+
+#[test]
+fn duplicate_ids_are_rejected() {
+    let mut set = default_set();
+    set.profiles[2].id = set.profiles[0].id.clone();
+    assert_eq!(
+        errors_of(&set),
+        vec!["profiles[2].id: duplicate profile id"]
+    );
+}
+
+#[test]
+fn unknown_default_profile_is_rejected() {
+    let mut set = default_set();
+    set.default_profile = "nope".into();
+    assert_eq!(
+        errors_of(&set),
+        vec!["default_profile: must name a profile in `profiles`"]
+    );
+}
+
+#[test]
+fn out_of_range_numbers_are_rejected_with_paths() {
+    let mut set = default_set();
+    set.policy.weights.cost = -0.1;
+    set.policy.required_quality.max = 1.5;
+    set.profiles[1].quality.default = 1.2;
+    set.profiles[1].quality.math = Some(-0.5);
+    set.profiles[2].latency.itl_ms = 0.0;
+    set.profiles[2].cost_per_1m_input_tokens = -1.0;
+    set.profiles[0].max_context_tokens = 0;
+    let errors = errors_of(&set);
+    for expected in [
+        "policy.weights.cost: must be in [0, 1]",
+        "policy.required_quality.max: must be in [0, 1]",
+        "profiles[1].quality.default: must be in [0, 1]",
+        "profiles[1].quality.math: must be in [0, 1]",
+        "profiles[2].latency.itl_ms: must be > 0",
+        "profiles[2].cost_per_1m_input_tokens: must be > 0",
+        "profiles[0].max_context_tokens: must be > 0",
+    ] {
+        assert!(
+            errors.iter().any(|e| e == expected),
+            "missing {expected:?} in {errors:#?}"
+        );
+    }
+}
+
+#[test]
+fn empty_and_all_disabled_sets_are_rejected() {
+    let mut set = default_set();
+    for p in &mut set.profiles {
+        p.enabled = false;
+    }
+    assert_eq!(
+        errors_of(&set),
+        vec!["profiles: at least one profile must be enabled"]
+    );
+    set.profiles.clear();
+    assert!(errors_of(&set).contains(&"profiles: must contain at least one profile".to_owned()));
+}
+
+#[test]
+fn malformed_urls_are_rejected() {
+    let mut set = default_set();
+    let bad = [
+        "ftp://x:1",
+        "http://",
+        "http://host:notaport",
+        "http://host:0",
+        "http://ho st:80",
+        "localhost:8000",
+    ];
+    set.profiles[0].upstream = Upstream::Static(StaticUpstream {
+        urls: bad.iter().map(|s| (*s).to_owned()).collect(),
+    });
+    let errors = errors_of(&set);
+    assert_eq!(errors.len(), bad.len(), "{errors:#?}");
+    for i in 0..bad.len() {
+        assert!(
+            errors[i].starts_with(&format!("profiles[0].upstream.urls[{i}]:")),
+            "{errors:#?}"
+        );
+    }
+    set.profiles[0].upstream = Upstream::Static(StaticUpstream {
+        urls: vec![
+            "http://127.0.0.1:8000".into(),
+            "https://vllm.example:443/base".into(),
+            "http://[::1]:80".into(),
+        ],
+    });
+    assert!(errors_of(&set).is_empty());
+}
+
+#[test]
+fn service_upstream_defaults_and_dns_url() {
+    let up: Upstream = serde_json::from_str(r#"{"service": "vllm-int4"}"#).unwrap();
+    assert_eq!(up.base_urls(), vec!["http://vllm-int4.default.svc:8000"]);
+    let mut set = default_set();
+    set.profiles[0].upstream = serde_json::from_str(r#"{"service": "Bad_Name"}"#).unwrap();
+    assert_eq!(
+        errors_of(&set),
+        vec!["profiles[0].upstream.service: must be a DNS-1123 label"]
+    );
+}
+
+#[test]
+fn policy_fields_default_when_omitted() {
+    let text = r#"{"version": 2, "default_profile": "a", "profiles": [{"id": "a", "model": "m",
+        "quantization": "fp16", "tier": "fp16", "upstream": {"urls": ["http://127.0.0.1:1"]},
+        "cost_per_1m_input_tokens": 1, "cost_per_1m_output_tokens": 1,
+        "latency": {"ttft_ms": 1, "itl_ms": 1}, "quality": {"default": 0.9},
+        "max_context_tokens": 100}]}"#;
+    let set = ProfileSet::from_json(text).unwrap();
+    assert_eq!(set.policy, Policy::default());
+    assert_eq!(set.profiles[0].max_concurrency, 256);
+    assert!(set.profiles[0].enabled);
+}
+
+#[test]
+fn quality_for_falls_back_to_default() {
+    let set = default_set();
+    let awq = set.profile("llama8b-awq").unwrap();
+    assert_eq!(awq.quality_for(TaskClass::Math), 0.78);
+    assert_eq!(awq.quality_for(TaskClass::General), 0.90);
+}

@@ -1,0 +1,418 @@
+//! Utility selection (SPEC §4): hard constraints, utility, tie-breaks, modes.
+//!
+//! [`decide`] is a pure function of the profile snapshot, the prompt features, the request's
+//! overrides and the live load the caller observed. It records no metrics and logs nothing;
+//! the caller does both with the decision it gets back.
+
+use serde::Serialize;
+
+use crate::features::{Features, TaskClass};
+use crate::profile::{Mode, Profile, ProfileSet};
+
+/// What the caller knows about one request besides its features.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    pub features: &'a Features,
+    /// The request's `max_tokens` (or `max_completion_tokens`), if any.
+    pub max_tokens: Option<u32>,
+    pub overrides: Overrides<'a>,
+    /// Stable key for canary assignment: the `user` field or the request id.
+    pub routing_key: &'a str,
+}
+
+/// Per-request controls from headers or the `model` field.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overrides<'a> {
+    pub latency_budget_ms: Option<f64>,
+    /// Replaces the complexity-derived required quality.
+    pub min_quality: Option<f64>,
+    /// Route to this profile id regardless of utility.
+    pub profile: Option<&'a str>,
+}
+
+/// Live state of one profile, observed by the caller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProfileLoad {
+    /// At least one endpoint can take a request (not all circuit-open, some ready).
+    pub available: bool,
+    /// Expected wait before the upstream starts the request.
+    pub queue_wait_ms: f64,
+}
+
+/// Why a profile was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Highest utility among feasible profiles.
+    Utility,
+    /// The request named the profile.
+    Pinned,
+    /// Nothing was feasible; the highest-quality available profile was used.
+    ConstraintsUnmet,
+    /// Shadow mode sends everything to the default profile.
+    Shadow,
+    /// Canary mode's control group goes to the default profile.
+    CanaryControl,
+    /// The chosen profile failed and another was tried.
+    FallbackError,
+    /// The chosen profile's answer was degenerate and a better one was tried.
+    FallbackQuality,
+}
+
+/// Why a candidate is not feasible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rejection {
+    /// No endpoint can take a request.
+    Unavailable,
+    /// Prompt plus `max_tokens` exceed `max_context_tokens`.
+    ContextTooSmall,
+    /// Quality for the task class is below the required quality.
+    QualityBelowRequired,
+    /// Predicted latency exceeds the budget.
+    LatencyOverBudget,
+}
+
+/// One enabled profile as scored for a request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    /// Index into `ProfileSet::profiles`.
+    pub profile: usize,
+    pub feasible: bool,
+    pub rejected_because: Option<Rejection>,
+    pub predicted_latency_ms: f64,
+    pub quality: f64,
+    /// Predicted cost of this request in USD.
+    pub cost: f64,
+    pub utility: f64,
+    pub estimated_input_tokens: u64,
+}
+
+/// The outcome of routing one request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RoutingDecision {
+    /// Index into `ProfileSet::profiles` of the profile to use.
+    pub profile: usize,
+    pub reason: Reason,
+    /// What adaptive routing picked, also when the mode sent the request elsewhere.
+    pub adaptive_profile: usize,
+    pub complexity: f64,
+    pub task_class: TaskClass,
+    pub required_quality: f64,
+    pub latency_budget_ms: f64,
+    pub expected_output_tokens: u32,
+    /// Every enabled profile, in profile-set order.
+    pub candidates: Vec<Candidate>,
+}
+
+/// A request that cannot be routed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("the model `{0}` does not exist")]
+    UnknownProfile(String),
+    #[error("no profile has an available endpoint")]
+    NoAvailableProfile,
+}
+
+const AVAILABLE: ProfileLoad = ProfileLoad {
+    available: true,
+    queue_wait_ms: 0.0,
+};
+
+/// Chooses a profile for one request.
+///
+/// `load[i]` describes `set.profiles[i]`; missing entries mean idle and available.
+pub fn decide(
+    set: &ProfileSet,
+    req: &RouteRequest<'_>,
+    load: &[ProfileLoad],
+) -> Result<RoutingDecision, RouteError> {
+    let policy = &set.policy;
+    let features = req.features;
+    let budget = req
+        .overrides
+        .latency_budget_ms
+        .unwrap_or(policy.latency_budget_ms);
+    let rq = &policy.required_quality;
+    let required = req
+        .overrides
+        .min_quality
+        .unwrap_or(rq.base + (rq.max - rq.base) * features.complexity);
+    let expected_out = req
+        .max_tokens
+        .map_or(policy.expected_output_tokens, |m| {
+            m.min(policy.expected_output_tokens)
+        })
+        .max(1);
+    let context_out = u64::from(req.max_tokens.unwrap_or(expected_out));
+
+    let mut candidates: Vec<Candidate> = set
+        .profiles
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.enabled)
+        .map(|(i, p)| {
+            let load = load.get(i).copied().unwrap_or(AVAILABLE);
+            score(
+                p,
+                i,
+                features,
+                &load,
+                expected_out,
+                context_out,
+                required,
+                budget,
+            )
+        })
+        .collect();
+    apply_utility(&mut candidates, set);
+
+    let adaptive = best_feasible(&candidates, set)
+        .map(|c| (c.profile, Reason::Utility))
+        .or_else(|| best_quality(&candidates, set).map(|c| (c.profile, Reason::ConstraintsUnmet)));
+
+    let (profile, reason) = if let Some(id) = req.overrides.profile {
+        let pinned = set
+            .index_of(id)
+            .filter(|&i| set.profiles[i].enabled)
+            .ok_or_else(|| RouteError::UnknownProfile(id.to_owned()))?;
+        (pinned, Reason::Pinned)
+    } else {
+        let adaptive = adaptive.ok_or(RouteError::NoAvailableProfile)?;
+        apply_mode(set, &candidates, adaptive, req.routing_key)
+    };
+
+    Ok(RoutingDecision {
+        profile,
+        reason,
+        adaptive_profile: adaptive.map_or(profile, |(i, _)| i),
+        complexity: features.complexity,
+        task_class: features.task_class,
+        required_quality: required,
+        latency_budget_ms: budget,
+        expected_output_tokens: expected_out,
+        candidates,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn score(
+    p: &Profile,
+    index: usize,
+    features: &Features,
+    load: &ProfileLoad,
+    expected_out: u32,
+    context_out: u64,
+    required: f64,
+    budget: f64,
+) -> Candidate {
+    let input_tokens = features.estimated_input_tokens(p.chars_per_token);
+    let predicted_latency_ms = load.queue_wait_ms.max(0.0)
+        + p.latency.ttft_ms
+        + p.latency.itl_ms * f64::from(expected_out);
+    let quality = p.quality_for(features.task_class);
+    let cost = input_tokens as f64 * p.cost_per_1m_input_tokens / 1e6
+        + f64::from(expected_out) * p.cost_per_1m_output_tokens / 1e6;
+    let rejected_because = if !load.available {
+        Some(Rejection::Unavailable)
+    } else if input_tokens + context_out > u64::from(p.max_context_tokens) {
+        Some(Rejection::ContextTooSmall)
+    } else if quality < required {
+        Some(Rejection::QualityBelowRequired)
+    } else if predicted_latency_ms > budget {
+        Some(Rejection::LatencyOverBudget)
+    } else {
+        None
+    };
+    Candidate {
+        profile: index,
+        feasible: rejected_because.is_none(),
+        rejected_because,
+        predicted_latency_ms,
+        quality,
+        cost,
+        utility: 0.0,
+        estimated_input_tokens: input_tokens,
+    }
+}
+
+/// `U = w_q·Q − w_l·L/budget − w_c·C/C_max`, with C_max the costliest candidate.
+fn apply_utility(candidates: &mut [Candidate], set: &ProfileSet) {
+    let w = &set.policy.weights;
+    let budget = set.policy.latency_budget_ms;
+    let c_max = candidates
+        .iter()
+        .map(|c| c.cost)
+        .fold(0.0_f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    for c in candidates {
+        c.utility = w.quality * c.quality
+            - w.latency * c.predicted_latency_ms / budget
+            - w.cost * c.cost / c_max;
+    }
+}
+
+/// Higher utility wins; ties go to the cheaper profile, then the smaller id.
+fn best_feasible<'c>(candidates: &'c [Candidate], set: &ProfileSet) -> Option<&'c Candidate> {
+    candidates.iter().filter(|c| c.feasible).min_by(|a, b| {
+        b.utility
+            .total_cmp(&a.utility)
+            .then(a.cost.total_cmp(&b.cost))
+            .then_with(|| set.profiles[a.profile].id.cmp(&set.profiles[b.profile].id))
+    })
+}
+
+/// The highest-quality available profile (ties: cheaper, then id).
+fn best_quality<'c>(candidates: &'c [Candidate], set: &ProfileSet) -> Option<&'c Candidate> {
+    candidates
+        .iter()
+        .filter(|c| c.rejected_because != Some(Rejection::Unavailable))
+        .min_by(|a, b| {
+            b.quality
+                .total_cmp(&a.quality)
+                .then(a.cost.total_cmp(&b.cost))
+                .then_with(|| set.profiles[a.profile].id.cmp(&set.profiles[b.profile].id))
+        })
+}
+
+fn apply_mode(
+    set: &ProfileSet,
+    candidates: &[Candidate],
+    adaptive: (usize, Reason),
+    routing_key: &str,
+) -> (usize, Reason) {
+    let default = set.default_index();
+    let default_available = candidates
+        .iter()
+        .any(|c| c.profile == default && c.rejected_because != Some(Rejection::Unavailable));
+    let control = match set.policy.mode {
+        Mode::Enforce => None,
+        Mode::Shadow => Some(Reason::Shadow),
+        Mode::Canary => (stable_percent(routing_key) >= u64::from(set.policy.canary_percent))
+            .then_some(Reason::CanaryControl),
+    };
+    match control {
+        // The control group needs the default profile; if it is down, adaptive routing is
+        // the only way to answer at all.
+        Some(reason) if default_available => (default, reason),
+        _ => adaptive,
+    }
+}
+
+/// FNV-1a of the key mapped to 0..100: the same key always lands in the same group.
+pub fn stable_percent(key: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash % 100
+}
+
+// === impl RoutingDecision ===
+
+impl RoutingDecision {
+    /// The candidate entry of the chosen profile.
+    pub fn chosen(&self) -> Option<&Candidate> {
+        self.candidate(self.profile)
+    }
+
+    /// The candidate entry for a profile index.
+    pub fn candidate(&self, profile: usize) -> Option<&Candidate> {
+        self.candidates.iter().find(|c| c.profile == profile)
+    }
+
+    /// Where to go after `failed` was exhausted (cross-tier fallback): among untried,
+    /// available profiles that fit the context, feasible ones by utility — those at least
+    /// as good as the failed one first — then the rest by quality.
+    pub fn next_after_error(&self, tried: &[usize]) -> Option<usize> {
+        let floor = tried
+            .last()
+            .and_then(|&i| self.candidate(i))
+            .map_or(0.0, |c| c.quality);
+        let open = |c: &&Candidate| {
+            !tried.contains(&c.profile)
+                && !matches!(
+                    c.rejected_because,
+                    Some(Rejection::Unavailable | Rejection::ContextTooSmall)
+                )
+        };
+        let by_utility = |a: &&Candidate, b: &&Candidate| b.utility.total_cmp(&a.utility);
+        let feasible = self.candidates.iter().filter(open).filter(|c| c.feasible);
+        feasible
+            .clone()
+            .filter(|c| c.quality >= floor)
+            .min_by(by_utility)
+            .or_else(|| feasible.min_by(by_utility))
+            .or_else(|| {
+                self.candidates
+                    .iter()
+                    .filter(open)
+                    .max_by(|a, b| a.quality.total_cmp(&b.quality))
+            })
+            .map(|c| c.profile)
+    }
+
+    /// The next higher-quality available profile than `current` (quality fallback):
+    /// the lowest quality strictly above the current one, ties by utility.
+    pub fn next_higher_quality(&self, current: usize) -> Option<usize> {
+        let q = self.candidate(current)?.quality;
+        self.candidates
+            .iter()
+            .filter(|c| {
+                c.quality > q
+                    && !matches!(
+                        c.rejected_because,
+                        Some(Rejection::Unavailable | Rejection::ContextTooSmall)
+                    )
+            })
+            .min_by(|a, b| {
+                a.quality
+                    .total_cmp(&b.quality)
+                    .then(b.utility.total_cmp(&a.utility))
+            })
+            .map(|c| c.profile)
+    }
+}
+
+// === impl Reason ===
+
+impl Reason {
+    /// The label used in headers and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Utility => "utility",
+            Reason::Pinned => "pinned",
+            Reason::ConstraintsUnmet => "constraints_unmet",
+            Reason::Shadow => "shadow",
+            Reason::CanaryControl => "canary_control",
+            Reason::FallbackError => "fallback_error",
+            Reason::FallbackQuality => "fallback_quality",
+        }
+    }
+}
+
+// === impl Rejection ===
+
+impl Rejection {
+    /// The label used in explain output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Unavailable => "unavailable",
+            Rejection::ContextTooSmall => "context_too_small",
+            Rejection::QualityBelowRequired => "quality_below_required",
+            Rejection::LatencyOverBudget => "latency_over_budget",
+        }
+    }
+}
+
+// === impl ProfileLoad ===
+
+impl Default for ProfileLoad {
+    fn default() -> Self {
+        AVAILABLE
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,313 @@
+use super::*;
+use crate::features::{Prompt, Role, Segment};
+use crate::DEFAULT_PROFILE_SET;
+
+fn set() -> ProfileSet {
+    ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap()
+}
+
+fn features_of(set: &ProfileSet, text: &str) -> Features {
+    let prompt = Prompt {
+        segments: vec![Segment {
+            role: Role::User,
+            text,
+        }],
+        wants_json: false,
+    };
+    Features::extract(&prompt, &set.policy.complexity).unwrap()
+}
+
+fn route(
+    set: &ProfileSet,
+    text: &str,
+    overrides: Overrides<'_>,
+    load: &[ProfileLoad],
+) -> Result<RoutingDecision, RouteError> {
+    let f = features_of(set, text);
+    decide(
+        set,
+        &RouteRequest {
+            features: &f,
+            max_tokens: Some(64),
+            overrides,
+            routing_key: "k",
+        },
+        load,
+    )
+}
+
+fn tier(set: &ProfileSet, d: &RoutingDecision) -> String {
+    set.profiles[d.profile].tier.clone()
+}
+
+const SIMPLE: &str = "What is the capital of France?";
+const CODE: &str = "Write a Python class for a binary search tree:\n```python\nclass BST:\n    def insert(self, key):\n        pass\n```";
+
+#[test]
+fn simple_prompt_goes_to_the_cheapest_profile() {
+    let s = set();
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_eq!(tier(&s, &d), "int4");
+    assert_eq!(d.reason, Reason::Utility);
+    assert_eq!(d.candidates.len(), 3);
+    assert!(d.candidates.iter().all(|c| c.feasible));
+}
+
+#[test]
+fn code_prompt_avoids_the_int4_profile() {
+    let s = set();
+    let d = route(&s, CODE, Overrides::default(), &[]).unwrap();
+    assert_ne!(tier(&s, &d), "int4");
+    let awq = d.candidate(s.index_of("llama8b-awq").unwrap()).unwrap();
+    assert_eq!(awq.rejected_because, Some(Rejection::QualityBelowRequired));
+}
+
+#[test]
+fn min_quality_override_raises_the_tier() {
+    let s = set();
+    let o = Overrides {
+        min_quality: Some(0.96),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    assert_eq!(tier(&s, &d), "fp16");
+    assert_eq!(d.required_quality, 0.96);
+}
+
+#[test]
+fn tight_latency_budget_rejects_slow_profiles() {
+    let s = set();
+    let o = Overrides {
+        latency_budget_ms: Some(500.0),
+        min_quality: Some(0.96),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    // fp16 meets quality but not the budget; nothing is feasible.
+    assert_eq!(d.reason, Reason::ConstraintsUnmet);
+    assert_eq!(tier(&s, &d), "fp16");
+    let fp16 = d.candidate(d.profile).unwrap();
+    assert_eq!(fp16.rejected_because, Some(Rejection::LatencyOverBudget));
+}
+
+#[test]
+fn queue_wait_shifts_traffic_away_from_a_busy_profile() {
+    let s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    let mut load = vec![ProfileLoad::default(); 3];
+    load[awq].queue_wait_ms = 60_000.0;
+    let d = route(&s, SIMPLE, Overrides::default(), &load).unwrap();
+    assert_ne!(d.profile, awq);
+    assert_eq!(
+        d.candidate(awq).unwrap().rejected_because,
+        Some(Rejection::LatencyOverBudget)
+    );
+}
+
+#[test]
+fn unavailable_profiles_are_never_chosen() {
+    let s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    let mut load = vec![ProfileLoad::default(); 3];
+    load[awq].available = false;
+    let d = route(&s, SIMPLE, Overrides::default(), &load).unwrap();
+    assert_ne!(d.profile, awq);
+    let none = vec![
+        ProfileLoad {
+            available: false,
+            queue_wait_ms: 0.0
+        };
+        3
+    ];
+    assert_eq!(
+        route(&s, SIMPLE, Overrides::default(), &none),
+        Err(RouteError::NoAvailableProfile)
+    );
+}
+
+#[test]
+fn context_too_small_is_rejected() {
+    let mut s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    s.profiles[awq].max_context_tokens = 50;
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_ne!(d.profile, awq);
+    assert_eq!(
+        d.candidate(awq).unwrap().rejected_because,
+        Some(Rejection::ContextTooSmall)
+    );
+}
+
+#[test]
+fn pinning_by_id_wins_and_unknown_pins_are_errors() {
+    let s = set();
+    let o = Overrides {
+        profile: Some("llama8b-fp16"),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    assert_eq!((tier(&s, &d).as_str(), d.reason), ("fp16", Reason::Pinned));
+    assert_eq!(s.profiles[d.adaptive_profile].tier, "int4");
+    let o = Overrides {
+        profile: Some("gpt-9"),
+        ..Overrides::default()
+    };
+    assert_eq!(
+        route(&s, SIMPLE, o, &[]),
+        Err(RouteError::UnknownProfile("gpt-9".into()))
+    );
+}
+
+#[test]
+fn disabled_profiles_are_not_candidates() {
+    let mut s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    s.profiles[awq].enabled = false;
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_eq!(d.candidates.len(), 2);
+    assert!(d.candidate(awq).is_none());
+    let o = Overrides {
+        profile: Some("llama8b-awq"),
+        ..Overrides::default()
+    };
+    assert!(matches!(
+        route(&s, SIMPLE, o, &[]),
+        Err(RouteError::UnknownProfile(_))
+    ));
+}
+
+#[test]
+fn shadow_mode_sends_everything_to_the_default() {
+    let mut s = set();
+    s.policy.mode = Mode::Shadow;
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_eq!((d.profile, d.reason), (s.default_index(), Reason::Shadow));
+    assert_eq!(s.profiles[d.adaptive_profile].tier, "int4");
+}
+
+#[test]
+fn canary_splits_by_stable_key() {
+    let mut s = set();
+    s.policy.mode = Mode::Canary;
+    s.policy.canary_percent = 30;
+    let f = features_of(&s, SIMPLE);
+    let mut adaptive = 0;
+    for i in 0..1000 {
+        let key = format!("user-{i}");
+        let req = RouteRequest {
+            features: &f,
+            max_tokens: None,
+            overrides: Overrides::default(),
+            routing_key: &key,
+        };
+        let d = decide(&s, &req, &[]).unwrap();
+        let again = decide(&s, &req, &[]).unwrap();
+        assert_eq!(d.profile, again.profile, "same key, same group");
+        match d.reason {
+            Reason::Utility => adaptive += 1,
+            Reason::CanaryControl => assert_eq!(d.profile, s.default_index()),
+            other => panic!("unexpected reason {other:?}"),
+        }
+    }
+    assert!(
+        (220..=380).contains(&adaptive),
+        "{adaptive} of 1000 adaptive at 30%"
+    );
+}
+
+#[test]
+fn ties_go_to_the_cheaper_profile_then_the_id() {
+    let mut s = set();
+    let (quality, latency) = (s.profiles[0].quality, s.profiles[0].latency);
+    for p in &mut s.profiles {
+        p.quality = quality;
+        p.latency = latency;
+        p.cost_per_1m_input_tokens = 1.0;
+        p.cost_per_1m_output_tokens = 1.0;
+    }
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_eq!(
+        s.profiles[d.profile].id, "llama8b-awq",
+        "all equal: smallest id"
+    );
+    s.profiles[1].cost_per_1m_output_tokens = 0.5;
+    s.policy.weights.cost = 0.0;
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    assert_eq!(d.profile, 1, "equal utility: cheaper wins");
+}
+
+#[test]
+fn fallback_orders_prefer_equal_or_better_quality() {
+    let s = set();
+    let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    let fp8 = s.index_of("llama8b-fp8").unwrap();
+    let fp16 = s.index_of("llama8b-fp16").unwrap();
+    assert_eq!(d.next_after_error(&[awq]), Some(fp8));
+    assert_eq!(d.next_after_error(&[awq, fp8]), Some(fp16));
+    assert_eq!(d.next_after_error(&[awq, fp8, fp16]), None);
+    assert_eq!(d.next_higher_quality(awq), Some(fp8));
+    assert_eq!(d.next_higher_quality(fp8), Some(fp16));
+    assert_eq!(d.next_higher_quality(fp16), None);
+}
+
+#[test]
+fn cost_and_latency_follow_the_formulas() {
+    let s = set();
+    let f = features_of(&s, SIMPLE);
+    let d = decide(
+        &s,
+        &RouteRequest {
+            features: &f,
+            max_tokens: Some(100),
+            overrides: Overrides::default(),
+            routing_key: "",
+        },
+        &[],
+    )
+    .unwrap();
+    let fp16 = &s.profiles[0];
+    let c = d.candidate(0).unwrap();
+    let input = f.estimated_input_tokens(4.0) as f64;
+    assert!((c.predicted_latency_ms - (60.0 + 12.0 * 100.0)).abs() < 1e-9);
+    let cost =
+        input * fp16.cost_per_1m_input_tokens / 1e6 + 100.0 * fp16.cost_per_1m_output_tokens / 1e6;
+    assert!((c.cost - cost).abs() < 1e-15);
+    // fp16 is the costliest candidate, so its cost term is exactly w_c.
+    let u = 1.0 * c.quality - 0.3 * c.predicted_latency_ms / 8000.0 - 0.5;
+    assert!((c.utility - u).abs() < 1e-12);
+}
+
+#[test]
+fn max_tokens_caps_the_expected_output() {
+    let s = set();
+    let f = features_of(&s, SIMPLE);
+    let req = |m| RouteRequest {
+        features: &f,
+        max_tokens: m,
+        overrides: Overrides::default(),
+        routing_key: "",
+    };
+    assert_eq!(
+        decide(&s, &req(Some(10)), &[])
+            .unwrap()
+            .expected_output_tokens,
+        10
+    );
+    assert_eq!(
+        decide(&s, &req(Some(100_000)), &[])
+            .unwrap()
+            .expected_output_tokens,
+        256
+    );
+    assert_eq!(
+        decide(&s, &req(None), &[]).unwrap().expected_output_tokens,
+        256
+    );
+    // A huge max_tokens does not fit any context: nothing feasible.
+    let d = decide(&s, &req(Some(100_000)), &[]).unwrap();
+    assert!(d
+        .candidates
+        .iter()
+        .all(|c| c.rejected_because == Some(Rejection::ContextTooSmall)));
+}

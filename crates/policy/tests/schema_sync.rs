@@ -1,0 +1,159 @@
+//! `profiles/profile-set.schema.json` agrees with the Rust types: every shipped document
+//! validates, invalid ones do not, and the schema's property names are exactly the fields
+//! the types serialize.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use quantrouter_policy::{from_seed_list, ProfileSet, Quality, DEFAULT_PROFILE_SET};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn schema() -> Value {
+    let text = std::fs::read_to_string(repo().join("profiles/profile-set.schema.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn documents() -> Vec<(PathBuf, String)> {
+    let mut docs = vec![];
+    for dir in ["profiles", "profiles/examples"] {
+        for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.ends_with(".json") && !name.contains("schema") {
+                docs.push((path.clone(), std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    assert!(docs.len() >= 3, "expected default.json and examples");
+    docs
+}
+
+#[test]
+fn every_shipped_profile_set_validates_against_the_schema_and_the_types() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    for (path, text) in documents() {
+        if quantrouter_policy::looks_like_seed_list(&text) {
+            // The seed list converts (with endpoints) into a set that passes the schema.
+            let ids: Vec<String> = serde_json::from_str::<Vec<Value>>(&text)
+                .unwrap()
+                .iter()
+                .map(|v| v["model_id"].as_str().unwrap().to_owned())
+                .collect();
+            let endpoints = ids
+                .into_iter()
+                .map(|id| (id, "http://127.0.0.1:8000".to_owned()))
+                .collect();
+            let set = from_seed_list(&text, &endpoints, 1).unwrap();
+            let value = serde_json::to_value(&set).unwrap();
+            assert!(validator.is_valid(&value), "converted {}", path.display());
+            continue;
+        }
+        let value: Value = serde_json::from_str(&text).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:#?}", path.display());
+        ProfileSet::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+#[test]
+fn schema_rejects_what_the_types_reject() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let base: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
+    let cases: [(&str, Value); 5] = [
+        ("/profiles/0/bogus", Value::from(1)),
+        ("/profiles/0/quality/default", Value::from(1.5)),
+        ("/profiles/0/latency/itl_ms", Value::from(0)),
+        ("/policy/mode", Value::from("yolo")),
+        (
+            "/profiles/0/upstream",
+            serde_json::json!({"urls": ["ftp://x"]}),
+        ),
+    ];
+    for (pointer, bad) in cases {
+        let mut doc = base.clone();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        doc.pointer_mut(parent)
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(key.to_owned(), bad);
+        assert!(!validator.is_valid(&doc), "schema accepted {pointer}");
+        assert!(
+            ProfileSet::from_json(&doc.to_string()).is_err(),
+            "types accepted {pointer}"
+        );
+    }
+}
+
+/// Property names of every object in the schema, as JSON-pointer-like paths.
+fn schema_paths(schema: &Value, node: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let Some(r) = node.get("$ref").and_then(Value::as_str) {
+        let target = schema.pointer(r.trim_start_matches('#')).unwrap();
+        return schema_paths(schema, target, prefix, out);
+    }
+    if let Some(variants) = node.get("oneOf").and_then(Value::as_array) {
+        for v in variants {
+            schema_paths(schema, v, prefix, out);
+        }
+    }
+    if let Some(props) = node.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            let path = format!("{prefix}/{k}");
+            out.insert(path.clone());
+            schema_paths(schema, v, &path, out);
+        }
+    }
+    if let Some(items) = node.get("items") {
+        schema_paths(schema, items, &format!("{prefix}/*"), out);
+    }
+}
+
+fn value_paths(node: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match node {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let path = format!("{prefix}/{k}");
+                out.insert(path.clone());
+                value_paths(v, &path, out);
+            }
+        }
+        Value::Array(items) if items.first().is_some_and(Value::is_object) => {
+            for v in items {
+                value_paths(v, &format!("{prefix}/*"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn schema_property_names_match_the_rust_fields() {
+    // A set with every optional field present and both upstream variants.
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    set.updated_at = Some("2026-11-22T00:00:00Z".into());
+    set.profiles[0].quality = Quality {
+        default: 0.9,
+        code: Some(0.9),
+        math: Some(0.9),
+        structured: Some(0.9),
+    };
+    set.profiles[1].upstream = serde_json::from_str(r#"{"urls": ["http://127.0.0.1:1"]}"#).unwrap();
+    let mut from_types = BTreeSet::new();
+    value_paths(&serde_json::to_value(&set).unwrap(), "", &mut from_types);
+    let schema = schema();
+    let mut from_schema = BTreeSet::new();
+    schema_paths(&schema, &schema, "", &mut from_schema);
+    let only_types: Vec<_> = from_types.difference(&from_schema).collect();
+    let only_schema: Vec<_> = from_schema.difference(&from_types).collect();
+    assert!(only_types.is_empty() && only_schema.is_empty(),
+        "fields missing from the schema: {only_types:?}; schema properties the types lack: {only_schema:?}");
+}
