@@ -168,12 +168,12 @@ struct Scanner {
     quantity_cues: u32,
     json_words: u32,
     json_braces: u32,
-    /// The previous word, lowercased (for two-word cues such as "how many").
-    prev_word: [u8; 8],
+    /// Key of the previous word (for two-word cues such as "how many").
+    prev_word: u64,
     /// Kind of the last non-space byte, for operator context.
     last: Last,
-    /// An operator waiting to see what follows it.
-    pending_op: Option<u8>,
+    /// An operator waiting to see what follows it, and whether a number preceded it.
+    pending_op: Option<(u8, bool)>,
     at_line_start: bool,
     leading_spaces: u32,
     backticks: u32,
@@ -208,7 +208,7 @@ impl Default for Scanner {
             quantity_cues: 0,
             json_words: 0,
             json_braces: 0,
-            prev_word: [0; 8],
+            prev_word: 0,
             last: Last::Nothing,
             pending_op: None,
             at_line_start: true,
@@ -222,21 +222,32 @@ impl Scanner {
     fn feed(&mut self, text: &str) {
         let bytes = text.as_bytes();
         self.bytes += bytes.len();
+        self.histogram(bytes);
         let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
-            if is_word_byte(b) {
-                let start = i;
-                while i < bytes.len() && is_word_byte(bytes[i]) {
-                    self.byte_counts[bytes[i] as usize] += 1;
-                    i += 1;
+            let class = BYTE_CLASS[b as usize];
+            if class & WORD == 0 {
+                // Spaces between words carry no cue (operators survive them).
+                if b != b' ' || self.at_line_start {
+                    self.symbol(b, bytes.get(i + 1).copied());
                 }
-                self.word(&bytes[start..i], bytes.get(start.wrapping_sub(1)).copied());
+                i += 1;
                 continue;
             }
-            self.byte_counts[b as usize] += 1;
-            self.symbol(b, bytes.get(i + 1).copied());
-            i += 1;
+            let start = i;
+            let mut all = DIGIT;
+            while i < bytes.len() {
+                let class = BYTE_CLASS[bytes[i] as usize];
+                if class & WORD == 0 {
+                    break;
+                }
+                all &= class;
+                i += 1;
+            }
+            let word = &bytes[start..i];
+            let before = start.checked_sub(1).map(|j| bytes[j]);
+            self.word(pack_key(word), word.len(), all == DIGIT, before);
         }
         // Segments are separate messages: no cue spans them.
         self.at_line_start = true;
@@ -244,68 +255,62 @@ impl Scanner {
         self.last = Last::Nothing;
     }
 
-    fn word(&mut self, word: &[u8], before: Option<u8>) {
+    /// Byte frequencies for the entropy; four interleaved tables keep the increments of
+    /// repeated bytes from waiting on each other.
+    fn histogram(&mut self, bytes: &[u8]) {
+        let mut lanes = [[0u32; 256]; 4];
+        let mut chunks = bytes.chunks_exact(4);
+        for c in &mut chunks {
+            lanes[0][c[0] as usize] += 1;
+            lanes[1][c[1] as usize] += 1;
+            lanes[2][c[2] as usize] += 1;
+            lanes[3][c[3] as usize] += 1;
+        }
+        for &b in chunks.remainder() {
+            lanes[0][b as usize] += 1;
+        }
+        for (i, count) in self.byte_counts.iter_mut().enumerate() {
+            *count += lanes[0][i] + lanes[1][i] + lanes[2][i] + lanes[3][i];
+        }
+    }
+
+    fn word(&mut self, key: u64, len: usize, is_number: bool, before: Option<u8>) {
         self.at_line_start = false;
         self.words += 1;
-        let is_number = word.iter().all(u8::is_ascii_digit);
-        if let Some(op) = self.pending_op.take() {
+        if let Some((op, left_is_number)) = self.pending_op.take() {
+            // "well-known" and "and/or" are not arithmetic; "3 - 2" and "6/3" are.
             let operand_ok = match op {
-                b'-' | b'/' => is_number && self.last == Last::Digit,
+                b'-' | b'/' => is_number && left_is_number,
                 _ => true,
             };
             if operand_ok {
                 self.math_ops += 1;
             }
         }
-        // Cue words are matched on their first 8 bytes, lowercased, without allocating.
-        let mut lower = [0u8; 8];
-        for (dst, src) in lower.iter_mut().zip(word) {
-            *dst = src.to_ascii_lowercase();
-        }
-        let lw = &lower[..word.len().min(8)];
         if is_number {
             self.numbers += 1;
             self.quantities += 1;
             self.last = Last::Digit;
         } else {
             self.last = Last::Alpha;
-            self.classify_word(lw, word.len() <= 8, before);
+            self.classify_word(key, len <= 8, before);
         }
-        self.prev_word = lower;
+        self.prev_word = key;
     }
 
-    fn classify_word(&mut self, w: &[u8], whole: bool, before: Option<u8>) {
-        if whole && is_function_word(w) {
-            self.function_words += 1;
-        }
-        match w {
-            b"def" | b"fn" | b"class" | b"import" | b"return" | b"elif" | b"lambda" | b"const"
-            | b"let" | b"var" | b"void" | b"struct" | b"impl" | b"self" | b"public"
-            | b"private" | b"static" | b"async" | b"await" | b"null" | b"none" | b"true"
-            | b"false" | b"int" | b"str" | b"bool" | b"println" | b"printf" | b"include" => {
-                self.code_keywords += 1
-            }
-            b"python" | b"java" | b"rust" | b"golang" | b"c++" | b"sql" | b"regex" | b"code"
-            | b"function" | b"program" | b"script" | b"compile" | b"debug" | b"bug" | b"api"
-            | b"html" | b"css" | b"bash" | b"query" | b"array" | b"string" | b"integer"
-            | b"method" | b"variable" | b"loop" => self.code_intent += 1,
-            b"json" | b"yaml" | b"xml" | b"csv" | b"schema" => self.json_words += 1,
-            b"calculat" | b"solve" | b"equation" | b"sum" | b"average" | b"percent"
-            | b"product" | b"total" | b"times" | b"remainin" | b"altogeth" | b"profit"
-            | b"cost" | b"costs" | b"spend" | b"spent" | b"earn" | b"earns" | b"paid" | b"pays"
-            | b"per" | b"each" | b"every" | b"minutes" | b"hours" | b"dollars" | b"cents"
-            | b"miles" | b"integral" | b"derivati" | b"probabil" | b"fraction" | b"ratio"
-            | b"rate" | b"older" | b"younger" | b"combined" | b"price" | b"sold" | b"sells"
-            | b"buys" | b"bought" | b"fewer" | b"left" => self.math_words += 1,
-            b"one" | b"two" | b"three" | b"four" | b"five" | b"six" | b"seven" | b"eight"
-            | b"nine" | b"ten" | b"eleven" | b"twelve" | b"fifteen" | b"twenty" | b"thirty"
-            | b"forty" | b"fifty" | b"hundred" | b"thousand" | b"million" | b"third"
-            | b"quarter" | b"double" | b"triple" | b"dozen" => self.quantities += 1,
-            b"twice" | b"half" => {
+    fn classify_word(&mut self, key: u64, whole: bool, before: Option<u8>) {
+        match lookup_cue(key) {
+            Some(Cue::Function) if whole => self.function_words += 1,
+            Some(Cue::CodeKeyword) => self.code_keywords += 1,
+            Some(Cue::CodeIntent) => self.code_intent += 1,
+            Some(Cue::Json) => self.json_words += 1,
+            Some(Cue::Math) => self.math_words += 1,
+            Some(Cue::Quantity) => self.quantities += 1,
+            Some(Cue::QuantityMath) => {
                 self.quantities += 1;
                 self.math_words += 1;
             }
-            b"many" | b"much" if &self.prev_word[..4] == b"how\0" => self.quantity_cues += 1,
+            Some(Cue::ManyMuch) if self.prev_word == HOW => self.quantity_cues += 1,
             _ => {}
         }
         if before == Some(b'\\') {
@@ -355,7 +360,7 @@ impl Scanner {
             b'\\' => {}
             b'+' | b'-' | b'*' | b'/' | b'=' | b'^' => {
                 if matches!(self.last, Last::Digit | Last::Alpha | Last::Close) {
-                    self.pending_op = Some(b);
+                    self.pending_op = Some((b, self.last == Last::Digit));
                 }
                 if b == b'=' && next == Some(b'=') {
                     self.code_symbols += 1;
@@ -456,82 +461,259 @@ impl Scanner {
     }
 }
 
-fn is_word_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b >= 0x80
+/// Byte classes: word bytes are ASCII letters and digits and every non-ASCII byte (so
+/// words in any script stay whole).
+const WORD: u8 = 1;
+const DIGIT: u8 = WORD | 2;
+
+static BYTE_CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = if byte.is_ascii_digit() {
+            DIGIT
+        } else if byte.is_ascii_alphabetic() || byte >= 0x80 {
+            WORD
+        } else {
+            0
+        };
+        b += 1;
+    }
+    table
+};
+
+/// What a cue word signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cue {
+    /// One of the commonest English function words; other words count as content words.
+    Function,
+    CodeKeyword,
+    /// Asks for code: names a language or a programming task.
+    CodeIntent,
+    Json,
+    /// Word-problem vocabulary (stems up to 8 bytes: "calculat" matches "calculate").
+    Math,
+    /// A number word.
+    Quantity,
+    /// "twice", "half": both a quantity and arithmetic.
+    QuantityMath,
+    /// "many"/"much", a quantity question after "how".
+    ManyMuch,
 }
 
-/// The commonest English function words; the rest count as content words.
-fn is_function_word(w: &[u8]) -> bool {
-    matches!(
-        w,
-        b"a" | b"an"
-            | b"the"
-            | b"and"
-            | b"or"
-            | b"but"
-            | b"if"
-            | b"of"
-            | b"to"
-            | b"in"
-            | b"on"
-            | b"at"
-            | b"by"
-            | b"for"
-            | b"with"
-            | b"from"
-            | b"as"
-            | b"is"
-            | b"are"
-            | b"was"
-            | b"were"
-            | b"be"
-            | b"been"
-            | b"it"
-            | b"its"
-            | b"this"
-            | b"that"
-            | b"these"
-            | b"those"
-            | b"he"
-            | b"she"
-            | b"they"
-            | b"we"
-            | b"you"
-            | b"i"
-            | b"me"
-            | b"my"
-            | b"your"
-            | b"his"
-            | b"her"
-            | b"their"
-            | b"our"
-            | b"do"
-            | b"does"
-            | b"did"
-            | b"have"
-            | b"has"
-            | b"had"
-            | b"will"
-            | b"would"
-            | b"can"
-            | b"could"
-            | b"should"
-            | b"not"
-            | b"no"
-            | b"so"
-            | b"than"
-            | b"then"
-            | b"there"
-            | b"what"
-            | b"which"
-            | b"who"
-            | b"how"
-            | b"about"
-            | b"into"
-            | b"some"
-            | b"any"
-            | b"all"
-    )
+const HOW: u64 = key(b"how");
+
+/// The lookup key of a word: its first 8 bytes, lowercased.
+fn pack_key(word: &[u8]) -> u64 {
+    let mut key = 0u64;
+    for &b in word.iter().take(8) {
+        key = key << 8 | u64::from(b.to_ascii_lowercase());
+    }
+    key << (8 * (8 - word.len().min(8)))
+}
+
+/// Packs the first 8 bytes of a lowercase word into a big-endian u64 (zero padded).
+const fn key(word: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let mut i = 0;
+    while i < word.len() && i < 8 {
+        bytes[i] = word[i];
+        i += 1;
+    }
+    u64::from_be_bytes(bytes)
+}
+
+const CUE_WORDS: &[(Cue, &[&[u8]])] = &[
+    (
+        Cue::Function,
+        &[
+            b"a", b"an", b"the", b"and", b"or", b"but", b"if", b"of", b"to", b"in", b"on", b"at",
+            b"by", b"for", b"with", b"from", b"as", b"is", b"are", b"was", b"were", b"be", b"been",
+            b"it", b"its", b"this", b"that", b"these", b"those", b"he", b"she", b"they", b"we",
+            b"you", b"i", b"me", b"my", b"your", b"his", b"her", b"their", b"our", b"do", b"does",
+            b"did", b"have", b"has", b"had", b"will", b"would", b"can", b"could", b"should",
+            b"not", b"no", b"so", b"than", b"then", b"there", b"what", b"which", b"who", b"how",
+            b"about", b"into", b"some", b"any", b"all",
+        ],
+    ),
+    (
+        Cue::CodeKeyword,
+        &[
+            b"def", b"fn", b"class", b"import", b"return", b"elif", b"lambda", b"const", b"let",
+            b"var", b"void", b"struct", b"impl", b"self", b"public", b"private", b"static",
+            b"async", b"await", b"null", b"none", b"true", b"false", b"int", b"str", b"bool",
+            b"println", b"printf", b"include",
+        ],
+    ),
+    (
+        Cue::CodeIntent,
+        &[
+            b"python",
+            b"java",
+            b"rust",
+            b"golang",
+            b"sql",
+            b"regex",
+            b"code",
+            b"function",
+            b"program",
+            b"script",
+            b"compile",
+            b"debug",
+            b"bug",
+            b"api",
+            b"html",
+            b"css",
+            b"bash",
+            b"query",
+            b"array",
+            b"string",
+            b"integer",
+            b"method",
+            b"variable",
+            b"loop",
+        ],
+    ),
+    (Cue::Json, &[b"json", b"yaml", b"xml", b"csv", b"schema"]),
+    (
+        Cue::Math,
+        &[
+            b"calculat",
+            b"solve",
+            b"equation",
+            b"sum",
+            b"average",
+            b"percent",
+            b"product",
+            b"total",
+            b"times",
+            b"remainin",
+            b"altogeth",
+            b"profit",
+            b"cost",
+            b"costs",
+            b"spend",
+            b"spent",
+            b"earn",
+            b"earns",
+            b"paid",
+            b"pays",
+            b"per",
+            b"each",
+            b"every",
+            b"minutes",
+            b"hours",
+            b"dollars",
+            b"cents",
+            b"miles",
+            b"integral",
+            b"derivati",
+            b"probabil",
+            b"fraction",
+            b"ratio",
+            b"rate",
+            b"older",
+            b"younger",
+            b"combined",
+            b"price",
+            b"sold",
+            b"sells",
+            b"buys",
+            b"bought",
+            b"fewer",
+            b"left",
+        ],
+    ),
+    (
+        Cue::Quantity,
+        &[
+            b"one",
+            b"two",
+            b"three",
+            b"four",
+            b"five",
+            b"six",
+            b"seven",
+            b"eight",
+            b"nine",
+            b"ten",
+            b"eleven",
+            b"twelve",
+            b"fifteen",
+            b"twenty",
+            b"thirty",
+            b"forty",
+            b"fifty",
+            b"hundred",
+            b"thousand",
+            b"million",
+            b"third",
+            b"quarter",
+            b"double",
+            b"triple",
+            b"dozen",
+        ],
+    ),
+    (Cue::QuantityMath, &[b"twice", b"half"]),
+    (Cue::ManyMuch, &[b"many", b"much"]),
+];
+
+const CUE_COUNT: usize = {
+    let mut n = 0;
+    let mut i = 0;
+    while i < CUE_WORDS.len() {
+        n += CUE_WORDS[i].1.len();
+        i += 1;
+    }
+    n
+};
+
+/// Slots of the cue hash table: a power of two over twice the word count keeps probe
+/// chains short.
+const CUE_SLOTS: usize = 512;
+
+const fn slot(key: u64) -> usize {
+    // Fibonacci hashing: the top bits of a multiply spread packed ASCII well.
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CUE_SLOTS.trailing_zeros())) as usize
+}
+
+/// Every cue word by key in an open-addressing table built at compile time (key 0 = empty;
+/// no word packs to 0). A lookup is a multiply and, almost always, one comparison.
+static CUE_TABLE: [(u64, Cue); CUE_SLOTS] = {
+    assert!(CUE_COUNT * 2 <= CUE_SLOTS);
+    let mut table = [(0u64, Cue::Function); CUE_SLOTS];
+    let mut g = 0;
+    while g < CUE_WORDS.len() {
+        let (cue, words) = CUE_WORDS[g];
+        let mut w = 0;
+        while w < words.len() {
+            let k = key(words[w]);
+            let mut i = slot(k);
+            while table[i].0 != 0 {
+                assert!(table[i].0 != k, "duplicate cue word");
+                i = (i + 1) % CUE_SLOTS;
+            }
+            table[i] = (k, cue);
+            w += 1;
+        }
+        g += 1;
+    }
+    table
+};
+
+fn lookup_cue(key: u64) -> Option<Cue> {
+    let mut i = slot(key);
+    loop {
+        let (k, cue) = CUE_TABLE[i];
+        if k == key {
+            return Some(cue);
+        }
+        if k == 0 {
+            return None;
+        }
+        i = (i + 1) % CUE_SLOTS;
+    }
 }
 
 /// Bits per byte, 0 for empty input.
@@ -575,6 +757,15 @@ mod tests {
             wants_json: false,
         };
         Features::extract(&prompt, &ComplexityWeights::default()).unwrap()
+    }
+
+    #[test]
+    fn cue_table_holds_every_word_once() {
+        let filled = CUE_TABLE.iter().filter(|(k, _)| *k != 0).count();
+        assert_eq!(filled, CUE_COUNT, "every cue word has its own slot");
+        assert_eq!(lookup_cue(key(b"calculat")), Some(Cue::Math));
+        assert_eq!(lookup_cue(key(b"the")), Some(Cue::Function));
+        assert_eq!(lookup_cue(key(b"zebra")), None);
     }
 
     #[test]

@@ -38,8 +38,8 @@ pub use profile::{
 };
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
-    decide, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection, RouteError,
-    RouteRequest, RoutingDecision,
+    decide, queue_wait_ms, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection,
+    RouteError, RouteRequest, RoutingDecision,
 };
 
 /// The built-in profile set (`profiles/default.json`), used when no other source is set.

@@ -299,6 +299,26 @@ fn apply_mode(
     }
 }
 
+/// Expected wait before a new request starts on `profile`, from live load.
+///
+/// The router's own in-flight requests beyond `max_concurrency` and the upstream's reported
+/// waiting requests (`vllm:num_requests_waiting`) form a queue that drains
+/// `max_concurrency` requests per typical request duration.
+pub fn queue_wait_ms(
+    profile: &Profile,
+    inflight: u64,
+    upstream_waiting: u64,
+    expected_out: u32,
+) -> f64 {
+    let capacity = u64::from(profile.max_concurrency.max(1));
+    let queued = inflight.saturating_sub(capacity) + upstream_waiting;
+    if queued == 0 {
+        return 0.0;
+    }
+    let service_ms = profile.latency.ttft_ms + profile.latency.itl_ms * f64::from(expected_out);
+    queued as f64 / capacity as f64 * service_ms
+}
+
 /// FNV-1a of the key mapped to 0..100: the same key always lands in the same group.
 pub fn stable_percent(key: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

@@ -1,1 +1,7 @@
-fn main() {}
+//! The `quantrouter` binary.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    quantrouter::cli::main()
+}

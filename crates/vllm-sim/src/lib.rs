@@ -1,1 +1,38 @@
-//! vLLM simulator.
+//! A stand-in for one vLLM OpenAI-compatible server, for quantrouter's tests, demo and load
+//! tests.
+//!
+//! The simulator speaks vLLM's wire shapes (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`, `/health`, `/metrics` with vLLM's metric names), produces deterministic text
+//! derived from the prompt and a seed, follows a simple latency model (time to first token,
+//! then a fixed inter-token latency, at most `max_num_seqs` requests running at once) and lets
+//! tests inject faults at run time (`POST /sim/faults`).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use std::time::Duration;
+//! use vllm_sim::{Faults, SimConfig, SimServer};
+//!
+//! let config = SimConfig { model: "tier-fp8".into(), ttft: Duration::from_millis(20), ..SimConfig::default() };
+//! let sim = SimServer::bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?, config).await?;
+//! println!("simulated vLLM at {}", sim.url());
+//! sim.set_faults(Faults { error_rate: 1.0, error_status: 503, ..Faults::default() });
+//! sim.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod api;
+mod body;
+mod completion;
+mod config;
+mod faults;
+mod generate;
+mod metrics;
+mod routes;
+mod server;
+mod state;
+
+pub use config::SimConfig;
+pub use faults::{Faults, FaultsError};
+pub use metrics::SimStats;
+pub use server::SimServer;

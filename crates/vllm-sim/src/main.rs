@@ -1,1 +1,107 @@
-fn main() {}
+//! `vllm-sim`: one simulated vLLM OpenAI-compatible server.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use vllm_sim::{SimConfig, SimServer};
+
+/// A vLLM-compatible OpenAI server simulator with a latency model and run-time fault
+/// injection (`POST /sim/faults`).
+#[derive(Debug, Parser)]
+#[command(name = "vllm-sim", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free port (the chosen one is printed).
+    #[arg(long, env = "VLLM_SIM_LISTEN", default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// The served model name; requests for another model get 404.
+    #[arg(long, env = "VLLM_SIM_MODEL", default_value = "sim-model")]
+    model: String,
+    /// Time to first token in milliseconds.
+    #[arg(long, env = "VLLM_SIM_TTFT_MS", default_value_t = 0)]
+    ttft_ms: u64,
+    /// Inter-token latency in milliseconds.
+    #[arg(long, env = "VLLM_SIM_ITL_MS", default_value_t = 0)]
+    itl_ms: u64,
+    /// Requests running at once; the rest queue.
+    #[arg(long, env = "VLLM_SIM_MAX_NUM_SEQS", default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Seed mixed into the generated text.
+    #[arg(long, env = "VLLM_SIM_SEED", default_value_t = 0)]
+    seed: u64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let config = SimConfig {
+        model: args.model,
+        ttft: Duration::from_millis(args.ttft_ms),
+        itl: Duration::from_millis(args.itl_ms),
+        max_num_seqs: args.max_num_seqs,
+        seed: args.seed,
+    };
+    let model = config.model.clone();
+    let server = match SimServer::bind(args.listen, config).await {
+        Ok(server) => server,
+        Err(error) => {
+            tracing::error!(listen = %args.listen, %error, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Scripts wait for this line to learn the URL (and the port, when 0 was asked for).
+    let mut stdout = std::io::stdout().lock();
+    let announced = writeln!(
+        stdout,
+        "vllm-sim listening on {} model={model}",
+        server.url()
+    )
+    .and_then(|()| stdout.flush());
+    drop(stdout);
+    if let Err(error) = announced {
+        tracing::warn!(%error, "cannot write to stdout");
+    }
+    tracing::info!(url = %server.url(), %model, "vllm-sim ready");
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+/// Resolves on ctrl-c or SIGTERM (what Kubernetes and scripts send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -311,3 +311,14 @@ fn max_tokens_caps_the_expected_output() {
         .iter()
         .all(|c| c.rejected_because == Some(Rejection::ContextTooSmall)));
 }
+
+#[test]
+fn queue_wait_grows_with_load_beyond_capacity() {
+    let s = set();
+    let p = &s.profiles[0];
+    assert_eq!(queue_wait_ms(p, u64::from(p.max_concurrency), 0, 100), 0.0);
+    let one_round = p.latency.ttft_ms + p.latency.itl_ms * 100.0;
+    let w = queue_wait_ms(p, u64::from(p.max_concurrency) * 2, 0, 100);
+    assert!((w - one_round).abs() < 1e-9, "{w}");
+    assert!(queue_wait_ms(p, 0, 10, 100) > 0.0);
+}

@@ -1,0 +1,542 @@
+//! Command-line interface: `serve`, `demo`, `route`, `audit`.
+//!
+//! Every `serve` flag can also come from `QUANTROUTER_<FLAG>` and from a JSON config file
+//! given with `--config` (keys are flag names). Precedence: command line, environment,
+//! config file, built-in default.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use quantrouter_policy::{
+    audit, decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
+    StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
+};
+
+use crate::profiles::{self, ProfileStore, SourceKind};
+use crate::server::{Server, ServerConfig};
+use crate::telemetry::{self, LogFormat};
+use crate::upstream::ClientConfig;
+
+/// quantrouter: one OpenAI endpoint, the cheapest quantization profile that does the job.
+#[derive(Debug, Parser)]
+#[command(name = "quantrouter", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the router.
+    Serve(ServeArgs),
+    /// Run the router with three simulated vLLM tiers in-process (no cluster, no Redis).
+    Demo(DemoArgs),
+    /// Explain the routing decision for a prompt against a profile file, offline.
+    Route(RouteArgs),
+    /// Route a labelled JSONL prompt mix and report where each label lands.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// JSON file of settings keyed by flag name (e.g. {"listen": "0.0.0.0:8080"}).
+    #[arg(long, env = "QUANTROUTER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Public OpenAI-compatible address.
+    #[arg(long, env = "QUANTROUTER_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Admin address (metrics, health, profiles).
+    #[arg(long, env = "QUANTROUTER_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    pub admin_listen: SocketAddr,
+    /// Profile-set file, watched for changes; without it the embedded default is used.
+    #[arg(long, env = "QUANTROUTER_PROFILES")]
+    pub profiles: Option<PathBuf>,
+    /// How often the profile file is checked for changes.
+    #[arg(long, env = "QUANTROUTER_PROFILES_POLL_MS", default_value_t = 1000)]
+    pub profiles_poll_ms: u64,
+    /// File with one API key per line; without it no authentication is required.
+    #[arg(long, env = "QUANTROUTER_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// Extra model names that mean adaptive routing, like `auto` (repeatable).
+    #[arg(
+        long = "model-alias",
+        env = "QUANTROUTER_MODEL_ALIAS",
+        value_delimiter = ','
+    )]
+    pub model_alias: Vec<String>,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub body_limit_bytes: usize,
+    /// Upstream connect timeout.
+    #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = 2000)]
+    pub connect_timeout_ms: u64,
+    /// Upstream time-to-response-headers timeout.
+    #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
+    pub header_timeout_ms: u64,
+    /// Time in-flight requests get to finish after SIGTERM.
+    #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_S", default_value_t = 25)]
+    pub shutdown_grace_s: u64,
+    /// Log format.
+    #[arg(
+        long,
+        env = "QUANTROUTER_LOG_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Public address (loopback by default: the demo has no authentication).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Admin address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct RouteArgs {
+    /// The user prompt to route.
+    pub prompt: String,
+    /// Profile-set file (default: the embedded set).
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
+    /// A system prompt sent along.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// The request's max_tokens.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Ask for JSON output (response_format json_object).
+    #[arg(long)]
+    pub json_output: bool,
+    /// Print the decision as JSON (the `POST /v1/route` shape).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// JSONL file of {"id", "label", "prompt"} lines.
+    #[arg(long)]
+    pub prompts: PathBuf,
+    /// Profile-set file (default: the embedded set).
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
+}
+
+/// A failed command and its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad input: exit 1.
+    #[error("{0}")]
+    Invalid(String),
+    /// Could not reach or run something: exit 2.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Parses the process arguments and runs the command.
+pub fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let cli = match parse_with_config(argv) {
+        Ok(cli) => cli,
+        Err(CliError::Invalid(message)) if message.is_empty() => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quantrouter: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quantrouter: {e}");
+            ExitCode::from(match e {
+                CliError::Invalid(_) => 1,
+                CliError::Io(_) => 2,
+            })
+        }
+    }
+}
+
+/// Parses arguments, filling `serve` flags that were not given on the command line or in
+/// the environment from the `--config` file.
+pub fn parse_with_config(mut argv: Vec<OsString>) -> Result<Cli, CliError> {
+    let matches = match Cli::command().try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) if !e.use_stderr() => {
+            // --help / --version: clap prints them.
+            let _ = e.print();
+            return Err(CliError::Invalid(String::new()));
+        }
+        Err(e) => return Err(CliError::Invalid(e.render().to_string())),
+    };
+    if let Some(("serve", serve)) = matches.subcommand() {
+        if let Some(path) = serve.get_one::<PathBuf>("config") {
+            let extra = config_args(path, serve)?;
+            if !extra.is_empty() {
+                argv.extend(extra);
+                let matches = Cli::command().try_get_matches_from(&argv).map_err(|e| {
+                    CliError::Invalid(format!("{}: {}", path.display(), e.render()))
+                })?;
+                return Cli::from_arg_matches(&matches)
+                    .map_err(|e| CliError::Invalid(e.to_string()));
+            }
+        }
+    }
+    Cli::from_arg_matches(&matches).map_err(|e| CliError::Invalid(e.to_string()))
+}
+
+/// Flags from the config file for settings not given on the command line or in the env.
+fn config_args(path: &Path, matches: &clap::ArgMatches) -> Result<Vec<OsString>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Invalid(format!("reading config {}: {e}", path.display())))?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| CliError::Invalid(format!("config {}: {e}", path.display())))?;
+    let command = Cli::command();
+    let serve = command
+        .find_subcommand("serve")
+        .ok_or_else(|| CliError::Invalid("no serve command".into()))?;
+    let mut out = Vec::new();
+    for (key, value) in map {
+        let id = key.replace('-', "_");
+        let Some(arg) = serve.get_arguments().find(|a| a.get_id() == id.as_str()) else {
+            return Err(CliError::Invalid(format!(
+                "config {}: unknown setting `{key}`",
+                path.display()
+            )));
+        };
+        if id == "config" {
+            continue;
+        }
+        if matches!(
+            matches.value_source(&id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        let flag = format!("--{}", arg.get_long().unwrap_or(&id));
+        let values = match value {
+            serde_json::Value::Array(items) => items,
+            other => vec![other],
+        };
+        for v in values {
+            let v = match v {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            out.push(OsString::from(&flag));
+            out.push(OsString::from(v));
+        }
+    }
+    Ok(out)
+}
+
+/// Runs a parsed command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve(args) => runtime()?.block_on(serve(args)),
+        Command::Demo(args) => runtime()?.block_on(demo(args)),
+        Command::Route(args) => route(&args),
+        Command::Audit(args) => run_audit(&args),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Io(format!("starting the runtime: {e}")))
+}
+
+async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    telemetry::init_logging(args.log_format);
+    let (set, source) = profiles::initial_set(args.profiles.as_deref())
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    let store = Arc::new(ProfileStore::new(set, source));
+    tracing::info!(
+        version = store.load().set.version,
+        ?source,
+        "profile set loaded"
+    );
+    if let Some(path) = &args.profiles {
+        let interval = Duration::from_millis(args.profiles_poll_ms.max(10));
+        profiles::watch_file(Arc::clone(&store), path.clone(), interval);
+    }
+    let api_keys = args
+        .api_keys_file
+        .as_deref()
+        .map(read_api_keys)
+        .transpose()?;
+    let config = ServerConfig {
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        body_limit: args.body_limit_bytes,
+        api_keys,
+        aliases: args.model_alias,
+        client: ClientConfig {
+            connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+            header_timeout: Duration::from_millis(args.header_timeout_ms),
+            ..ClientConfig::default()
+        },
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+    };
+    let server = Server::start(config, store)
+        .await
+        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+/// One key per line; blank lines and `#` comments are skipped.
+pub fn read_api_keys(path: &Path) -> Result<HashSet<String>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
+    let keys: HashSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() {
+        return Err(CliError::Invalid(format!(
+            "{} holds no API keys",
+            path.display()
+        )));
+    }
+    Ok(keys)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The demo's simulated tiers: the embedded profiles, each served by an in-process vllm-sim
+/// with the profile's latency model.
+pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>), CliError> {
+    let mut set =
+        ProfileSet::from_json(DEFAULT_PROFILE_SET).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let mut sims = Vec::new();
+    for profile in &mut set.profiles {
+        let config = vllm_sim::SimConfig {
+            model: profile.model.clone(),
+            ttft: Duration::from_secs_f64(profile.latency.ttft_ms / 1000.0),
+            itl: Duration::from_secs_f64(profile.latency.itl_ms / 1000.0),
+            max_num_seqs: profile.max_concurrency as usize,
+            seed: 7,
+        };
+        let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
+            .await
+            .map_err(|e| CliError::Io(format!("starting a simulated tier: {e}")))?;
+        profile.upstream = Upstream::Static(StaticUpstream {
+            urls: vec![sim.url()],
+        });
+        sims.push(sim);
+    }
+    set.validate()
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    Ok((set, sims))
+}
+
+async fn demo(args: DemoArgs) -> Result<(), CliError> {
+    telemetry::init_logging(LogFormat::Text);
+    let (set, sims) = start_demo_tiers().await?;
+    let store = Arc::new(ProfileStore::new(set, SourceKind::Embedded));
+    let config = ServerConfig {
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        shutdown_grace: Duration::from_secs(2),
+        ..ServerConfig::default()
+    };
+    let server = Server::start(config, Arc::clone(&store))
+        .await
+        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+    let (public, admin) = (server.public_addr(), server.admin_addr());
+    println!("quantrouter demo is running (Ctrl-C to stop)\n");
+    for (profile, sim) in store.load().set.profiles.iter().zip(&sims) {
+        println!(
+            "  tier {:<5} {:<14} simulated vLLM at {}",
+            profile.tier,
+            profile.id,
+            sim.url()
+        );
+    }
+    println!("\n  OpenAI endpoint: http://{public}/v1   (model \"auto\")");
+    println!("  admin:           http://{admin}/metrics  /readyz  /admin/profiles\n");
+    println!("Try:\n  curl -s http://{public}/v1/chat/completions -H 'content-type: application/json' \\");
+    println!("    -d '{{\"model\":\"auto\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hello in French.\"}}]}}' -i");
+    println!("  curl -s http://{public}/v1/route -H 'content-type: application/json' \\");
+    println!("    -d '{{\"model\":\"auto\",\"messages\":[{{\"role\":\"user\",\"content\":\"Write a Python function that merges two sorted lists.\"}}]}}'");
+    wait_for_signal().await;
+    server.shutdown().await;
+    for sim in sims {
+        sim.shutdown().await;
+    }
+    Ok(())
+}
+
+fn load_set(path: Option<&Path>) -> Result<ProfileSet, CliError> {
+    profiles::initial_set(path)
+        .map(|(set, _)| set)
+        .map_err(|e| CliError::Invalid(e.to_string()))
+}
+
+fn route(args: &RouteArgs) -> Result<(), CliError> {
+    let set = load_set(args.profiles.as_deref())?;
+    let mut segments = Vec::new();
+    if let Some(system) = &args.system {
+        segments.push(Segment {
+            role: Role::System,
+            text: system,
+        });
+    }
+    segments.push(Segment {
+        role: Role::User,
+        text: &args.prompt,
+    });
+    let prompt = Prompt {
+        segments,
+        wants_json: args.json_output,
+    };
+    let features = Features::extract(&prompt, &set.policy.complexity)
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    let started = std::time::Instant::now();
+    let request = RouteRequest {
+        features: &features,
+        max_tokens: args.max_tokens,
+        overrides: Overrides::default(),
+        routing_key: "cli",
+    };
+    let decision = decide(&set, &request, &[]).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let decision_us = started.elapsed().as_secs_f64() * 1e6;
+    if args.json {
+        println!("{}", crate::routing::explain(&set, &decision, decision_us));
+        return Ok(());
+    }
+    let chosen = &set.profiles[decision.profile];
+    println!(
+        "profile {} (tier {}), reason {}\ncomplexity {:.3}, task {:?}, required quality {:.3}\n",
+        chosen.id,
+        chosen.tier,
+        decision.reason.as_str(),
+        decision.complexity,
+        decision.task_class,
+        decision.required_quality
+    );
+    println!(
+        "{:<20} {:>8} {:>8} {:>12} {:>12} {:>9}  rejected because",
+        "candidate", "feasible", "quality", "latency_ms", "cost_usd", "utility"
+    );
+    for c in &decision.candidates {
+        println!(
+            "{:<20} {:>8} {:>8.3} {:>12.1} {:>12.8} {:>9.4}  {}",
+            set.profiles[c.profile].id,
+            c.feasible,
+            c.quality,
+            c.predicted_latency_ms,
+            c.cost,
+            c.utility,
+            c.rejected_because.map_or("", |r| r.as_str())
+        );
+    }
+    Ok(())
+}
+
+fn run_audit(args: &AuditArgs) -> Result<(), CliError> {
+    let set = load_set(args.profiles.as_deref())?;
+    let text = std::fs::read_to_string(&args.prompts)
+        .map_err(|e| CliError::Invalid(format!("reading {}: {e}", args.prompts.display())))?;
+    let report = audit(&set, &text).map_err(|e| CliError::Invalid(e.to_string()))?;
+    print!("{report}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        std::iter::once("quantrouter")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    fn serve_args(cli: Cli) -> ServeArgs {
+        match cli.command {
+            Command::Serve(args) => args,
+            other => panic!("expected serve, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_file_fills_unset_flags_and_the_command_line_wins() {
+        let dir = std::env::temp_dir().join(format!("qr-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(
+            &path,
+            r#"{"listen": "127.0.0.1:18080", "admin-listen": "127.0.0.1:19090",
+                "model_alias": ["gpt-4o", "smart"], "header_timeout_ms": 1234}"#,
+        )
+        .unwrap();
+        let cli = parse_with_config(argv(&[
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:28080",
+        ]))
+        .unwrap();
+        let args = serve_args(cli);
+        assert_eq!(args.listen, "127.0.0.1:28080".parse().unwrap());
+        assert_eq!(args.admin_listen, "127.0.0.1:19090".parse().unwrap());
+        assert_eq!(args.model_alias, vec!["gpt-4o", "smart"]);
+        assert_eq!(args.header_timeout_ms, 1234);
+        assert_eq!(args.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn unknown_config_setting_is_an_error() {
+        let path = std::env::temp_dir().join(format!("qr-cli-bad-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"lisen": "127.0.0.1:1"}"#).unwrap();
+        let err =
+            parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("unknown setting `lisen`"), "{err}");
+    }
+
+    #[test]
+    fn api_keys_file_skips_comments_and_rejects_empty_files() {
+        let path = std::env::temp_dir().join(format!("qr-keys-{}", std::process::id()));
+        std::fs::write(&path, "# team a\nkey-1\n\n  key-2  \n").unwrap();
+        let keys = read_api_keys(&path).unwrap();
+        assert_eq!(
+            keys,
+            HashSet::from(["key-1".to_owned(), "key-2".to_owned()])
+        );
+        std::fs::write(&path, "# nothing\n").unwrap();
+        assert!(read_api_keys(&path).is_err());
+    }
+}

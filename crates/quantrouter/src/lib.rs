@@ -1,0 +1,14 @@
+//! quantrouter: an OpenAI-compatible router that sends each request to the cheapest
+//! model-quantization profile that meets its quality and latency needs.
+//!
+//! The request path reads top-down: [`server`] → [`routing`] → [`upstream`]; decisions come
+//! from the pure `quantrouter-policy` crate.
+
+pub mod admin;
+pub mod cli;
+pub mod openai;
+pub mod profiles;
+pub mod routing;
+pub mod server;
+pub mod telemetry;
+pub mod upstream;

@@ -1,0 +1,376 @@
+//! OpenAI wire types — only the fields routing needs — and the one place errors become HTTP.
+//!
+//! The request body is parsed once, borrowing from the received bytes. Everything not named
+//! here is ignored by the parser and forwarded upstream byte for byte; only the value of
+//! `model` is replaced (see [`ParsedRequest::rewrite_model`]).
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use quantrouter_policy::{Prompt, Role, Segment};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The two generation endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// What routing needs from a request, borrowing from the body.
+#[derive(Debug)]
+pub struct ParsedRequest<'a> {
+    pub model: Cow<'a, str>,
+    /// Byte range of the `model` value (including quotes) in the body.
+    model_span: Range<usize>,
+    /// Text parts in request order; owned only where JSON escapes had to be decoded.
+    texts: Vec<(Role, Cow<'a, str>)>,
+    pub wants_json: bool,
+    pub max_tokens: Option<u32>,
+    pub stream: bool,
+    pub user: Option<Cow<'a, str>>,
+}
+
+/// A request the router answers itself, with an OpenAI-shaped error.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+    },
+    #[error("Incorrect API key provided.")]
+    Unauthorized,
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("Unknown request URL: {0}.")]
+    RouteNotFound(String),
+    #[error("Method not allowed.")]
+    MethodNotAllowed,
+    #[error("Request body is larger than the limit of {limit} bytes.")]
+    PayloadTooLarge { limit: usize },
+    #[error("Content-Type must be application/json.")]
+    UnsupportedMediaType,
+    #[error("The upstream answered with an invalid response: {0}")]
+    BadGateway(String),
+    #[error("No healthy profile can serve this request: {0}")]
+    Unavailable(String),
+    #[error("The request did not complete within its deadline: {0}")]
+    Timeout(String),
+}
+
+#[derive(Deserialize)]
+struct WireRequest<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<WireMessage<'a>>>,
+    #[serde(borrow, default)]
+    prompt: Option<WirePrompt<'a>>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(borrow, default)]
+    response_format: Option<WireResponseFormat<'a>>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<WireContent<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum WireContent<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Parts(#[serde(borrow)] Vec<WirePart<'a>>),
+}
+
+/// A content part; images and audio carry no `text` and are ignored for scoring.
+#[derive(Deserialize)]
+struct WirePart<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum WirePrompt<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+}
+
+#[derive(Deserialize)]
+struct WireResponseFormat<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+}
+
+// === impl ParsedRequest ===
+
+impl<'a> ParsedRequest<'a> {
+    /// Parses and validates a request body for `endpoint`.
+    pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, ApiError> {
+        // serde would accept a JSON array as a struct in sequence form; requests are objects.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            let message = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => "request body must be a JSON object".to_owned(),
+                Err(e) => format!("request body is not valid JSON: {e}"),
+            };
+            return Err(ApiError::InvalidRequest {
+                message,
+                param: None,
+            });
+        }
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        let wire: WireRequest<'a> = serde_path_to_error::deserialize(de).map_err(wire_error)?;
+        let raw_model = wire
+            .model
+            .ok_or_else(|| invalid("you must provide a model parameter", "model"))?;
+        let model: Cow<'a, str> = serde_json::from_str(raw_model.get())
+            .map_err(|_| invalid("model must be a string", "model"))?;
+        let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
+        let model_span = start..start + raw_model.get().len();
+
+        let max_tokens = match wire.max_completion_tokens.or(wire.max_tokens) {
+            Some(n) if n < 1 => {
+                let param = if wire.max_completion_tokens.is_some() {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                };
+                return Err(invalid(
+                    &format!("{param} must be at least 1, got {n}"),
+                    param,
+                ));
+            }
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            None => None,
+        };
+        if let Some(t) = wire.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(invalid(
+                    "temperature must be between 0 and 2",
+                    "temperature",
+                ));
+            }
+        }
+        if let Some(p) = wire.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(invalid("top_p must be in (0, 1]", "top_p"));
+            }
+        }
+        let wants_json = wire
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.kind == "json_object" || f.kind == "json_schema");
+        let texts = match endpoint {
+            Endpoint::Chat => chat_texts(wire.messages)?,
+            Endpoint::Completions => prompt_texts(wire.prompt)?,
+        };
+        Ok(Self {
+            model,
+            model_span,
+            texts,
+            wants_json,
+            max_tokens,
+            stream: wire.stream.unwrap_or(false),
+            user: wire.user,
+        })
+    }
+
+    /// The prompt as the policy sees it, borrowing from this request.
+    pub fn prompt(&self) -> Prompt<'_> {
+        Prompt {
+            segments: self
+                .texts
+                .iter()
+                .map(|(role, text)| Segment { role: *role, text })
+                .collect(),
+            wants_json: self.wants_json,
+        }
+    }
+
+    /// The body with `model` set to `model_json` (an already JSON-encoded string); every
+    /// other byte is unchanged. No copy when the model is already right.
+    pub fn rewrite_model(&self, body: &Bytes, model_json: &str) -> Bytes {
+        let span = self.model_span.clone();
+        if &body[span.clone()] == model_json.as_bytes() {
+            return body.clone();
+        }
+        let mut out = BytesMut::with_capacity(body.len() - span.len() + model_json.len());
+        out.extend_from_slice(&body[..span.start]);
+        out.extend_from_slice(model_json.as_bytes());
+        out.extend_from_slice(&body[span.end..]);
+        out.freeze()
+    }
+}
+
+type Texts<'a> = Vec<(Role, Cow<'a, str>)>;
+
+fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, ApiError> {
+    let messages = messages.ok_or_else(|| invalid("messages is required", "messages"))?;
+    if messages.is_empty() {
+        return Err(invalid(
+            "messages must contain at least one message",
+            "messages",
+        ));
+    }
+    let mut segments = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = match m.role.as_ref() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            _ => Role::Other,
+        };
+        match m.content {
+            Some(WireContent::Text(text)) => push_text(&mut segments, role, text),
+            Some(WireContent::Parts(parts)) => {
+                for text in parts.into_iter().filter_map(|p| p.text) {
+                    push_text(&mut segments, role, text);
+                }
+            }
+            None => {}
+        }
+    }
+    if segments.iter().all(|(_, text)| text.trim().is_empty()) {
+        return Err(invalid("messages must contain some text", "messages"));
+    }
+    Ok(segments)
+}
+
+fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiError> {
+    let mut segments = Vec::new();
+    match prompt.ok_or_else(|| invalid("prompt is required", "prompt"))? {
+        WirePrompt::Text(text) => push_text(&mut segments, Role::User, text),
+        WirePrompt::Texts(texts) => {
+            for text in texts {
+                push_text(&mut segments, Role::User, text);
+            }
+        }
+    }
+    if segments.iter().all(|(_, text)| text.trim().is_empty()) {
+        return Err(invalid("prompt must not be empty", "prompt"));
+    }
+    Ok(segments)
+}
+
+fn push_text<'a>(texts: &mut Vec<(Role, Cow<'a, str>)>, role: Role, text: Cow<'a, str>) {
+    texts.push((role, text));
+}
+
+fn invalid(message: &str, param: &str) -> ApiError {
+    ApiError::InvalidRequest {
+        message: message.to_owned(),
+        param: Some(param.to_owned()),
+    }
+}
+
+fn wire_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    match inner.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            ApiError::InvalidRequest {
+                message: format!("request body is not valid JSON: {inner}"),
+                param: None,
+            }
+        }
+        _ => ApiError::InvalidRequest {
+            message: format!("{path}: {inner}"),
+            param: Some(path),
+        },
+    }
+}
+
+// === impl ApiError ===
+
+impl ApiError {
+    /// HTTP status; the only place that decides it.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// OpenAI `type` and `code`; `code` doubles as the low-cardinality metrics label.
+    pub fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
+            ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::RouteNotFound(_) => ("invalid_request_error", "unknown_url"),
+            ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
+            ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::UnsupportedMediaType => ("invalid_request_error", "unsupported_media_type"),
+            ApiError::BadGateway(_) => ("upstream_error", "bad_gateway"),
+            ApiError::Unavailable(_) => ("server_error", "no_healthy_profile"),
+            ApiError::Timeout(_) => ("timeout_error", "deadline_exceeded"),
+        }
+    }
+
+    /// Seconds a client should wait before retrying, when that is known.
+    fn retry_after(&self) -> Option<u32> {
+        match self {
+            ApiError::Unavailable(_) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI-shaped error response.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let status = self.status();
+        let (kind, code) = self.kind();
+        let param = match &self {
+            ApiError::InvalidRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": kind,
+                "param": param,
+                "code": code,
+            }
+        });
+        let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(secs) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+//! Profile sources and hot reload.
+//!
+//! The active configuration is one immutable [`Snapshot`] behind an `ArcSwap`: a request
+//! loads it once and keeps it to the end, a reload builds a complete new snapshot and swaps
+//! it in, and a document that does not validate never replaces the last good one.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use quantrouter_policy::{ProfileSet, ProfileSetError, DEFAULT_PROFILE_SET};
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use crate::telemetry;
+use crate::upstream::Pool;
+
+/// Where the active profile set came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Embedded,
+    File,
+    Redis,
+}
+
+/// One complete, validated routing configuration with its upstream pools.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub set: ProfileSet,
+    /// `pools[i]` serves `set.profiles[i]`.
+    pub pools: Vec<Arc<Pool>>,
+    /// `model_json[i]` is `set.profiles[i].model` encoded as a JSON string, ready to splice.
+    pub model_json: Vec<String>,
+    pub source: SourceKind,
+    pub loaded_at: SystemTime,
+}
+
+/// The active snapshot, swapped atomically on reload.
+#[derive(Debug)]
+pub struct ProfileStore {
+    current: ArcSwap<Snapshot>,
+}
+
+/// Why a new document was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Invalid(#[from] ProfileSetError),
+    #[error("version {offered} is older than the active version {active}")]
+    Stale { offered: u64, active: u64 },
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    /// Builds pools for `set`, reusing `previous` pools whose profile and URLs are unchanged
+    /// so in-flight counts carry over a reload.
+    pub fn build(set: ProfileSet, source: SourceKind, previous: Option<&Snapshot>) -> Self {
+        let old: HashMap<(&str, &[String]), &Arc<Pool>> = previous
+            .map(|p| {
+                p.set
+                    .profiles
+                    .iter()
+                    .zip(&p.pools)
+                    .map(|(profile, pool)| ((profile.id.as_str(), pool.urls.as_slice()), pool))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pools = set
+            .profiles
+            .iter()
+            .map(|p| {
+                let urls = p.upstream.base_urls();
+                match old.get(&(p.id.as_str(), urls.as_slice())) {
+                    Some(pool) => Arc::clone(pool),
+                    None => Arc::new(Pool::new(urls)),
+                }
+            })
+            .collect();
+        let model_json = set
+            .profiles
+            .iter()
+            .map(|p| serde_json::Value::from(p.model.as_str()).to_string())
+            .collect();
+        Self {
+            set,
+            pools,
+            model_json,
+            source,
+            loaded_at: SystemTime::now(),
+        }
+    }
+
+    /// At least one enabled profile has an endpoint to send to.
+    pub fn ready(&self) -> bool {
+        self.set
+            .profiles
+            .iter()
+            .zip(&self.pools)
+            .any(|(p, pool)| p.enabled && pool.has_endpoints())
+    }
+}
+
+// === impl ProfileStore ===
+
+impl ProfileStore {
+    pub fn new(set: ProfileSet, source: SourceKind) -> Self {
+        let snapshot = Snapshot::build(set, source, None);
+        telemetry::profile_set_applied(&snapshot.set);
+        Self {
+            current: ArcSwap::from_pointee(snapshot),
+        }
+    }
+
+    /// The active snapshot; hold it for the whole request.
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Swaps in `set` unless it is older than the active one.
+    pub fn apply(
+        &self,
+        set: ProfileSet,
+        source: SourceKind,
+        allow_same_version: bool,
+    ) -> Result<(), ReloadError> {
+        let active = self.current.load();
+        let stale = if allow_same_version {
+            set.version < active.set.version
+        } else {
+            set.version <= active.set.version
+        };
+        if stale {
+            return Err(ReloadError::Stale {
+                offered: set.version,
+                active: active.set.version,
+            });
+        }
+        let next = Snapshot::build(set, source, Some(&active));
+        telemetry::profile_set_applied(&next.set);
+        self.current.store(Arc::new(next));
+        Ok(())
+    }
+}
+
+/// The start-up profile set: the `--profiles` file if given, else the embedded default.
+pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), ReloadError> {
+    match path {
+        Some(path) => Ok((read_file(path)?, SourceKind::File)),
+        None => Ok((
+            ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
+            SourceKind::Embedded,
+        )),
+    }
+}
+
+fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReloadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(ProfileSet::from_json(&text)?)
+}
+
+/// Watches a profile file by polling its modification time and size (no inotify needed,
+/// works on ConfigMap symlink swaps) and applies valid edits.
+///
+/// A file edit may keep the version number: operators editing a file by hand rarely bump
+/// it, and the file is the only writer, so "not older" is enough.
+pub fn watch_file(store: Arc<ProfileStore>, path: PathBuf, interval: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = stamp(&path);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let now = stamp(&path);
+            if now == last || now.is_none() {
+                continue;
+            }
+            last = now;
+            let result = read_file(&path).and_then(|set| store.apply(set, SourceKind::File, true));
+            match &result {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), version = store.load().set.version, "profile set reloaded")
+                }
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "profile file rejected; keeping the active set")
+                }
+            }
+            telemetry::profile_reload("file", result.is_ok());
+        }
+    })
+}
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}

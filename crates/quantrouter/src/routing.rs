@@ -1,0 +1,167 @@
+//! Glue from a parsed request to a policy decision: request controls from headers and the
+//! `model` field, the live load of each profile, and the policy call itself. No I/O.
+
+use http::HeaderMap;
+use quantrouter_policy::{
+    decide, FeatureError, Features, Overrides, ProfileLoad, ProfileSet, RouteError, RouteRequest,
+    RoutingDecision,
+};
+
+use crate::openai::{ApiError, ParsedRequest};
+use crate::profiles::Snapshot;
+
+/// Header: latency budget for this request, in milliseconds.
+pub const LATENCY_BUDGET_HEADER: &str = "x-quantrouter-latency-budget-ms";
+/// Header: minimum quality in [0,1] for this request.
+pub const MIN_QUALITY_HEADER: &str = "x-quantrouter-min-quality";
+/// Header: pin this request to a profile id.
+pub const PROFILE_HEADER: &str = "x-quantrouter-profile";
+
+/// The model name that asks for adaptive routing.
+pub const AUTO_MODEL: &str = "auto";
+
+/// Routes one request against a snapshot.
+///
+/// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
+/// assignment when the request names no `user`.
+pub fn route(
+    snapshot: &Snapshot,
+    parsed: &ParsedRequest<'_>,
+    headers: &HeaderMap,
+    aliases: &[String],
+    request_key: &str,
+) -> Result<RoutingDecision, ApiError> {
+    let set = &snapshot.set;
+    let pinned = match header_str(headers, PROFILE_HEADER)? {
+        Some(id) => Some(id),
+        None => resolve_model(snapshot, &parsed.model, aliases)?,
+    };
+    let overrides = Overrides {
+        latency_budget_ms: header_number(headers, LATENCY_BUDGET_HEADER, |v| v > 0.0)?,
+        min_quality: header_number(headers, MIN_QUALITY_HEADER, |v| (0.0..=1.0).contains(&v))?,
+        profile: pinned,
+    };
+    let prompt = parsed.prompt();
+    let features = Features::extract(&prompt, &set.policy.complexity).map_err(|e| match e {
+        FeatureError::EmptyPrompt => ApiError::InvalidRequest {
+            message: "the prompt has no text".into(),
+            param: Some("messages".into()),
+        },
+    })?;
+    let load = live_load(snapshot);
+    let request = RouteRequest {
+        features: &features,
+        max_tokens: parsed.max_tokens,
+        overrides,
+        routing_key: parsed.user.as_deref().unwrap_or(request_key),
+    };
+    decide(set, &request, &load).map_err(|e| match e {
+        RouteError::UnknownProfile(id) => ApiError::ModelNotFound(id),
+        RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
+    })
+}
+
+/// `auto` and aliases route adaptively; a profile id or a profile's served model name pins.
+fn resolve_model<'s>(
+    snapshot: &'s Snapshot,
+    model: &str,
+    aliases: &[String],
+) -> Result<Option<&'s str>, ApiError> {
+    if model == AUTO_MODEL || aliases.iter().any(|a| a == model) {
+        return Ok(None);
+    }
+    snapshot
+        .set
+        .profiles
+        .iter()
+        .filter(|p| p.enabled)
+        .find(|p| p.id == model)
+        .or_else(|| {
+            snapshot
+                .set
+                .profiles
+                .iter()
+                .find(|p| p.enabled && p.model == model)
+        })
+        .map(|p| Some(p.id.as_str()))
+        .ok_or_else(|| ApiError::ModelNotFound(model.to_owned()))
+}
+
+/// What the router observes of each profile right now.
+fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
+    let expected = snapshot.set.policy.expected_output_tokens;
+    snapshot
+        .set
+        .profiles
+        .iter()
+        .zip(&snapshot.pools)
+        .map(|(profile, pool)| ProfileLoad {
+            available: pool.has_endpoints(),
+            queue_wait_ms: quantrouter_policy::queue_wait_ms(profile, pool.inflight(), 0, expected),
+        })
+        .collect()
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, ApiError> {
+    headers
+        .get(name)
+        .map(|v| {
+            v.to_str().map_err(|_| ApiError::InvalidRequest {
+                message: format!("header {name} must be visible ASCII"),
+                param: Some(name.into()),
+            })
+        })
+        .transpose()
+}
+
+fn header_number(
+    headers: &HeaderMap,
+    name: &'static str,
+    valid: impl Fn(f64) -> bool,
+) -> Result<Option<f64>, ApiError> {
+    let Some(raw) = header_str(headers, name)? else {
+        return Ok(None);
+    };
+    match raw.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && valid(v) => Ok(Some(v)),
+        _ => Err(ApiError::InvalidRequest {
+            message: format!("header {name} has an invalid value `{raw}`"),
+            param: Some(name.into()),
+        }),
+    }
+}
+
+/// The `POST /v1/route` answer (SPEC §5).
+pub fn explain(
+    set: &ProfileSet,
+    decision: &RoutingDecision,
+    decision_us: f64,
+) -> serde_json::Value {
+    let profile = &set.profiles[decision.profile];
+    let candidates: Vec<serde_json::Value> = decision
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "profile": set.profiles[c.profile].id,
+                "feasible": c.feasible,
+                "utility": c.utility,
+                "predicted_latency_ms": c.predicted_latency_ms,
+                "quality": c.quality,
+                "cost": c.cost,
+                "rejected_because": c.rejected_because.map(|r| r.as_str()),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "profile": profile.id,
+        "tier": profile.tier,
+        "reason": decision.reason.as_str(),
+        "complexity": decision.complexity,
+        "task_class": decision.task_class,
+        "required_quality": decision.required_quality,
+        "estimated_input_tokens": decision.chosen().map_or(0, |c| c.estimated_input_tokens),
+        "candidates": candidates,
+        "decision_us": decision_us,
+    })
+}

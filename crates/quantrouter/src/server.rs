@@ -1,0 +1,519 @@
+//! The HTTP servers: the public OpenAI-compatible port and the admin port.
+//!
+//! The public request path reads top-down: [`public_service`] assigns a request id, then
+//! [`handle`] dispatches; a generation request goes auth → content type → bounded body read
+//! → parse ([`crate::openai`]) → decision ([`crate::routing`]) → upstream
+//! ([`crate::upstream`]), and the upstream body streams back frame by frame.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use metrics_exporter_prometheus::PrometheusHandle;
+use quantrouter_policy::RoutingDecision;
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::ServiceBuilder;
+
+use crate::admin;
+use crate::openai::{ApiError, Endpoint, ParsedRequest};
+use crate::profiles::{ProfileStore, Snapshot};
+use crate::routing::{self, AUTO_MODEL};
+use crate::telemetry::{self, RequestLabels};
+use crate::upstream::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
+
+/// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
+pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
+
+/// Settings of a running router.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
+    pub body_limit: usize,
+    /// Accepted bearer keys; `None` disables authentication.
+    pub api_keys: Option<HashSet<String>>,
+    /// Model names besides `auto` that mean adaptive routing.
+    pub aliases: Vec<String>,
+    pub client: ClientConfig,
+    /// How long in-flight requests and streams may run after SIGTERM; matches the Helm
+    /// chart's terminationGracePeriodSeconds minus the preStop delay.
+    pub shutdown_grace: Duration,
+}
+
+/// Request id, from `x-request-id` or assigned; a request extension.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub HeaderValue);
+
+/// Shared state of one router.
+#[derive(Debug)]
+pub struct App {
+    pub store: Arc<ProfileStore>,
+    pub config: ServerConfig,
+    pub metrics: PrometheusHandle,
+    client: UpstreamClient,
+    shutting_down: AtomicBool,
+    next_id: AtomicU64,
+    id_prefix: u32,
+}
+
+/// A running router; dropping it does not stop it, call [`Server::shutdown`].
+#[derive(Debug)]
+pub struct Server {
+    pub app: Arc<App>,
+    public_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TRAILER,
+];
+/// Client headers worth passing to vLLM; everything else (API keys above all) stays here.
+const FORWARDED: [HeaderName; 5] = [
+    header::ACCEPT,
+    header::USER_AGENT,
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    HeaderName::from_static("openai-organization"),
+];
+
+// === impl Server ===
+
+impl Server {
+    /// Binds both ports and starts serving on the current runtime.
+    pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
+        let public = TcpListener::bind(config.listen).await?;
+        let admin = TcpListener::bind(config.admin_listen).await?;
+        let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
+        let app = Arc::new(App {
+            store,
+            client: UpstreamClient::new(config.client),
+            metrics: telemetry::metrics_handle(),
+            config,
+            shutting_down: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
+        });
+        let (stop, stopped) = watch::channel(false);
+        let public_app = Arc::clone(&app);
+        let public_task = tokio::spawn(accept_loop(
+            public,
+            stopped.clone(),
+            move |stream, watcher| serve_public(Arc::clone(&public_app), stream, watcher),
+        ));
+        let admin_app = Arc::clone(&app);
+        let admin_task = tokio::spawn(accept_loop(admin, stopped, move |stream, watcher| {
+            serve_admin(Arc::clone(&admin_app), stream, watcher)
+        }));
+        tracing::info!(%public_addr, %admin_addr, "quantrouter listening");
+        Ok(Self {
+            app,
+            public_addr,
+            admin_addr,
+            stop,
+            tasks: vec![public_task, admin_task],
+        })
+    }
+
+    pub fn public_addr(&self) -> SocketAddr {
+        self.public_addr
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Graceful stop: readiness turns false, listeners close, in-flight requests and
+    /// streams get the grace period to finish.
+    pub async fn shutdown(self) {
+        self.app.shutting_down.store(true, Ordering::SeqCst);
+        let _ = self.stop.send(true);
+        let grace = self.app.config.shutdown_grace;
+        for task in self.tasks {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::warn!(?grace, "in-flight requests outlived the grace period");
+            }
+        }
+    }
+}
+
+type ServeFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Accepts connections until stopped, then waits for open connections to finish.
+async fn accept_loop<F>(listener: TcpListener, mut stopped: watch::Receiver<bool>, serve: F)
+where
+    F: Fn(TcpStream, Watcher) -> ServeFuture + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(serve(stream, graceful.watcher()));
+                }
+                // Out of file descriptors and the like: back off instead of spinning.
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stopped.changed() => break,
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+fn serve_public(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
+    let service = TowerToHyperService::new(public_service(app));
+    Box::pin(async move {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(error) = watcher.watch(conn).await {
+            tracing::debug!(%error, "connection ended with an error");
+        }
+    })
+}
+
+fn serve_admin(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
+    let service = hyper::service::service_fn(move |req| {
+        let app = Arc::clone(&app);
+        async move { Ok::<_, Infallible>(admin::handle(&app, req)) }
+    });
+    Box::pin(async move {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(error) = watcher.watch(conn).await {
+            tracing::debug!(%error, "admin connection ended with an error");
+        }
+    })
+}
+
+/// The public request path as a tower stack, top-down:
+/// 1. `map_request(assign_request_id)` — every log line, upstream call and response
+///    carries one id; adds the [`RequestId`] extension.
+/// 2. `handle` — dispatch by route; consumes [`RequestId`].
+pub fn public_service(
+    app: Arc<App>,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = Response<ResponseBody>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    let assign = Arc::clone(&app);
+    ServiceBuilder::new()
+        .map_request(move |req| assign_request_id(&assign, req))
+        .service(tower::service_fn(move |req| {
+            let app = Arc::clone(&app);
+            async move { Ok(handle(app, req).await) }
+        }))
+}
+
+fn assign_request_id(app: &App, mut req: Request<Incoming>) -> Request<Incoming> {
+    let id = match req.headers().get(&REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
+        _ => {
+            let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = format!("qr-{:08x}-{n:x}", app.id_prefix);
+            HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("qr"))
+        }
+    };
+    req.extensions_mut().insert(RequestId(id));
+    req
+}
+
+async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let started = Instant::now();
+    let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let result = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat, started).await,
+        (&Method::POST, "/v1/completions") => {
+            proxy(&app, req, Endpoint::Completions, started).await
+        }
+        (&Method::GET, "/v1/models") => models(&app, req.headers()),
+        (&Method::POST, "/v1/route") => dry_run(&app, req).await,
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/v1/route") => {
+            Err(ApiError::MethodNotAllowed)
+        }
+        (_, path) => Err(ApiError::RouteNotFound(path.to_owned())),
+    };
+    let mut response = result.unwrap_or_else(|error| {
+        telemetry::router_error(error.kind().1);
+        tracing::debug!(%error, "request rejected");
+        error.into_response().map(Either::Left)
+    });
+    if let Some(id) = id {
+        response.headers_mut().insert(REQUEST_ID, id);
+    }
+    response
+}
+
+async fn proxy(
+    app: &App,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+    started: Instant,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let (parts, body) = req.into_parts();
+    app.authorize(&parts.headers)?;
+    check_content_type(&parts.headers)?;
+    let body = read_body(body, &parts.headers, app.config.body_limit).await?;
+    let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone());
+    let key = request_id
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let parsed = ParsedRequest::parse(&body, endpoint)?;
+    let snapshot = app.store.load();
+    let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let upstream_body = parsed.rewrite_model(&body, &snapshot.model_json[decision.profile]);
+    drop(parsed);
+    let profile = &snapshot.set.profiles[decision.profile];
+    let pool = &snapshot.pools[decision.profile];
+    let target = pool
+        .pick()
+        .ok_or_else(|| ApiError::Unavailable(format!("profile {} has no endpoints", profile.id)))?;
+    let path = match endpoint {
+        Endpoint::Chat => "/v1/chat/completions",
+        Endpoint::Completions => "/v1/completions",
+    };
+    let uri = target
+        .uri(path)
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    let mut request = Request::post(uri)
+        .body(Full::new(upstream_body))
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    let headers = request.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for name in &FORWARDED {
+        if let Some(v) = parts.headers.get(name) {
+            headers.insert(name.clone(), v.clone());
+        }
+    }
+    if let Some(id) = &request_id {
+        headers.insert(REQUEST_ID, id.clone());
+    }
+
+    let labels = RequestLabels {
+        profile: profile.id.clone(),
+        tier: profile.tier.clone(),
+        reason: decision.reason.as_str(),
+    };
+    telemetry::routed(&labels, decision.complexity, started.elapsed());
+    let guard = pool.enter();
+    let upstream = match app.client.send(target, request).await {
+        Ok(response) => response,
+        Err(error) => {
+            let kind = match &error {
+                UpstreamError::Connect { .. } => "connect",
+                UpstreamError::HeaderTimeout { .. } => "header_timeout",
+                UpstreamError::InvalidUrl(_) => "invalid_url",
+            };
+            telemetry::upstream_error(&labels, kind);
+            tracing::warn!(%error, profile = %labels.profile, "upstream call failed");
+            return Err(match error {
+                UpstreamError::HeaderTimeout { .. } => ApiError::Timeout(error.to_string()),
+                UpstreamError::Connect { .. } => ApiError::Unavailable(error.to_string()),
+                UpstreamError::InvalidUrl(_) => ApiError::BadGateway(error.to_string()),
+            });
+        }
+    };
+    telemetry::response_headers(&labels, upstream.status().as_u16(), started.elapsed());
+
+    let (mut head, incoming) = upstream.into_parts();
+    for name in &HOP_BY_HOP {
+        head.headers.remove(name);
+    }
+    decision_headers(&mut head.headers, &snapshot, &decision);
+    let on_end =
+        Box::new(move |end: crate::upstream::BodyEnd| telemetry::finished(&labels, end.elapsed));
+    let body = UpstreamBody::new(incoming, guard, started, on_end);
+    Ok(Response::from_parts(head, Either::Right(body)))
+}
+
+/// `x-quantrouter-*` response headers describing the decision.
+fn decision_headers(headers: &mut HeaderMap, snapshot: &Snapshot, decision: &RoutingDecision) {
+    let profile = &snapshot.set.profiles[decision.profile];
+    let pairs = [
+        ("x-quantrouter-profile", profile.id.as_str()),
+        ("x-quantrouter-tier", profile.tier.as_str()),
+        ("x-quantrouter-reason", decision.reason.as_str()),
+        ("x-quantrouter-attempts", "1"),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", decision.complexity)) {
+        headers.insert(HeaderName::from_static("x-quantrouter-complexity"), v);
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let essence = value
+        .to_str()
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType)
+    }
+}
+
+/// Reads the whole body, refusing more than `limit` bytes (early, from Content-Length, when
+/// the client declares it).
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ApiError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(ApiError::InvalidRequest {
+            message: format!("failed to read the request body: {e}"),
+            param: None,
+        }),
+    }
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ResponseBody> {
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(value.to_string()))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `GET /v1/models`: `auto`, the aliases and every enabled profile id.
+fn models(app: &App, headers: &HeaderMap) -> Result<Response<ResponseBody>, ApiError> {
+    app.authorize(headers)?;
+    let snapshot = app.store.load();
+    let entry = |id: &str| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "quantrouter"});
+    let data: Vec<serde_json::Value> = std::iter::once(AUTO_MODEL)
+        .chain(app.config.aliases.iter().map(String::as_str))
+        .chain(
+            snapshot
+                .set
+                .profiles
+                .iter()
+                .filter(|p| p.enabled)
+                .map(|p| p.id.as_str()),
+        )
+        .map(entry)
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    ))
+}
+
+/// `POST /v1/route`: the decision for a chat or completion body, with every candidate.
+async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseBody>, ApiError> {
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        messages: Option<serde::de::IgnoredAny>,
+    }
+    let (parts, body) = req.into_parts();
+    app.authorize(&parts.headers)?;
+    check_content_type(&parts.headers)?;
+    let body = read_body(body, &parts.headers, app.config.body_limit).await?;
+    let started = Instant::now();
+    let endpoint = match serde_json::from_slice::<Shape>(&body) {
+        Ok(Shape { messages: None }) => Endpoint::Completions,
+        _ => Endpoint::Chat,
+    };
+    let parsed = ParsedRequest::parse(&body, endpoint)?;
+    let snapshot = app.store.load();
+    let key = parts
+        .extensions
+        .get::<RequestId>()
+        .and_then(|r| r.0.to_str().ok())
+        .unwrap_or_default();
+    let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let decision_us = started.elapsed().as_secs_f64() * 1e6;
+    let explain = crate::routing::explain(&snapshot.set, &decision, decision_us);
+    Ok(json_response(StatusCode::OK, &explain))
+}
+
+// === impl App ===
+
+impl App {
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(keys) = &self.config.api_keys else {
+            return Ok(());
+        };
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match token {
+            Some(token) if keys.contains(token) => Ok(()),
+            _ => Err(ApiError::Unauthorized),
+        }
+    }
+
+    /// Ready: not shutting down and the active set has somewhere to send requests.
+    pub fn ready(&self) -> bool {
+        !self.shutting_down.load(Ordering::SeqCst) && self.store.load().ready()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            body_limit: 4 * 1024 * 1024,
+            api_keys: None,
+            aliases: Vec::new(),
+            client: ClientConfig::default(),
+            shutdown_grace: Duration::from_secs(25),
+        }
+    }
+}

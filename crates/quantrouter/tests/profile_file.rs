@@ -1,0 +1,74 @@
+//! `serve --profiles FILE`: edits are applied live, invalid edits are ignored.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quantrouter::profiles::{self, ProfileStore, SourceKind};
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+use support::eventually;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
+    let dir = std::env::temp_dir().join(format!("qr-profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("profiles.json");
+    std::fs::write(&path, DEFAULT_PROFILE_SET).unwrap();
+
+    let (set, source) = profiles::initial_set(Some(&path)).unwrap();
+    assert_eq!(source, SourceKind::File);
+    let store = Arc::new(ProfileStore::new(set, source));
+    let watcher = profiles::watch_file(Arc::clone(&store), path.clone(), Duration::from_millis(20));
+
+    // A valid edit: disable the int4 profile and bump the version.
+    let mut edited = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    edited.version = 2;
+    edited.profiles[2].enabled = false;
+    std::fs::write(&path, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            store.load().set.version == 2
+        })
+        .await
+    );
+    assert!(!store.load().set.profiles[2].enabled);
+
+    // An invalid edit (quality out of range) is rejected; version 2 stays active.
+    let broken = serde_json::to_string(&edited)
+        .unwrap()
+        .replace("0.97", "1.97");
+    std::fs::write(&path, &broken).unwrap();
+    // Then a valid edit after it proves the watcher kept going.
+    let mut next = edited.clone();
+    next.version = 3;
+    let seen_broken = eventually(Duration::from_millis(300), || async {
+        store.load().set.version != 2
+    })
+    .await;
+    assert!(
+        !seen_broken,
+        "an invalid document must never replace the active set"
+    );
+    std::fs::write(&path, serde_json::to_string(&next).unwrap()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            store.load().set.version == 3
+        })
+        .await
+    );
+
+    // An older version is refused.
+    let mut old = next.clone();
+    old.version = 1;
+    old.profiles[0].quality.default = 0.5;
+    std::fs::write(&path, serde_json::to_string(&old).unwrap()).unwrap();
+    let regressed = eventually(Duration::from_millis(300), || async {
+        store.load().set.version != 3
+    })
+    .await;
+    assert!(!regressed, "an older version must not replace a newer one");
+    watcher.abort();
+}

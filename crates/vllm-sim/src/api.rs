@@ -1,0 +1,635 @@
+//! OpenAI/vLLM wire shapes: parsing the few request fields the simulator needs, the response,
+//! stream-chunk and error bodies, and the single place errors become HTTP responses.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::body::SimBody;
+use crate::generate::{FinishReason, PromptDigest};
+
+/// The final event of every stream, as vLLM sends it.
+pub(crate) const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// Which completion API a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// The parts of a completion request that shape the simulated answer.
+#[derive(Debug)]
+pub(crate) struct CompletionRequest {
+    pub(crate) model: Option<String>,
+    pub(crate) digest: PromptDigest,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) ignore_eos: bool,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+}
+
+/// Token counts, as in every OpenAI `usage` object.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Usage {
+    pub(crate) prompt_tokens: u64,
+    pub(crate) completion_tokens: u64,
+    pub(crate) total_tokens: u64,
+}
+
+/// What every response body and stream chunk of one request repeats.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResponseMeta<'a> {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) id: &'a str,
+    pub(crate) created: u64,
+    pub(crate) model: &'a str,
+}
+
+/// Everything the simulator answers with an error status.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("Route {0} not found.")]
+    RouteNotFound(String),
+    #[error("Method not allowed.")]
+    MethodNotAllowed,
+    #[error("Request body is larger than {0} bytes.")]
+    PayloadTooLarge(usize),
+    #[error("Simulated failure (HTTP {}) injected by vllm-sim.", .status.as_u16())]
+    Injected {
+        status: StatusCode,
+        retry_after_s: Option<u64>,
+    },
+    #[error("Internal error: {0}")]
+    Internal(String),
+}
+
+// --- request wire types ---
+
+#[derive(Debug, Deserialize)]
+struct ChatRequestWire {
+    model: Option<String>,
+    messages: Option<Vec<MessageWire>>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    ignore_eos: Option<bool>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptionsWire>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequestWire {
+    model: Option<String>,
+    prompt: Option<PromptWire>,
+    max_tokens: Option<u64>,
+    ignore_eos: Option<bool>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptionsWire>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageWire {
+    role: Option<String>,
+    content: Option<ContentWire>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ContentWire {
+    Text(String),
+    Parts(Vec<ContentPartWire>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPartWire {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptWire {
+    Text(String),
+    Texts(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptionsWire {
+    include_usage: Option<bool>,
+}
+
+// --- response wire types ---
+
+#[derive(Serialize)]
+struct ChatCompletionWire<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [ChatChoiceWire<'a>; 1],
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct ChatChoiceWire<'a> {
+    index: u32,
+    message: AssistantMessageWire<'a>,
+    logprobs: Option<()>,
+    finish_reason: FinishReason,
+}
+
+#[derive(Serialize)]
+struct AssistantMessageWire<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct TextCompletionWire<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [TextChoiceWire<'a>; 1],
+    usage: Usage,
+}
+
+/// A `text_completion` choice, in whole responses and in stream chunks alike.
+#[derive(Serialize)]
+struct TextChoiceWire<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<()>,
+    finish_reason: Option<FinishReason>,
+}
+
+#[derive(Serialize)]
+struct ChunkWire<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: &'a [C],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+struct ChatChunkChoiceWire<'a> {
+    index: u32,
+    delta: DeltaWire<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<FinishReason>,
+}
+
+#[derive(Serialize)]
+struct DeltaWire<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ErrorEnvelopeWire<'a> {
+    error: ErrorWire<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorWire<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<()>,
+    code: u16,
+}
+
+#[derive(Serialize)]
+struct ModelListWire<'a> {
+    object: &'static str,
+    data: [ModelWire<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct ModelWire<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: &'a str,
+    parent: Option<()>,
+}
+
+// === impl Endpoint ===
+
+impl Endpoint {
+    pub(crate) fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Chat => "chatcmpl",
+            Self::Completion => "cmpl",
+        }
+    }
+}
+
+// === impl CompletionRequest ===
+
+impl CompletionRequest {
+    /// Parses a request body; wrong JSON, wrong types and a missing or empty prompt are 400s.
+    pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, ApiError> {
+        match endpoint {
+            Endpoint::Chat => Self::parse_chat(body),
+            Endpoint::Completion => Self::parse_completion(body),
+        }
+    }
+
+    fn parse_chat(body: &[u8]) -> Result<Self, ApiError> {
+        let wire: ChatRequestWire = serde_json::from_slice(body).map_err(json_error)?;
+        let messages = wire
+            .messages
+            .ok_or_else(|| ApiError::BadRequest("`messages` is required.".to_owned()))?;
+        if messages.is_empty() {
+            return Err(ApiError::BadRequest(
+                "`messages` must not be empty.".to_owned(),
+            ));
+        }
+        let mut digest = PromptDigest::new();
+        for message in &messages {
+            digest.add_marker(message.role.as_deref().unwrap_or(""));
+            match &message.content {
+                Some(ContentWire::Text(text)) => digest.add_text(text),
+                Some(ContentWire::Parts(parts)) => parts
+                    .iter()
+                    .filter(|part| part.kind == "text")
+                    .filter_map(|part| part.text.as_deref())
+                    .for_each(|text| digest.add_text(text)),
+                None => {}
+            }
+        }
+        Ok(Self {
+            model: wire.model,
+            digest,
+            // `max_completion_tokens` is the newer name; vLLM prefers it when both are given.
+            max_tokens: validate_max_tokens(wire.max_completion_tokens.or(wire.max_tokens))?,
+            ignore_eos: wire.ignore_eos.unwrap_or(false),
+            stream: wire.stream.unwrap_or(false),
+            include_usage: include_usage(wire.stream_options.as_ref()),
+        })
+    }
+
+    fn parse_completion(body: &[u8]) -> Result<Self, ApiError> {
+        let wire: CompletionRequestWire = serde_json::from_slice(body).map_err(json_error)?;
+        let prompt = wire
+            .prompt
+            .ok_or_else(|| ApiError::BadRequest("`prompt` is required.".to_owned()))?;
+        let mut digest = PromptDigest::new();
+        match &prompt {
+            PromptWire::Text(text) => digest.add_text(text),
+            PromptWire::Texts(texts) if texts.is_empty() => {
+                return Err(ApiError::BadRequest(
+                    "`prompt` must not be empty.".to_owned(),
+                ));
+            }
+            PromptWire::Texts(texts) => texts.iter().for_each(|text| {
+                digest.add_marker("");
+                digest.add_text(text);
+            }),
+        }
+        Ok(Self {
+            model: wire.model,
+            digest,
+            max_tokens: validate_max_tokens(wire.max_tokens)?,
+            ignore_eos: wire.ignore_eos.unwrap_or(false),
+            stream: wire.stream.unwrap_or(false),
+            include_usage: include_usage(wire.stream_options.as_ref()),
+        })
+    }
+}
+
+fn include_usage(options: Option<&StreamOptionsWire>) -> bool {
+    options.and_then(|o| o.include_usage).unwrap_or(false)
+}
+
+fn validate_max_tokens(max_tokens: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match max_tokens {
+        Some(0) => Err(ApiError::BadRequest(
+            "`max_tokens` must be at least 1, got 0.".to_owned(),
+        )),
+        other => Ok(other),
+    }
+}
+
+fn json_error(error: serde_json::Error) -> ApiError {
+    use serde_json::error::Category;
+    let what = match error.classify() {
+        Category::Syntax | Category::Eof | Category::Io => "Malformed JSON body",
+        Category::Data => "Invalid request",
+    };
+    ApiError::BadRequest(format!("{what}: {error}"))
+}
+
+// === impl Usage ===
+
+impl Usage {
+    pub(crate) fn new(prompt_tokens: u64, completion_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+// === impl ResponseMeta ===
+
+impl ResponseMeta<'_> {
+    /// The complete (non-streamed) response body.
+    pub(crate) fn completion_body(
+        &self,
+        text: &str,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        match self.endpoint {
+            Endpoint::Chat => serde_json::to_vec(&ChatCompletionWire {
+                id: self.id,
+                object: "chat.completion",
+                created: self.created,
+                model: self.model,
+                choices: [ChatChoiceWire {
+                    index: 0,
+                    message: AssistantMessageWire {
+                        role: "assistant",
+                        content: text,
+                    },
+                    logprobs: None,
+                    finish_reason,
+                }],
+                usage,
+            }),
+            Endpoint::Completion => serde_json::to_vec(&TextCompletionWire {
+                id: self.id,
+                object: "text_completion",
+                created: self.created,
+                model: self.model,
+                choices: [TextChoiceWire {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: Some(finish_reason),
+                }],
+                usage,
+            }),
+        }
+    }
+
+    /// The chat stream's opening event, announcing the assistant role; `None` for completions,
+    /// which vLLM streams without one.
+    pub(crate) fn role_event(&self) -> Option<Result<Bytes, serde_json::Error>> {
+        let delta = DeltaWire {
+            role: Some("assistant"),
+            content: Some(""),
+        };
+        (self.endpoint == Endpoint::Chat).then(|| self.choice_event(delta, "", None))
+    }
+
+    /// An event carrying one token's text.
+    pub(crate) fn token_event(&self, piece: &str) -> Result<Bytes, serde_json::Error> {
+        let delta = DeltaWire {
+            role: None,
+            content: Some(piece),
+        };
+        self.choice_event(delta, piece, None)
+    }
+
+    /// The event closing the choice, with an empty delta and the finish reason.
+    pub(crate) fn finish_event(
+        &self,
+        finish_reason: FinishReason,
+    ) -> Result<Bytes, serde_json::Error> {
+        let delta = DeltaWire {
+            role: None,
+            content: None,
+        };
+        self.choice_event(delta, "", Some(finish_reason))
+    }
+
+    /// The usage event sent when `stream_options.include_usage` is set: no choices.
+    pub(crate) fn usage_event(&self, usage: Usage) -> Result<Bytes, serde_json::Error> {
+        match self.endpoint {
+            Endpoint::Chat => self.event::<ChatChunkChoiceWire<'_>>(&[], Some(usage)),
+            Endpoint::Completion => self.event::<TextChoiceWire<'_>>(&[], Some(usage)),
+        }
+    }
+
+    fn choice_event(
+        &self,
+        delta: DeltaWire<'_>,
+        text: &str,
+        finish_reason: Option<FinishReason>,
+    ) -> Result<Bytes, serde_json::Error> {
+        match self.endpoint {
+            Endpoint::Chat => self.event(
+                &[ChatChunkChoiceWire {
+                    index: 0,
+                    delta,
+                    logprobs: None,
+                    finish_reason,
+                }],
+                None,
+            ),
+            Endpoint::Completion => self.event(
+                &[TextChoiceWire {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason,
+                }],
+                None,
+            ),
+        }
+    }
+
+    fn event<C: Serialize>(
+        &self,
+        choices: &[C],
+        usage: Option<Usage>,
+    ) -> Result<Bytes, serde_json::Error> {
+        let chunk = ChunkWire {
+            id: self.id,
+            object: match self.endpoint {
+                Endpoint::Chat => "chat.completion.chunk",
+                Endpoint::Completion => "text_completion",
+            },
+            created: self.created,
+            model: self.model,
+            choices,
+            usage,
+        };
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut out, &chunk)?;
+        out.extend_from_slice(b"\n\n");
+        Ok(Bytes::from(out))
+    }
+}
+
+/// `GET /v1/models`: the one served model.
+pub(crate) fn model_list(model: &str, created: u64) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&ModelListWire {
+        object: "list",
+        data: [ModelWire {
+            id: model,
+            object: "model",
+            created,
+            owned_by: "vllm",
+            root: model,
+            parent: None,
+        }],
+    })
+}
+
+/// A `200 OK` JSON response.
+pub(crate) fn json_response(body: impl Into<Bytes>) -> Response<SimBody> {
+    let mut response = Response::new(SimBody::full(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+// === impl ApiError ===
+
+impl ApiError {
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Injected { status, .. } => *status,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI error `type`, named as the openai Python client names its exceptions.
+    fn kind(&self) -> &'static str {
+        match self.status() {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::FORBIDDEN => "PermissionDeniedError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::UNPROCESSABLE_ENTITY => "UnprocessableEntityError",
+            StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
+            status if status.is_server_error() => "InternalServerError",
+            _ => "APIError",
+        }
+    }
+
+    /// The one place an error becomes an HTTP response.
+    pub(crate) fn into_response(self) -> Response<SimBody> {
+        let status = self.status();
+        let message = self.to_string();
+        let body = serde_json::to_vec(&ErrorEnvelopeWire {
+            error: ErrorWire {
+                message: &message,
+                kind: self.kind(),
+                param: None,
+                code: status.as_u16(),
+            },
+        })
+        // Serialising a struct of strings and numbers cannot fail; an empty body beats a panic.
+        .unwrap_or_default();
+        let mut response = json_response(body);
+        *response.status_mut() = status;
+        if let Self::Injected {
+            retry_after_s: Some(seconds),
+            ..
+        } = self
+        {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(endpoint: Endpoint) -> ResponseMeta<'static> {
+        ResponseMeta {
+            endpoint,
+            id: "x-1",
+            created: 5,
+            model: "m",
+        }
+    }
+
+    #[test]
+    fn chat_content_parts_count_only_text() {
+        let with_parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"abcdefgh"},{"type":"image_url","image_url":{"url":"data:"}}]}]}"#;
+        let plain = br#"{"messages":[{"role":"user","content":"abcdefgh"}]}"#;
+        let a = CompletionRequest::parse(Endpoint::Chat, with_parts).unwrap();
+        let b = CompletionRequest::parse(Endpoint::Chat, plain).unwrap();
+        assert_eq!(a.digest.prompt_tokens(), 2);
+        assert_eq!(b.digest.prompt_tokens(), 2);
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let body = br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":9,"max_completion_tokens":3}"#;
+        let request = CompletionRequest::parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(request.max_tokens, Some(3));
+    }
+
+    #[test]
+    fn rejects_missing_empty_and_mistyped_prompts() {
+        for (endpoint, body) in [
+            (Endpoint::Chat, &br#"{"model":"m"}"#[..]),
+            (Endpoint::Chat, br#"{"messages":[]}"#),
+            (Endpoint::Chat, br#"{"messages":"hi"}"#),
+            (Endpoint::Completion, br#"{"prompt":[]}"#),
+            (Endpoint::Completion, br#"{"prompt":"x","max_tokens":0}"#),
+            (Endpoint::Completion, br#"{"prompt":"x""#),
+        ] {
+            let error = CompletionRequest::parse(endpoint, body).unwrap_err();
+            assert_eq!(error.status(), StatusCode::BAD_REQUEST, "{error}");
+        }
+    }
+
+    #[test]
+    fn chunks_are_sse_events_with_vllm_objects() {
+        let event = meta(Endpoint::Chat).token_event(" hi").unwrap();
+        let text = std::str::from_utf8(&event).unwrap();
+        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"));
+        assert!(text.contains(r#""object":"chat.completion.chunk""#));
+        assert!(text.contains(r#""delta":{"content":" hi"}"#));
+        let finish = meta(Endpoint::Completion)
+            .finish_event(FinishReason::Length)
+            .unwrap();
+        let text = std::str::from_utf8(&finish).unwrap();
+        assert!(text.contains(
+            r#""choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]"#
+        ));
+        assert!(meta(Endpoint::Completion).role_event().is_none());
+    }
+
+    #[test]
+    fn injected_errors_carry_retry_after() {
+        let response = ApiError::Injected {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after_s: Some(3),
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+    }
+}

@@ -1,0 +1,326 @@
+//! Deterministic answer text: a digest of the prompt, mixed with the simulator's seed, seeds a
+//! tiny PRNG that picks words from a fixed vocabulary. Each word is one token.
+
+use serde::Serialize;
+
+/// Words the simulator "generates"; 64 entries so picking one is a cheap modulo.
+const VOCAB: [&str; 64] = [
+    "the",
+    "model",
+    "answer",
+    "is",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "that",
+    "for",
+    "with",
+    "as",
+    "on",
+    "this",
+    "by",
+    "quantized",
+    "router",
+    "token",
+    "latency",
+    "profile",
+    "tier",
+    "request",
+    "cost",
+    "quality",
+    "value",
+    "result",
+    "system",
+    "data",
+    "function",
+    "returns",
+    "because",
+    "each",
+    "when",
+    "then",
+    "more",
+    "less",
+    "fast",
+    "slow",
+    "simple",
+    "complex",
+    "number",
+    "code",
+    "math",
+    "json",
+    "text",
+    "prompt",
+    "cache",
+    "batch",
+    "queue",
+    "server",
+    "client",
+    "stream",
+    "chunk",
+    "time",
+    "first",
+    "next",
+    "last",
+    "best",
+    "good",
+    "small",
+    "large",
+    "here",
+    "done",
+];
+
+/// The word a degenerate answer repeats, so quality checks see a maximal repetition ratio.
+const DEGENERATE_WORD: &str = "the";
+
+/// Bounds of the answer length a prompt "naturally" produces, before `max_tokens` caps it:
+/// long enough to stream several chunks, short enough to keep tests fast.
+const MIN_NATURAL_TOKENS: u64 = 8;
+const MAX_NATURAL_TOKENS: u64 = 48;
+
+const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// splitmix64: tiny, fast and good enough to pick words; no `rand` dependency needed.
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix64 {
+    state: u64,
+}
+
+/// A running hash and size of a prompt's text, fed piece by piece while parsing the request.
+#[derive(Debug, Clone)]
+pub(crate) struct PromptDigest {
+    hash: u64,
+    chars: u64,
+}
+
+/// Why generation stopped, serialised as OpenAI's `finish_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum FinishReason {
+    /// The answer reached its natural end.
+    Stop,
+    /// `max_tokens` cut the answer short.
+    Length,
+}
+
+/// The plan for one answer: how many tokens, why it ends, and the PRNG state that yields its
+/// words. Words are produced lazily so streaming never holds the whole answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Generation {
+    words_seed: u64,
+    tokens: u32,
+    finish_reason: FinishReason,
+    degenerate: bool,
+}
+
+/// The words of a [`Generation`], in order.
+#[derive(Debug, Clone)]
+pub(crate) struct Words {
+    rng: SplitMix64,
+    remaining: u32,
+    degenerate: bool,
+}
+
+// === impl SplitMix64 ===
+
+impl SplitMix64 {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self { state: seed }
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+// === impl PromptDigest ===
+
+impl PromptDigest {
+    pub(crate) fn new() -> Self {
+        Self {
+            hash: FNV_OFFSET_BASIS,
+            chars: 0,
+        }
+    }
+
+    /// Adds text that counts towards the prompt's token estimate.
+    pub(crate) fn add_text(&mut self, text: &str) {
+        self.mix(text.as_bytes());
+        self.chars += text.chars().count() as u64;
+    }
+
+    /// Adds text that shapes the answer but is not counted as prompt tokens (e.g. a role), and
+    /// separates pieces so `["ab", "c"]` and `["a", "bc"]` hash differently.
+    pub(crate) fn add_marker(&mut self, marker: &str) {
+        self.mix(marker.as_bytes());
+        self.mix(&[0xff]);
+    }
+
+    /// vLLM counts real tokenizer tokens; about four characters per token is the usual rule of
+    /// thumb for English text, and every request has at least one token.
+    pub(crate) fn prompt_tokens(&self) -> u64 {
+        (self.chars / 4).max(1)
+    }
+
+    fn mix(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.hash ^= u64::from(b);
+            self.hash = self.hash.wrapping_mul(FNV_PRIME);
+        }
+    }
+}
+
+// === impl Generation ===
+
+impl Generation {
+    /// Plans the answer to a prompt. `max_tokens` caps the natural length (finish reason
+    /// `length`); with `ignore_eos` (a vLLM extension load tests use) the answer runs to exactly
+    /// `max_tokens`.
+    pub(crate) fn plan(
+        digest: &PromptDigest,
+        seed: u64,
+        max_tokens: Option<u64>,
+        ignore_eos: bool,
+        degenerate: bool,
+    ) -> Self {
+        // Whiten the seed first so seeds 0 and 1 do not just flip one bit of the hash.
+        let mut rng = SplitMix64::new(digest.hash ^ SplitMix64::new(seed).next_u64());
+        let span = MAX_NATURAL_TOKENS - MIN_NATURAL_TOKENS + 1;
+        let natural = MIN_NATURAL_TOKENS + rng.next_u64() % span;
+        let (tokens, finish_reason) = match max_tokens {
+            Some(cap) if cap < natural || (ignore_eos && cap != natural) => {
+                (cap, FinishReason::Length)
+            }
+            _ => (natural, FinishReason::Stop),
+        };
+        Self {
+            words_seed: rng.next_u64(),
+            tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            finish_reason,
+            degenerate,
+        }
+    }
+
+    pub(crate) fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    pub(crate) fn finish_reason(&self) -> FinishReason {
+        self.finish_reason
+    }
+
+    pub(crate) fn words(&self) -> Words {
+        Words {
+            rng: SplitMix64::new(self.words_seed),
+            remaining: self.tokens,
+            degenerate: self.degenerate,
+        }
+    }
+
+    /// The whole answer: the words joined by single spaces, exactly what the stream's deltas
+    /// concatenate to.
+    pub(crate) fn text(&self) -> String {
+        let mut text = String::with_capacity(self.tokens as usize * 8);
+        for (i, word) in self.words().enumerate() {
+            if i > 0 {
+                text.push(' ');
+            }
+            text.push_str(word);
+        }
+        text
+    }
+}
+
+// === impl Words ===
+
+impl Iterator for Words {
+    type Item = &'static str;
+
+    fn next(&mut self) -> Option<&'static str> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        if self.degenerate {
+            return Some(DEGENERATE_WORD);
+        }
+        let index = (self.rng.next_u64() % VOCAB.len() as u64) as usize;
+        VOCAB.get(index).copied()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.remaining as usize;
+        (n, Some(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(text: &str) -> PromptDigest {
+        let mut d = PromptDigest::new();
+        d.add_marker("user");
+        d.add_text(text);
+        d
+    }
+
+    #[test]
+    fn same_prompt_and_seed_give_same_text() {
+        let a = Generation::plan(&digest("hello"), 7, None, false, false);
+        let b = Generation::plan(&digest("hello"), 7, None, false, false);
+        assert_eq!(a.text(), b.text());
+    }
+
+    #[test]
+    fn different_seeds_give_different_text() {
+        let a = Generation::plan(&digest("hello"), 0, None, false, false);
+        let b = Generation::plan(&digest("hello"), 1, None, false, false);
+        assert_ne!(a.text(), b.text());
+    }
+
+    #[test]
+    fn natural_length_stays_in_bounds_and_varies() {
+        let lengths: Vec<u32> = (0..200)
+            .map(|i| Generation::plan(&digest(&format!("prompt {i}")), 0, None, false, false))
+            .map(|g| g.tokens())
+            .collect();
+        assert!(lengths.iter().all(|&n| (8..=48).contains(&n)));
+        assert!(lengths.iter().any(|&n| n != lengths[0]));
+    }
+
+    #[test]
+    fn max_tokens_caps_with_length_reason() {
+        let g = Generation::plan(&digest("hello"), 0, Some(3), false, false);
+        assert_eq!(g.tokens(), 3);
+        assert_eq!(g.finish_reason(), FinishReason::Length);
+        assert_eq!(g.text().split(' ').count(), 3);
+        let big = Generation::plan(&digest("hello"), 0, Some(10_000), false, false);
+        assert_eq!(big.finish_reason(), FinishReason::Stop);
+    }
+
+    #[test]
+    fn ignore_eos_runs_to_max_tokens() {
+        let g = Generation::plan(&digest("hello"), 0, Some(300), true, false);
+        assert_eq!(g.tokens(), 300);
+        assert_eq!(g.finish_reason(), FinishReason::Length);
+    }
+
+    #[test]
+    fn degenerate_repeats_one_word() {
+        let g = Generation::plan(&digest("hello"), 0, None, false, true);
+        assert!(g.words().all(|w| w == DEGENERATE_WORD));
+    }
+
+    #[test]
+    fn prompt_tokens_are_a_quarter_of_chars_at_least_one() {
+        assert_eq!(digest("").prompt_tokens(), 1);
+        assert_eq!(digest("abcdefgh").prompt_tokens(), 2);
+    }
+}

@@ -1,0 +1,242 @@
+//! Counters, gauges and histograms kept in atomics and rendered by hand in the Prometheus
+//! text format under vLLM's metric names, so dashboards and the router's scrapers see what a
+//! real vLLM would export.
+
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// vLLM's bucket bounds (seconds) for `vllm:time_to_first_token_seconds`.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+/// vLLM's bucket bounds (seconds) for `vllm:e2e_request_latency_seconds`.
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// What `GET /sim/stats` answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimStats {
+    /// Completion requests received, including those answered with errors.
+    pub requests: u64,
+    /// Requests whose client went away before the response (or stream) completed.
+    pub cancelled: u64,
+    /// Completion requests that at least one injected fault acted on.
+    pub faults_injected: u64,
+}
+
+/// Everything the simulator counts.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub(crate) requests: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) faults_injected: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) generation_tokens: AtomicU64,
+    pub(crate) running: AtomicUsize,
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) ttft: Histogram,
+    pub(crate) e2e: Histogram,
+}
+
+/// A fixed-bucket histogram; buckets hold per-bucket counts and are made cumulative when
+/// rendered, so observing is one bucket increment plus sum and count.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    buckets: Box<[AtomicU64]>,
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            requests: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            faults_injected: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            running: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> SimStats {
+        SimStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            cancelled: self.cancelled.load(Ordering::Relaxed),
+            faults_injected: self.faults_injected.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Renders the Prometheus text exposition (format 0.0.4).
+    pub(crate) fn render(&self, model: &str, max_num_seqs: usize) -> Result<String, fmt::Error> {
+        let label = format!("model_name=\"{}\"", escape_label(model));
+        let running = self.running.load(Ordering::Relaxed);
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        let usage = running as f64 / max_num_seqs.max(1) as f64;
+        let mut out = String::with_capacity(4096);
+        let gauges: [(&str, &str, f64); 3] = [
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                waiting as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge")?;
+            writeln!(out, "{name}{{{label}}} {value}")?;
+        }
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &label,
+        )?;
+        self.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            &label,
+        )?;
+        let counters = [
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                &self.prompt_tokens,
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                &self.generation_tokens,
+            ),
+            (
+                "vllm_sim_requests_cancelled_total",
+                "Requests whose client went away before the response completed.",
+                &self.cancelled,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            let value = counter.load(Ordering::Relaxed);
+            writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter")?;
+            writeln!(out, "{name}{{{label}}} {value}")?;
+        }
+        Ok(out)
+    }
+}
+
+// === impl Histogram ===
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        // Observations above the last bound only show up in `+Inf`, i.e. in `count`.
+        if let Some(bucket) = self
+            .bounds
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .and_then(|i| self.buckets.get(i))
+        {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) -> fmt::Result {
+        writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram")?;
+        let mut cumulative = 0;
+        for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            writeln!(
+                out,
+                "{name}_bucket{{{label},le=\"{bound:?}\"}} {cumulative}"
+            )?;
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {count}")?;
+        writeln!(out, "{name}_sum{{{label}}} {sum}")?;
+        writeln!(out, "{name}_count{{{label}}} {count}")
+    }
+}
+
+/// Prometheus label values escape backslash, double quote and newline.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let metrics = Metrics::new();
+        metrics.ttft.observe(Duration::from_millis(3));
+        metrics.ttft.observe(Duration::from_millis(30));
+        metrics.ttft.observe(Duration::from_secs(5000));
+        let text = metrics.render("m", 4).unwrap();
+        let line = |needle: &str| {
+            text.lines()
+                .find(|l| l.starts_with(needle))
+                .unwrap_or_else(|| panic!("no line {needle} in\n{text}"))
+                .to_owned()
+        };
+        let ttft = "vllm:time_to_first_token_seconds";
+        assert!(line(&format!("{ttft}_bucket{{model_name=\"m\",le=\"0.001\"}}")).ends_with(" 0"));
+        assert!(line(&format!("{ttft}_bucket{{model_name=\"m\",le=\"0.005\"}}")).ends_with(" 1"));
+        assert!(line(&format!("{ttft}_bucket{{model_name=\"m\",le=\"0.04\"}}")).ends_with(" 2"));
+        assert!(line(&format!("{ttft}_bucket{{model_name=\"m\",le=\"2560.0\"}}")).ends_with(" 2"));
+        assert!(line(&format!("{ttft}_bucket{{model_name=\"m\",le=\"+Inf\"}}")).ends_with(" 3"));
+        assert!(line(&format!("{ttft}_count{{model_name=\"m\"}}")).ends_with(" 3"));
+        assert!(line(&format!("{ttft}_sum{{model_name=\"m\"}}")).ends_with(" 5000.033"));
+    }
+
+    #[test]
+    fn kv_cache_usage_is_running_share() {
+        let metrics = Metrics::new();
+        metrics.running.store(1, Ordering::Relaxed);
+        let text = metrics.render("m", 4).unwrap();
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,166 @@
+//! The listener, one task per connection, and the handle tests and the demo hold.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::config::SimConfig;
+use crate::faults::Faults;
+use crate::metrics::SimStats;
+use crate::routes;
+use crate::state::SimState;
+
+/// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A running simulator bound to a TCP port. Dropping it stops the accept loop and aborts open
+/// connections, like [`SimServer::shutdown`] without waiting.
+pub struct SimServer {
+    state: Arc<SimState>,
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    accept_loop: Option<JoinHandle<()>>,
+}
+
+// === impl SimServer ===
+
+impl SimServer {
+    /// Binds `addr` (port 0 picks a free port) and spawns the accept loop on the current tokio
+    /// runtime.
+    pub async fn bind(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let state = Arc::new(SimState::new(config));
+        let (stop, stopped) = watch::channel(false);
+        let accept_loop = tokio::spawn(accept_loop(listener, state.clone(), stopped));
+        tracing::debug!(%local_addr, model = %state.config.model, "vllm-sim listening");
+        Ok(SimServer {
+            state,
+            local_addr,
+            stop,
+            accept_loop: Some(accept_loop),
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The base URL clients use, e.g. `http://127.0.0.1:8000`; a wildcard bind address is
+    /// replaced by loopback because a wildcard cannot be connected to.
+    pub fn url(&self) -> String {
+        let mut addr = self.local_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        format!("http://{addr}")
+    }
+
+    /// The counters `GET /sim/stats` reports.
+    pub fn stats(&self) -> SimStats {
+        self.state.metrics.stats()
+    }
+
+    /// Replaces the fault set in force (like `POST /sim/faults`). Out-of-range values are
+    /// clamped: an error rate to 0.0..=1.0, a non-error status to 503.
+    pub fn set_faults(&self, faults: Faults) {
+        self.state.faults.set(faults);
+    }
+
+    /// Removes every fault (like `DELETE /sim/faults`).
+    pub fn clear_faults(&self) {
+        self.state.faults.clear();
+    }
+
+    /// Requests currently generating.
+    pub fn running(&self) -> usize {
+        self.state.metrics.running.load(Ordering::Relaxed)
+    }
+
+    /// Requests queued for a free sequence slot.
+    pub fn waiting(&self) -> usize {
+        self.state.metrics.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, closes the listener and aborts open connections; once it returns the
+    /// port refuses connections.
+    pub async fn shutdown(mut self) {
+        // Send fails only when the loop already ended, which is what we want anyway.
+        let _ = self.stop.send(true);
+        if let Some(accept_loop) = self.accept_loop.take() {
+            // A JoinError means the loop was aborted or panicked: it is gone either way.
+            let _ = accept_loop.await;
+        }
+    }
+}
+
+impl fmt::Debug for SimServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimServer")
+            .field("local_addr", &self.local_addr)
+            .field("model", &self.state.config.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        if let Some(accept_loop) = self.accept_loop.take() {
+            // Aborting drops the listener and the JoinSet, which aborts every connection.
+            accept_loop.abort();
+        }
+    }
+}
+
+/// Accepts connections until told to stop, then drops the listener and aborts connections.
+async fn accept_loop(listener: TcpListener, state: Arc<SimState>, mut stop: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            // Err means the SimServer was dropped: stop as well.
+            changed = stop.changed() => if changed.is_err() || *stop.borrow() { break },
+            // Reap finished connection tasks so the set does not grow without bound.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    connections.spawn(serve_connection(stream, peer, state.clone()));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    connections.shutdown().await;
+}
+
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, state: Arc<SimState>) {
+    // Stream events are small writes that must leave at once, not wait for Nagle.
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "set TCP_NODELAY failed");
+    }
+    let service = service_fn(move |request| routes::dispatch(state.clone(), request));
+    let connection = http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(error) = connection.await {
+        // Clients leaving mid-request and injected resets both end up here; neither is news.
+        tracing::debug!(%peer, %error, "connection ended with an error");
+    }
+}

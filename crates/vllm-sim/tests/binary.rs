@@ -1,0 +1,68 @@
+//! The `vllm-sim` binary: banner, serving, and a clean exit on SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-sim"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "bin-model",
+            "--ttft-ms",
+            "1",
+        ])
+        .env("VLLM_SIM_ITL_MS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let url = line
+        .strip_prefix("vllm-sim listening on ")
+        .and_then(|rest| rest.trim_end().strip_suffix(" model=bin-model"))
+        .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
+        .to_owned();
+    let addr = url.strip_prefix("http://").unwrap().parse().unwrap();
+    let mut stream = raw_post(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "bin-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await;
+    let reply = read_until_contains(&mut stream, "\"finish_reason\":\"length\"").await;
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vllm-sim did not exit on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "{status}");
+}
