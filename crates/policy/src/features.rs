@@ -245,9 +245,8 @@ impl Scanner {
                 all &= class;
                 i += 1;
             }
-            let word = &bytes[start..i];
             let before = start.checked_sub(1).map(|j| bytes[j]);
-            self.word(pack_key(word), word.len(), all == DIGIT, before);
+            self.word(pack_key(bytes, start, i), i - start, all == DIGIT, before);
         }
         // Segments are separate messages: no cue spans them.
         self.at_line_start = true;
@@ -504,13 +503,31 @@ enum Cue {
 
 const HOW: u64 = key(b"how");
 
-/// The lookup key of a word: its first 8 bytes, lowercased.
-fn pack_key(word: &[u8]) -> u64 {
-    let mut key = 0u64;
-    for &b in word.iter().take(8) {
-        key = key << 8 | u64::from(b.to_ascii_lowercase());
-    }
-    key << (8 * (8 - word.len().min(8)))
+/// The lookup key of the word at `bytes[start..end]`: its first 8 bytes, lowercased,
+/// big-endian, zero padded. Word bytes are ASCII letters, digits or non-ASCII, so setting bit
+/// 5 lowercases letters and leaves digits (which have it) and non-ASCII bytes (which keep bit
+/// 7 and so never equal an ASCII cue word) distinct.
+fn pack_key(bytes: &[u8], start: usize, end: usize) -> u64 {
+    let len = (end - start).min(8);
+    let raw = match bytes.get(start..start + 8) {
+        Some(chunk) => {
+            let mut buf = [0u8; 8];
+            buf.copy_from_slice(chunk);
+            u64::from_be_bytes(buf)
+        }
+        None => {
+            let mut buf = [0u8; 8];
+            buf[..len].copy_from_slice(&bytes[start..start + len]);
+            u64::from_be_bytes(buf)
+        }
+    };
+    // Keep the word's bytes only.
+    let mask = if len == 8 {
+        u64::MAX
+    } else {
+        !(u64::MAX >> (8 * len))
+    };
+    (raw | 0x2020_2020_2020_2020) & mask
 }
 
 /// Packs the first 8 bytes of a lowercase word into a big-endian u64 (zero padded).
@@ -766,6 +783,15 @@ mod tests {
         assert_eq!(lookup_cue(key(b"calculat")), Some(Cue::Math));
         assert_eq!(lookup_cue(key(b"the")), Some(Cue::Function));
         assert_eq!(lookup_cue(key(b"zebra")), None);
+        let text = b"x CALCULATION How def";
+        assert_eq!(pack_key(text, 2, 13), key(b"calculat"));
+        assert_eq!(pack_key(text, 14, 17), key(b"how"));
+        assert_eq!(
+            pack_key(text, 18, 21),
+            key(b"def"),
+            "a word at the end of the buffer"
+        );
+        assert_eq!(pack_key(b"42", 0, 2), key(b"42"));
     }
 
     #[test]
