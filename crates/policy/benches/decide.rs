@@ -5,17 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use quantrouter_policy::{
-    decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
-    DEFAULT_PROFILE_SET,
-};
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
 
-/// A prompt of about `len` bytes mixing prose, numbers and a little code.
-fn prompt_of(len: usize) -> String {
-    let unit = "Summarise the quarterly report: revenue grew 12% to $4.2M while costs fell. \
-                Then write a Python function `def growth(a, b): return (b - a) / a` and explain it. ";
-    unit.repeat(len / unit.len() + 1)[..len].to_owned()
-}
+mod workload;
+
+use workload::{prompt_of, route};
 
 /// The default set widened to `n` profiles with varied numbers.
 fn set_with(n: usize) -> ProfileSet {
@@ -44,23 +38,7 @@ fn features_and_decision(c: &mut Criterion) {
             group.throughput(Throughput::Bytes(len as u64));
             let id = BenchmarkId::new(format!("{profiles}_profiles"), format!("{len}B"));
             group.bench_with_input(id, &text, |b, text| {
-                b.iter(|| {
-                    let prompt = Prompt {
-                        segments: vec![Segment {
-                            role: Role::User,
-                            text: black_box(text),
-                        }],
-                        wants_json: false,
-                    };
-                    let features = Features::extract(&prompt, &set.policy.complexity).unwrap();
-                    let req = RouteRequest {
-                        features: &features,
-                        max_tokens: Some(256),
-                        overrides: Overrides::default(),
-                        routing_key: "bench",
-                    };
-                    black_box(decide(&set, &req, &[]).unwrap())
-                })
+                b.iter(|| black_box(route(&set, black_box(text))))
             });
         }
     }

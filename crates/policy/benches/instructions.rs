@@ -7,10 +7,9 @@
 
 use std::hint::black_box;
 
-use quantrouter_policy::{
-    decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
-    DEFAULT_PROFILE_SET,
-};
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+
+mod workload;
 
 const ITERATIONS: usize = 1000;
 
@@ -20,24 +19,8 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(4096);
-    let unit = "Summarise the quarterly report: revenue grew 12% to $4.2M while costs fell. \
-                Then write a Python function `def growth(a, b): return (b - a) / a` and explain it. ";
-    let text = unit.repeat(len / unit.len() + 1)[..len].to_owned();
+    let text = workload::prompt_of(len);
     for _ in 0..ITERATIONS {
-        let prompt = Prompt {
-            segments: vec![Segment {
-                role: Role::User,
-                text: black_box(&text),
-            }],
-            wants_json: false,
-        };
-        let features = Features::extract(&prompt, &set.policy.complexity).unwrap();
-        let req = RouteRequest {
-            features: &features,
-            max_tokens: Some(256),
-            overrides: Overrides::default(),
-            routing_key: "bench",
-        };
-        black_box(decide(&set, &req, &[]).unwrap());
+        black_box(workload::route(&set, black_box(&text)));
     }
 }
