@@ -226,8 +226,7 @@ impl Scanner {
         let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
-            let class = BYTE_CLASS[b as usize];
-            if class & WORD == 0 {
+            if BYTE_CLASS[b as usize] & WORD == 0 {
                 // Spaces between words carry no cue (operators survive them).
                 if b != b' ' || self.at_line_start {
                     self.symbol(b, bytes.get(i + 1).copied());
@@ -235,18 +234,10 @@ impl Scanner {
                 i += 1;
                 continue;
             }
-            let start = i;
-            let mut all = DIGIT;
-            while i < bytes.len() {
-                let class = BYTE_CLASS[bytes[i] as usize];
-                if class & WORD == 0 {
-                    break;
-                }
-                all &= class;
-                i += 1;
-            }
-            let before = start.checked_sub(1).map(|j| bytes[j]);
-            self.word(pack_key(bytes, start, i), i - start, all == DIGIT, before);
+            let before = i.checked_sub(1).map(|j| bytes[j]);
+            let (end, key, is_number) = scan_word(bytes, i);
+            self.word(key, end - i, is_number, before);
+            i = end;
         }
         // Segments are separate messages: no cue spans them.
         self.at_line_start = true;
@@ -503,31 +494,94 @@ enum Cue {
 
 const HOW: u64 = key(b"how");
 
-/// The lookup key of the word at `bytes[start..end]`: its first 8 bytes, lowercased,
-/// big-endian, zero padded. Word bytes are ASCII letters, digits or non-ASCII, so setting bit
-/// 5 lowercases letters and leaves digits (which have it) and non-ASCII bytes (which keep bit
-/// 7 and so never equal an ASCII cue word) distinct.
-fn pack_key(bytes: &[u8], start: usize, end: usize) -> u64 {
-    let len = (end - start).min(8);
-    let raw = match bytes.get(start..start + 8) {
-        Some(chunk) => {
-            let mut buf = [0u8; 8];
-            buf.copy_from_slice(chunk);
-            u64::from_be_bytes(buf)
-        }
-        None => {
-            let mut buf = [0u8; 8];
-            buf[..len].copy_from_slice(&bytes[start..start + len]);
-            u64::from_be_bytes(buf)
-        }
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+const fn splat(b: u8) -> u64 {
+    0x0101_0101_0101_0101 * b as u64
+}
+
+/// For 8 bytes read little-endian: bit 7 of each byte is set in the first mask when that byte
+/// is a word byte (ASCII letter or digit, or any non-ASCII byte) and in the second when it is
+/// an ASCII digit. Each range test adds a constant to the 7-bit value of every byte at once;
+/// no sum exceeds 0xff, so nothing carries into the next byte.
+fn word_bits(x: u64) -> (u64, u64) {
+    let ascii = !x & HIGH;
+    let y = x & !HIGH;
+    let digit = (y + splat(0x80 - b'0')) & !(y + splat(0x7f - b'9')) & ascii;
+    let z = y | splat(0x20);
+    let letter = (z + splat(0x80 - b'a')) & !(z + splat(0x7f - b'z')) & ascii;
+    (digit | letter | (x & HIGH), digit)
+}
+
+/// Mask of the low `n` bytes (n < 8).
+fn low_bytes(n: u32) -> u64 {
+    (1u64 << (8 * n)) - 1
+}
+
+/// Scans the word starting at `bytes[start]` (a word byte) with 8-byte loads. Returns where
+/// it ends, its lookup key (first 8 bytes lowercased, big-endian, zero padded: setting bit 5
+/// lowercases ASCII letters and leaves digits, which have it, and non-ASCII bytes, which keep
+/// bit 7 and never equal an ASCII cue word) and whether it is all ASCII digits.
+fn scan_word(bytes: &[u8], start: usize) -> (usize, u64, bool) {
+    let Some(x) = load8(bytes, start) else {
+        return scan_word_bytewise(bytes, start);
     };
-    // Keep the word's bytes only.
-    let mask = if len == 8 {
-        u64::MAX
-    } else {
-        !(u64::MAX >> (8 * len))
-    };
-    (raw | 0x2020_2020_2020_2020) & mask
+    let (word, digit) = word_bits(x);
+    let stop = !word & HIGH;
+    if stop != 0 {
+        // The common case: the whole word is inside this load.
+        let len = stop.trailing_zeros() / 8;
+        let keep = low_bytes(len);
+        let key = ((x | splat(0x20)) & keep).swap_bytes();
+        let is_number = digit & keep == HIGH & keep;
+        return (start + len as usize, key, is_number);
+    }
+    let key = (x | splat(0x20)).swap_bytes();
+    let mut is_number = digit == HIGH;
+    let mut i = start + 8;
+    while let Some(x) = load8(bytes, i) {
+        let (word, digit) = word_bits(x);
+        let stop = !word & HIGH;
+        if stop != 0 {
+            let len = stop.trailing_zeros() / 8;
+            let keep = low_bytes(len);
+            is_number &= digit & keep == HIGH & keep;
+            return (i + len as usize, key, is_number);
+        }
+        is_number &= digit == HIGH;
+        i += 8;
+    }
+    while i < bytes.len() && BYTE_CLASS[bytes[i] as usize] & WORD != 0 {
+        is_number &= BYTE_CLASS[bytes[i] as usize] == DIGIT;
+        i += 1;
+    }
+    (i, key, is_number)
+}
+
+fn load8(bytes: &[u8], at: usize) -> Option<u64> {
+    let chunk = bytes.get(at..at + 8)?;
+    let mut buf = [0u8; 8];
+    buf.copy_from_slice(chunk);
+    Some(u64::from_le_bytes(buf))
+}
+
+/// The tail of a buffer, shorter than one load.
+fn scan_word_bytewise(bytes: &[u8], start: usize) -> (usize, u64, bool) {
+    let mut i = start;
+    let mut key = 0u64;
+    let mut is_number = true;
+    while i < bytes.len() {
+        let class = BYTE_CLASS[bytes[i] as usize];
+        if class & WORD == 0 {
+            break;
+        }
+        if i - start < 8 {
+            key |= u64::from(bytes[i] | 0x20) << (8 * (7 - (i - start)));
+        }
+        is_number &= class == DIGIT;
+        i += 1;
+    }
+    (i, key, is_number)
 }
 
 /// Packs the first 8 bytes of a lowercase word into a big-endian u64 (zero padded).
@@ -784,14 +838,57 @@ mod tests {
         assert_eq!(lookup_cue(key(b"the")), Some(Cue::Function));
         assert_eq!(lookup_cue(key(b"zebra")), None);
         let text = b"x CALCULATION How def";
-        assert_eq!(pack_key(text, 2, 13), key(b"calculat"));
-        assert_eq!(pack_key(text, 14, 17), key(b"how"));
+        assert_eq!(scan_word(text, 2), (13, key(b"calculat"), false));
+        assert_eq!(scan_word(text, 14), (17, key(b"how"), false));
         assert_eq!(
-            pack_key(text, 18, 21),
-            key(b"def"),
-            "a word at the end of the buffer"
+            scan_word(text, 18),
+            (21, key(b"def"), false),
+            "at the end of the buffer"
         );
-        assert_eq!(pack_key(b"42", 0, 2), key(b"42"));
+        assert_eq!(scan_word(b"42", 0), (2, key(b"42"), true));
+    }
+
+    #[test]
+    fn word_scan_matches_a_bytewise_scan_on_any_input() {
+        let samples: [&[u8]; 6] = [
+            b"Hello, World! 12345 x9 0.5 \\frac{a}{b} snake_case \xc3\xa9t\xc3\xa9",
+            b"1234567890123 abcdefghijklmnop ABCDEFGH 12345678 a",
+            b"@[`{/:~ 09AZaz",
+            b"   leading and trailing   ",
+            b"\xff\x80\x7f\x00 \xe2\x9c\x93",
+            b"z",
+        ];
+        for text in samples {
+            let mut i = 0;
+            while i < text.len() {
+                if BYTE_CLASS[text[i] as usize] & WORD == 0 {
+                    i += 1;
+                    continue;
+                }
+                let fast = scan_word(text, i);
+                let slow = scan_word_bytewise(text, i);
+                assert_eq!(
+                    fast,
+                    slow,
+                    "word at {i} of {:?}",
+                    String::from_utf8_lossy(text)
+                );
+                i = fast.0;
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn word_scan_matches_a_bytewise_scan_on_arbitrary_bytes(
+            text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)
+        ) {
+            for i in 0..text.len() {
+                if BYTE_CLASS[text[i] as usize] & WORD != 0 {
+                    proptest::prop_assert_eq!(scan_word(&text, i), scan_word_bytewise(&text, i));
+                }
+            }
+        }
     }
 
     #[test]
