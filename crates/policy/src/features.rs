@@ -167,6 +167,8 @@ struct Scanner {
     latex: u32,
     quantity_cues: u32,
     json_words: u32,
+    /// Cue words seen, by `Cue` discriminant.
+    cues: [u32; CUE_KINDS],
     json_braces: u32,
     /// Key of the previous word (for two-word cues such as "how many").
     prev_word: u64,
@@ -207,6 +209,7 @@ impl Default for Scanner {
             latex: 0,
             quantity_cues: 0,
             json_words: 0,
+            cues: [0; CUE_KINDS],
             json_braces: 0,
             prev_word: 0,
             last: Last::Nothing,
@@ -288,24 +291,15 @@ impl Scanner {
         self.prev_word = key;
     }
 
+    /// Counts the word's cue without branching on its kind: the category indexes a counter,
+    /// so words of mixed kinds do not mispredict a dispatch per word.
     fn classify_word(&mut self, key: u64, whole: bool, before: Option<u8>) {
-        match lookup_cue(key) {
-            Some(Cue::Function) if whole => self.function_words += 1,
-            Some(Cue::CodeKeyword) => self.code_keywords += 1,
-            Some(Cue::CodeIntent) => self.code_intent += 1,
-            Some(Cue::Json) => self.json_words += 1,
-            Some(Cue::Math) => self.math_words += 1,
-            Some(Cue::Quantity) => self.quantities += 1,
-            Some(Cue::QuantityMath) => {
-                self.quantities += 1;
-                self.math_words += 1;
-            }
-            Some(Cue::ManyMuch) if self.prev_word == HOW => self.quantity_cues += 1,
-            _ => {}
-        }
-        if before == Some(b'\\') {
-            self.latex += 1;
-        }
+        let cue = lookup_cue(key);
+        // Function words count only when whole; "many"/"much" only right after "how".
+        let drop = (cue == Cue::Function as u8 && !whole)
+            | (cue == Cue::ManyMuch as u8 && self.prev_word != HOW);
+        self.cues[usize::from(cue) * usize::from(!drop)] += 1;
+        self.latex += u32::from(before == Some(b'\\'));
     }
 
     fn symbol(&mut self, b: u8, next: Option<u8>) {
@@ -371,13 +365,21 @@ impl Scanner {
     }
 
     fn finish(
-        self,
+        mut self,
         wants_json: bool,
         window: usize,
         w: &ComplexityWeights,
         prompt_bytes: usize,
         segments: usize,
     ) -> Features {
+        let cues = self.cues;
+        self.function_words += cues[Cue::Function as usize];
+        self.code_keywords += cues[Cue::CodeKeyword as usize];
+        self.code_intent += cues[Cue::CodeIntent as usize];
+        self.json_words += cues[Cue::Json as usize];
+        self.math_words += cues[Cue::Math as usize] + cues[Cue::QuantityMath as usize];
+        self.quantities += cues[Cue::Quantity as usize] + cues[Cue::QuantityMath as usize];
+        self.quantity_cues += cues[Cue::ManyMuch as usize];
         let words = f64::from(self.words.max(1));
         let entropy = scale(shannon_entropy(&self.byte_counts, self.bytes), 3.0, 5.5);
         let lexical = if self.words == 0 {
@@ -473,11 +475,12 @@ static BYTE_CLASS: [u8; 256] = {
     table
 };
 
-/// What a cue word signals.
+/// What a cue word signals; the discriminant indexes `Scanner::cues` (0 = no cue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Cue {
     /// One of the commonest English function words; other words count as content words.
-    Function,
+    Function = 1,
     CodeKeyword,
     /// Asks for code: names a language or a programming task.
     CodeIntent,
@@ -491,6 +494,9 @@ enum Cue {
     /// "many"/"much", a quantity question after "how".
     ManyMuch,
 }
+
+/// Slots in `Scanner::cues`: "no cue" plus one per `Cue`.
+const CUE_KINDS: usize = Cue::ManyMuch as usize + 1;
 
 const HOW: u64 = key(b"how");
 
@@ -751,9 +757,9 @@ const fn slot(key: u64) -> usize {
 
 /// Every cue word by key in an open-addressing table built at compile time (key 0 = empty;
 /// no word packs to 0). A lookup is a multiply and, almost always, one comparison.
-static CUE_TABLE: [(u64, Cue); CUE_SLOTS] = {
+static CUE_TABLE: [(u64, u8); CUE_SLOTS] = {
     assert!(CUE_COUNT * 2 <= CUE_SLOTS);
-    let mut table = [(0u64, Cue::Function); CUE_SLOTS];
+    let mut table = [(0u64, 0u8); CUE_SLOTS];
     let mut g = 0;
     while g < CUE_WORDS.len() {
         let (cue, words) = CUE_WORDS[g];
@@ -765,7 +771,7 @@ static CUE_TABLE: [(u64, Cue); CUE_SLOTS] = {
                 assert!(table[i].0 != k, "duplicate cue word");
                 i = (i + 1) % CUE_SLOTS;
             }
-            table[i] = (k, cue);
+            table[i] = (k, cue as u8);
             w += 1;
         }
         g += 1;
@@ -773,15 +779,16 @@ static CUE_TABLE: [(u64, Cue); CUE_SLOTS] = {
     table
 };
 
-fn lookup_cue(key: u64) -> Option<Cue> {
+/// The `Cue` discriminant of a word key, 0 when it is no cue word.
+fn lookup_cue(key: u64) -> u8 {
     let mut i = slot(key);
     loop {
         let (k, cue) = CUE_TABLE[i];
         if k == key {
-            return Some(cue);
+            return cue;
         }
         if k == 0 {
-            return None;
+            return 0;
         }
         i = (i + 1) % CUE_SLOTS;
     }
@@ -834,9 +841,9 @@ mod tests {
     fn cue_table_holds_every_word_once() {
         let filled = CUE_TABLE.iter().filter(|(k, _)| *k != 0).count();
         assert_eq!(filled, CUE_COUNT, "every cue word has its own slot");
-        assert_eq!(lookup_cue(key(b"calculat")), Some(Cue::Math));
-        assert_eq!(lookup_cue(key(b"the")), Some(Cue::Function));
-        assert_eq!(lookup_cue(key(b"zebra")), None);
+        assert_eq!(lookup_cue(key(b"calculat")), Cue::Math as u8);
+        assert_eq!(lookup_cue(key(b"the")), Cue::Function as u8);
+        assert_eq!(lookup_cue(key(b"zebra")), 0);
         let text = b"x CALCULATION How def";
         assert_eq!(scan_word(text, 2), (13, key(b"calculat"), false));
         assert_eq!(scan_word(text, 14), (17, key(b"how"), false));
