@@ -248,22 +248,10 @@ impl Scanner {
         self.last = Last::Nothing;
     }
 
-    /// Byte frequencies for the entropy; four interleaved tables keep the increments of
-    /// repeated bytes from waiting on each other.
+    /// Byte frequencies for the entropy.
     fn histogram(&mut self, bytes: &[u8]) {
-        let mut lanes = [[0u32; 256]; 4];
-        let mut chunks = bytes.chunks_exact(4);
-        for c in &mut chunks {
-            lanes[0][c[0] as usize] += 1;
-            lanes[1][c[1] as usize] += 1;
-            lanes[2][c[2] as usize] += 1;
-            lanes[3][c[3] as usize] += 1;
-        }
-        for &b in chunks.remainder() {
-            lanes[0][b as usize] += 1;
-        }
-        for (i, count) in self.byte_counts.iter_mut().enumerate() {
-            *count += lanes[0][i] + lanes[1][i] + lanes[2][i] + lanes[3][i];
+        for &b in bytes {
+            self.byte_counts[b as usize] += 1;
         }
     }
 
