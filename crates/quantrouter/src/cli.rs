@@ -42,6 +42,60 @@ pub enum Command {
     Route(RouteArgs),
     /// Route a labelled JSONL prompt mix and report where each label lands.
     Audit(AuditArgs),
+    /// Validate profile files and manage the profile set in Redis.
+    #[command(subcommand)]
+    Profiles(ProfilesCommand),
+}
+
+/// Where the profile set lives in Redis.
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// `redis://[user:password@]host:port[/db]`.
+    #[arg(long, env = "QUANTROUTER_REDIS_URL")]
+    pub redis_url: String,
+    /// Key prefix.
+    #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
+    pub redis_prefix: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfilesCommand {
+    /// Check a profile-set file (or a seed-format list) and print every error with its path.
+    Validate {
+        file: PathBuf,
+        /// For seed-format lists: MODEL_ID=URL, once per model.
+        #[arg(long = "seed-endpoint")]
+        seed_endpoint: Vec<String>,
+    },
+    /// Validate a file and make it the active set (version = active + 1), atomically.
+    Push {
+        file: PathBuf,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// Print the active set.
+    Get {
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// Show how a file differs from the active set.
+    Diff {
+        file: PathBuf,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// List previous versions, newest first.
+    History {
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    /// Re-publish a previous version (default: the newest in history) as a new version.
+    Rollback {
+        #[arg(long)]
+        to: Option<u64>,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +115,15 @@ pub struct ServeArgs {
     /// How often the profile file is checked for changes.
     #[arg(long, env = "QUANTROUTER_PROFILES_POLL_MS", default_value_t = 1000)]
     pub profiles_poll_ms: u64,
+    /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`); hot reload.
+    #[arg(long, env = "QUANTROUTER_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Redis key prefix.
+    #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
+    pub redis_prefix: String,
+    /// How often the Redis document is re-read in case an update message was missed.
+    #[arg(long, env = "QUANTROUTER_REDIS_POLL_MS", default_value_t = 5000)]
+    pub redis_poll_ms: u64,
     /// File with one API key per line; without it no authentication is required.
     #[arg(long, env = "QUANTROUTER_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
@@ -143,6 +206,9 @@ pub enum CliError {
     /// Could not reach or run something: exit 2.
     #[error("{0}")]
     Io(String),
+    /// Another operator changed the active set first: exit 3.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// Parses the process arguments and runs the command.
@@ -163,6 +229,7 @@ pub fn main() -> ExitCode {
             ExitCode::from(match e {
                 CliError::Invalid(_) => 1,
                 CliError::Io(_) => 2,
+                CliError::Conflict(_) => 3,
             })
         }
     }
@@ -248,7 +315,134 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Demo(args) => runtime()?.block_on(demo(args)),
         Command::Route(args) => route(&args),
         Command::Audit(args) => run_audit(&args),
+        Command::Profiles(command) => profiles_command(command),
     }
+}
+
+fn profiles_command(command: ProfilesCommand) -> Result<(), CliError> {
+    if let ProfilesCommand::Validate {
+        file,
+        seed_endpoint,
+    } = &command
+    {
+        let set = read_profile_file(file, seed_endpoint)?;
+        println!(
+            "{}: valid, version {}, {} profiles, default {}",
+            file.display(),
+            set.version,
+            set.profiles.len(),
+            set.default_profile
+        );
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Io(e.to_string()))?;
+    runtime.block_on(profiles_redis(command))
+}
+
+async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
+    use crate::profiles::redis_store::RedisStore;
+
+    let redis = match &command {
+        ProfilesCommand::Validate { .. } => return Ok(()),
+        ProfilesCommand::Push { redis, .. }
+        | ProfilesCommand::Get { redis }
+        | ProfilesCommand::Diff { redis, .. }
+        | ProfilesCommand::History { redis }
+        | ProfilesCommand::Rollback { redis, .. } => redis.clone(),
+    };
+    // Validate input before touching the network.
+    let file_set = match &command {
+        ProfilesCommand::Push { file, .. } | ProfilesCommand::Diff { file, .. } => {
+            Some(read_profile_file(file, &[])?)
+        }
+        _ => None,
+    };
+    let client = redis::Client::open(redis.redis_url.as_str())
+        .map_err(|e| CliError::Invalid(format!("--redis-url: {e}")))?;
+    let store = RedisStore::connect(&client, &redis.redis_prefix)
+        .await
+        .map_err(store_error)?;
+    match command {
+        ProfilesCommand::Validate { .. } => {}
+        ProfilesCommand::Push { .. } => {
+            let set = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
+            let version = store.push(set).await.map_err(store_error)?;
+            println!("pushed version {version}");
+        }
+        ProfilesCommand::Get { .. } => match store.active_raw().await.map_err(store_error)? {
+            Some(text) => println!("{text}"),
+            None => {
+                return Err(CliError::Invalid(format!(
+                    "no profile set at {}",
+                    store.keys().active
+                )))
+            }
+        },
+        ProfilesCommand::Diff { .. } => {
+            let new = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
+            let active = store.active().await.map_err(store_error)?;
+            match active {
+                None => println!("no active set: every profile would be added"),
+                Some(old) => {
+                    let lines = crate::profiles::diff::diff(&old, &new);
+                    if lines.is_empty() {
+                        println!("no changes (active version {})", old.version);
+                    }
+                    for line in lines {
+                        println!("{line}");
+                    }
+                }
+            }
+        }
+        ProfilesCommand::History { .. } => {
+            for entry in store.history().await.map_err(store_error)? {
+                println!(
+                    "version {:>5}  {:<25} {} profiles",
+                    entry.version,
+                    entry.updated_at.as_deref().unwrap_or("-"),
+                    entry.profiles
+                );
+            }
+        }
+        ProfilesCommand::Rollback { to, .. } => {
+            let version = store.rollback(to).await.map_err(store_error)?;
+            println!("rolled back: published as version {version}");
+        }
+    }
+    Ok(())
+}
+
+fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
+    use crate::profiles::redis_store::StoreError;
+    match e {
+        StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
+        StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
+        StoreError::Invalid(_) | StoreError::NotInHistory(_) | StoreError::EmptyHistory => {
+            CliError::Invalid(e.to_string())
+        }
+    }
+}
+
+/// A profile-set file, or a seed-format list with `MODEL_ID=URL` endpoints.
+fn read_profile_file(path: &Path, seed_endpoints: &[String]) -> Result<ProfileSet, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
+    let result = if quantrouter_policy::looks_like_seed_list(&text) {
+        let mut endpoints = std::collections::BTreeMap::new();
+        for pair in seed_endpoints {
+            let (model, url) = pair.split_once('=').ok_or_else(|| {
+                CliError::Invalid(format!("--seed-endpoint {pair}: expected MODEL_ID=URL"))
+            })?;
+            endpoints.insert(model.to_owned(), url.to_owned());
+        }
+        quantrouter_policy::from_seed_list(&text, &endpoints, 1)
+    } else {
+        ProfileSet::from_json(&text)
+    };
+    result.map_err(|e| CliError::Invalid(format!("{}:\n{e}", path.display())))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -260,6 +454,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
     telemetry::init_logging(args.log_format);
+    // Before anything records a metric (the profile store sets the version gauge).
+    telemetry::metrics_handle();
     let (set, source) = profiles::initial_set(args.profiles.as_deref())
         .map_err(|e| CliError::Invalid(e.to_string()))?;
     let store = Arc::new(ProfileStore::new(set, source));
@@ -362,6 +558,7 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
 
 async fn demo(args: DemoArgs) -> Result<(), CliError> {
     telemetry::init_logging(LogFormat::Text);
+    telemetry::metrics_handle();
     let (set, sims) = start_demo_tiers().await?;
     let store = Arc::new(ProfileStore::new(set, SourceKind::Embedded));
     let config = ServerConfig {

@@ -17,6 +17,10 @@ use tokio::task::JoinHandle;
 use crate::telemetry;
 use crate::upstream::Pool;
 
+pub mod diff;
+pub mod redis_source;
+pub mod redis_store;
+
 /// Where the active profile set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -133,7 +137,11 @@ impl ProfileStore {
         allow_same_version: bool,
     ) -> Result<(), ReloadError> {
         let active = self.current.load();
-        let stale = if allow_same_version {
+        // A different source is authoritative from the moment it is reachable (Redis over
+        // the start-up file); versions only order documents of one source.
+        let stale = if active.source != source {
+            false
+        } else if allow_same_version {
             set.version < active.set.version
         } else {
             set.version <= active.set.version

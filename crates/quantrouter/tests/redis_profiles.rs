@@ -1,0 +1,331 @@
+//! Profile sets in a real Redis: pushes reach every router, bad documents never replace a
+//! good one, routers survive Redis restarts, and the operator CLI's contract holds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quantrouter::profiles::redis_store::{RedisStore, StoreError, HISTORY_CAP};
+use quantrouter::profiles::{redis_source, ProfileStore, SourceKind};
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+use support::eventually;
+
+/// A redis-server on a free loopback port, stopped on drop.
+struct RedisServer {
+    port: u16,
+    password: Option<String>,
+    child: Child,
+}
+
+impl RedisServer {
+    fn start(password: Option<&str>) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Self::start_on(port, password)
+    }
+
+    fn start_on(port: u16, password: Option<&str>) -> Self {
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
+        if let Some(p) = password {
+            cmd.args(["--requirepass", p]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run scripts/install-tools redis (scripts/test does)");
+        let server = Self {
+            port,
+            password: password.map(str::to_owned),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::yield_now();
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    async fn store(&self) -> RedisStore {
+        RedisStore::connect(&self.client(), "qr").await.unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn default_set() -> ProfileSet {
+    ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap()
+}
+
+fn router(redis: &RedisServer) -> Arc<ProfileStore> {
+    let store = Arc::new(ProfileStore::new(default_set(), SourceKind::Embedded));
+    redis_source::spawn(
+        Arc::clone(&store),
+        redis.client(),
+        "qr".into(),
+        Duration::from_millis(50),
+    );
+    store
+}
+
+async fn applied(store: &ProfileStore, version: u64) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        store.load().set.version == version && store.load().source == SourceKind::Redis
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_reaches_every_router() {
+    let redis = RedisServer::start(None);
+    let routers: Vec<_> = (0..3).map(|_| router(&redis)).collect();
+    let ops = redis.store().await;
+    let mut set = default_set();
+    set.profiles[2].enabled = false;
+    let pushed_at = Instant::now();
+    let version = ops.push(set).await.unwrap();
+    for r in &routers {
+        assert!(
+            applied(r, version).await,
+            "a router missed version {version}"
+        );
+        assert!(!r.load().set.profiles[2].enabled);
+    }
+    println!("push to applied on 3 routers: {:?}", pushed_at.elapsed());
+    // The next push is one more than the active version, whatever the file says.
+    assert_eq!(ops.push(default_set()).await.unwrap(), version + 1);
+    for r in &routers {
+        assert!(applied(r, version + 1).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_document_written_directly_is_rejected_by_every_router() {
+    let metrics = quantrouter::telemetry::metrics_handle();
+    let redis = RedisServer::start(None);
+    let routers: Vec<_> = (0..2).map(|_| router(&redis)).collect();
+    let ops = redis.store().await;
+    let version = ops.push(default_set()).await.unwrap();
+    for r in &routers {
+        assert!(applied(r, version).await);
+    }
+    let bad = serde_json::to_string(&default_set())
+        .unwrap()
+        .replace("\"version\":1", "\"version\":7")
+        .replace("0.97", "1.97");
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("SET")
+        .arg("qr:profiles")
+        .arg(&bad)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    redis::cmd("PUBLISH")
+        .arg("qr:profiles:updates")
+        .arg("7")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let changed = eventually(Duration::from_millis(400), || async {
+        routers.iter().any(|r| r.load().set.version != version)
+    })
+    .await;
+    assert!(!changed, "an invalid document replaced the active set");
+    let metrics = metrics.render();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("quantrouter_profile_reloads_total")
+                && l.contains("source=\"redis\"")
+                && l.contains("result=\"rejected\"")),
+        "rejections are counted:\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routers_keep_serving_through_a_redis_restart_and_resubscribe() {
+    let redis = RedisServer::start(None);
+    let port = redis.port;
+    let r = router(&redis);
+    let version = redis.store().await.push(default_set()).await.unwrap();
+    assert!(applied(&r, version).await);
+    drop(redis);
+    // Down: the last good set stays.
+    assert!(
+        !eventually(Duration::from_millis(300), || async {
+            r.load().set.version != version
+        })
+        .await
+    );
+    let redis = RedisServer::start_on(port, None);
+    // A fresh Redis is empty; pushing to it is picked up after the router reconnects.
+    let mut set = default_set();
+    set.version = 40;
+    let pushed = redis.store().await.push(set).await.unwrap();
+    assert_eq!(
+        pushed, 40,
+        "an empty Redis takes the document's own version"
+    );
+    assert!(
+        applied(&r, 40).await,
+        "the router reconnected and applied the new version"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_set_refuses_a_stale_writer() {
+    let redis = RedisServer::start(None);
+    let ops = redis.store().await;
+    let v1 = ops.push(default_set()).await.unwrap();
+    let mut mine = default_set();
+    mine.version = v1 + 1;
+    // Someone else pushes first.
+    let theirs = ops.push(default_set()).await.unwrap();
+    match ops.push_expecting(&mine, v1 as i64).await {
+        Err(StoreError::Conflict { active }) => assert_eq!(active, theirs as i64),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        ops.active().await.unwrap().unwrap().version,
+        theirs,
+        "nothing was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_restores_an_earlier_set_and_history_is_capped() {
+    let redis = RedisServer::start(None);
+    let ops = redis.store().await;
+    let original = default_set();
+    ops.push(original.clone()).await.unwrap();
+    let mut changed = original.clone();
+    changed.profiles[2].enabled = false;
+    for _ in 0..(HISTORY_CAP + 5) {
+        ops.push(changed.clone()).await.unwrap();
+    }
+    let history = ops.history().await.unwrap();
+    assert_eq!(history.len(), HISTORY_CAP);
+    assert!(
+        history.windows(2).all(|w| w[0].version > w[1].version),
+        "newest first"
+    );
+    let active = ops.active().await.unwrap().unwrap();
+    let target = history.last().unwrap().version;
+    let new_version = ops.rollback(Some(target)).await.unwrap();
+    assert_eq!(new_version, active.version + 1);
+    let restored = ops.active().await.unwrap().unwrap();
+    assert_eq!(restored.profiles, changed.profiles);
+    assert!(
+        matches!(
+            ops.rollback(Some(1)).await,
+            Err(StoreError::NotInHistory(1))
+        ),
+        "version 1 fell off the capped history"
+    );
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn repo_file(path: &str) -> String {
+    format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn cli_push_get_history_and_exit_codes() {
+    let redis = RedisServer::start(Some("s3cret"));
+    let url = redis.url();
+    let default = repo_file("profiles/default.json");
+    let (code, out, err) = cli(&["profiles", "push", &default, "--redis-url", &url]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.trim(), "pushed version 1");
+    let (code, out, _) = cli(&["profiles", "push", &default, "--redis-url", &url]);
+    assert_eq!((code, out.trim()), (0, "pushed version 2"));
+    let (code, out, _) = cli(&["profiles", "get", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert_eq!(ProfileSet::from_json(&out).unwrap().version, 2);
+    let (code, out, _) = cli(&["profiles", "history", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert!(out.trim_start().starts_with("version     1"), "{out}");
+
+    // Invalid input: exit 1 with the JSON path, before any network call.
+    let dir = std::env::temp_dir().join(format!("qr-cli-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        DEFAULT_PROFILE_SET.replace("\"itl_ms\": 7", "\"itl_ms\": 0"),
+    )
+    .unwrap();
+    let (code, _, err) = cli(&[
+        "profiles",
+        "push",
+        bad.to_str().unwrap(),
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("profiles[2].latency.itl_ms: must be > 0"),
+        "{err}"
+    );
+
+    // Wrong password and unreachable Redis: exit 2, promptly.
+    let wrong = format!("redis://:nope@127.0.0.1:{}", redis.port);
+    let started = Instant::now();
+    let (code, _, err) = cli(&["profiles", "get", "--redis-url", &wrong]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, _) = cli(&["profiles", "get", "--redis-url", "redis://127.0.0.1:1"]);
+    assert_eq!(code, 2);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "connection errors must not hang"
+    );
+}
