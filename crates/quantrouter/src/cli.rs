@@ -124,6 +124,14 @@ pub struct ServeArgs {
     /// How often the Redis document is re-read in case an update message was missed.
     #[arg(long, env = "QUANTROUTER_REDIS_POLL_MS", default_value_t = 5000)]
     pub redis_poll_ms: u64,
+    /// Endpoint for a model of a seed-format list in `model_profiles:active`: MODEL_ID=URL
+    /// (repeatable).
+    #[arg(
+        long = "seed-endpoint",
+        env = "QUANTROUTER_SEED_ENDPOINT",
+        value_delimiter = ','
+    )]
+    pub seed_endpoint: Vec<String>,
     /// File with one API key per line; without it no authentication is required.
     #[arg(long, env = "QUANTROUTER_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
@@ -426,19 +434,28 @@ fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
     }
 }
 
+/// `MODEL_ID=URL` pairs from `--seed-endpoint`.
+fn parse_seed_endpoints(
+    pairs: &[String],
+) -> Result<std::collections::BTreeMap<String, String>, CliError> {
+    pairs
+        .iter()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(model, url)| (model.to_owned(), url.to_owned()))
+                .ok_or_else(|| {
+                    CliError::Invalid(format!("--seed-endpoint {pair}: expected MODEL_ID=URL"))
+                })
+        })
+        .collect()
+}
+
 /// A profile-set file, or a seed-format list with `MODEL_ID=URL` endpoints.
 fn read_profile_file(path: &Path, seed_endpoints: &[String]) -> Result<ProfileSet, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
     let result = if quantrouter_policy::looks_like_seed_list(&text) {
-        let mut endpoints = std::collections::BTreeMap::new();
-        for pair in seed_endpoints {
-            let (model, url) = pair.split_once('=').ok_or_else(|| {
-                CliError::Invalid(format!("--seed-endpoint {pair}: expected MODEL_ID=URL"))
-            })?;
-            endpoints.insert(model.to_owned(), url.to_owned());
-        }
-        quantrouter_policy::from_seed_list(&text, &endpoints, 1)
+        quantrouter_policy::from_seed_list(&text, &parse_seed_endpoints(seed_endpoints)?, 1)
     } else {
         ProfileSet::from_json(&text)
     };
@@ -467,6 +484,16 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     if let Some(path) = &args.profiles {
         let interval = Duration::from_millis(args.profiles_poll_ms.max(10));
         profiles::watch_file(Arc::clone(&store), path.clone(), interval);
+    }
+    if let Some(url) = &args.redis_url {
+        let client = redis::Client::open(url.as_str())
+            .map_err(|e| CliError::Invalid(format!("--redis-url: {e}")))?;
+        let config = profiles::redis_source::RedisSourceConfig {
+            prefix: args.redis_prefix.clone(),
+            poll: Duration::from_millis(args.redis_poll_ms.max(10)),
+            seed_endpoints: parse_seed_endpoints(&args.seed_endpoint)?,
+        };
+        profiles::redis_source::spawn(Arc::clone(&store), client, config);
     }
     let api_keys = args
         .api_keys_file

@@ -93,13 +93,23 @@ fn default_set() -> ProfileSet {
 
 fn router(redis: &RedisServer) -> Arc<ProfileStore> {
     let store = Arc::new(ProfileStore::new(default_set(), SourceKind::Embedded));
-    redis_source::spawn(
-        Arc::clone(&store),
-        redis.client(),
-        "qr".into(),
-        Duration::from_millis(50),
-    );
+    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
     store
+}
+
+fn source_config() -> redis_source::RedisSourceConfig {
+    redis_source::RedisSourceConfig {
+        prefix: "qr".into(),
+        poll: Duration::from_millis(50),
+        seed_endpoints: [
+            ("llama-3.1-8b-awq", "http://127.0.0.1:1"),
+            ("llama-3.1-8b-fp8", "http://127.0.0.1:2"),
+            ("llama-3.1-70b-fp8", "http://127.0.0.1:3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    }
 }
 
 async fn applied(store: &ProfileStore, version: u64) -> bool {
@@ -328,4 +338,113 @@ fn cli_push_get_history_and_exit_codes() {
         started.elapsed() < Duration::from_secs(10),
         "connection errors must not hang"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_during_twenty_pushes_all_succeed() {
+    let redis = RedisServer::start(None);
+    let h = support::Harness::start_with(Duration::from_millis(2), |_| {}).await;
+    let store = Arc::clone(&h.router.app.store);
+    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
+    let ops = redis.store().await;
+    // Two sets over the same simulated tiers that route differently.
+    let base = store.load().set.clone();
+    let mut alternate = base.clone();
+    alternate.profiles[2].enabled = false;
+
+    let url = h.url("/v1/chat/completions");
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let client = support::client();
+                let mut failures = Vec::new();
+                for i in 0..30 {
+                    let stream = (w + i) % 3 == 0;
+                    let body =
+                        serde_json::json!({"model": "auto", "stream": stream, "max_tokens": 8,
+                        "messages": [{"role": "user", "content": support::SIMPLE}]})
+                        .to_string();
+                    let r = support::send(
+                        &client,
+                        "POST",
+                        &url,
+                        &body,
+                        &[("content-type", "application/json")],
+                    )
+                    .await;
+                    let text = String::from_utf8_lossy(&r.body).into_owned();
+                    let complete = if stream {
+                        text.contains("[DONE]")
+                    } else {
+                        text.contains("\"choices\"")
+                    };
+                    if r.status != 200 || !complete {
+                        failures.push(format!("{} {text}", r.status));
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    // Spread the pushes over the load.
+    let mut pace = tokio::time::interval(Duration::from_millis(15));
+    let mut last = 0;
+    for i in 0..20 {
+        pace.tick().await;
+        let set = if i % 2 == 0 {
+            alternate.clone()
+        } else {
+            base.clone()
+        };
+        last = ops.push(set).await.unwrap();
+    }
+    let mut failures = Vec::new();
+    for w in workers {
+        failures.extend(w.await.unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed requests: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(applied(&store, last).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_format_list_is_used_when_the_document_is_absent() {
+    let redis = RedisServer::start(None);
+    let r = router(&redis);
+    let seeds = std::fs::read_to_string(repo_file("profiles/examples/seed-list.json")).unwrap();
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("SET")
+        .arg(redis_source::SEED_KEY)
+        .arg(&seeds)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            r.load().set.profile("llama-3.1-8b-awq").is_some()
+        })
+        .await,
+        "the seed list was not applied"
+    );
+    let set = &r.load().set;
+    assert_eq!(
+        set.profile("llama-3.1-70b-fp8")
+            .unwrap()
+            .upstream
+            .base_urls(),
+        vec!["http://127.0.0.1:3"]
+    );
+    // The real document wins as soon as it exists.
+    let version = redis.store().await.push(default_set()).await.unwrap();
+    assert!(applied(&r, version).await);
+    assert!(r.load().set.profile("llama8b-fp16").is_some());
 }

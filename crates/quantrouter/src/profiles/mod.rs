@@ -23,11 +23,13 @@ pub mod redis_store;
 
 /// Where the active profile set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum SourceKind {
     Embedded,
     File,
     Redis,
+    /// The seed write-ups' list format in `model_profiles:active`.
+    RedisSeed,
 }
 
 /// One complete, validated routing configuration with its upstream pools.

@@ -3,6 +3,7 @@
 //! exponential backoff and jitter; requests never wait on Redis, and the last good set stays
 //! in force while Redis is down or holds bad data.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,26 +20,31 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest reconnect delay: an outage is noticed and recovered within seconds.
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 
+/// The seed write-ups' key: a plain JSON list of profiles, used when `<prefix>:profiles` is
+/// absent.
+pub const SEED_KEY: &str = "model_profiles:active";
+
+/// What the source follows.
+#[derive(Debug, Clone)]
+pub struct RedisSourceConfig {
+    pub prefix: String,
+    /// Re-read interval, the safety net for missed update messages.
+    pub poll: Duration,
+    /// Endpoints for seed-format lists: model id → base URL.
+    pub seed_endpoints: BTreeMap<String, String>,
+}
+
 /// Runs the Redis source until the task is aborted.
 pub fn spawn(
     store: Arc<ProfileStore>,
     client: redis::Client,
-    prefix: String,
-    poll: Duration,
+    config: RedisSourceConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut delay = BACKOFF_START;
         let mut last_rejected = None;
         loop {
-            let result = session(
-                &store,
-                &client,
-                &prefix,
-                poll,
-                &mut delay,
-                &mut last_rejected,
-            )
-            .await;
+            let result = session(&store, &client, &config, &mut delay, &mut last_rejected).await;
             if let Err(error) = result {
                 tracing::warn!(%error, "redis profile source disconnected; keeping the active set");
             }
@@ -52,19 +58,18 @@ pub fn spawn(
 async fn session(
     store: &ProfileStore,
     client: &redis::Client,
-    prefix: &str,
-    poll: Duration,
+    config: &RedisSourceConfig,
     delay: &mut Duration,
     last_rejected: &mut Option<String>,
 ) -> Result<(), StoreError> {
-    let redis = RedisStore::connect(client, prefix).await?;
+    let redis = RedisStore::connect(client, &config.prefix).await?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&redis.keys().channel).await?;
     *delay = BACKOFF_START;
     tracing::info!(channel = %redis.keys().channel, "redis profile source connected");
-    refresh(store, &redis, last_rejected).await?;
+    refresh(store, &redis, config, last_rejected).await?;
     let mut messages = pubsub.on_message();
-    let mut ticker = tokio::time::interval(poll);
+    let mut ticker = tokio::time::interval(config.poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -75,7 +80,7 @@ async fn session(
             }
             _ = ticker.tick() => {}
         }
-        refresh(store, &redis, last_rejected).await?;
+        refresh(store, &redis, config, last_rejected).await?;
     }
 }
 
@@ -83,10 +88,11 @@ async fn session(
 async fn refresh(
     store: &ProfileStore,
     redis: &RedisStore,
+    config: &RedisSourceConfig,
     last_rejected: &mut Option<String>,
 ) -> Result<(), StoreError> {
     let Some(text) = redis.active_raw().await? else {
-        return Ok(());
+        return refresh_seed(store, redis, config, last_rejected).await;
     };
     let active = store.load();
     if active.source == SourceKind::Redis && stored_version(&text) == Some(active.set.version) {
@@ -112,6 +118,42 @@ async fn refresh(
         }
     }
     telemetry::profile_reload("redis", result.is_ok());
+    Ok(())
+}
+
+/// The seed-format list, converted with the configured endpoints. It carries no version, so
+/// a changed list is applied as the next version.
+async fn refresh_seed(
+    store: &ProfileStore,
+    redis: &RedisStore,
+    config: &RedisSourceConfig,
+    last_seen: &mut Option<String>,
+) -> Result<(), StoreError> {
+    let Some(text) = redis.raw(SEED_KEY).await? else {
+        return Ok(());
+    };
+    if last_seen.as_deref() == Some(text.as_str()) {
+        return Ok(());
+    }
+    let active = store.load();
+    let version = if active.source == SourceKind::RedisSeed {
+        active.set.version + 1
+    } else {
+        1
+    };
+    let result = quantrouter_policy::from_seed_list(&text, &config.seed_endpoints, version)
+        .map_err(super::ReloadError::from)
+        .and_then(|set| store.apply(set, SourceKind::RedisSeed, false));
+    match &result {
+        Ok(()) => tracing::info!(
+            key = SEED_KEY,
+            version,
+            "seed-format profile list applied from redis"
+        ),
+        Err(error) => tracing::warn!(key = SEED_KEY, %error, "seed-format profile list rejected"),
+    }
+    telemetry::profile_reload("redis", result.is_ok());
+    *last_seen = Some(text);
     Ok(())
 }
 

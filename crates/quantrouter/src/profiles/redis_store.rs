@@ -122,6 +122,12 @@ impl RedisStore {
         Ok(timed(conn.get(&self.keys.active)).await??)
     }
 
+    /// Any key's string value (the seed-format key lives outside the prefix).
+    pub async fn raw(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        Ok(timed(conn.get(key)).await??)
+    }
+
     /// The active document, validated.
     pub async fn active(&self) -> Result<Option<ProfileSet>, StoreError> {
         match self.active_raw().await? {
