@@ -70,6 +70,10 @@ pub enum ProfilesCommand {
     /// Validate a file and make it the active set (version = active + 1), atomically.
     Push {
         file: PathBuf,
+        /// Only push if the active version is still this one (for pipelines that diffed
+        /// against it); otherwise exit 3 and write nothing.
+        #[arg(long)]
+        expect_version: Option<u64>,
         #[command(flatten)]
         redis: RedisArgs,
     },
@@ -375,9 +379,16 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
         .map_err(store_error)?;
     match command {
         ProfilesCommand::Validate { .. } => {}
-        ProfilesCommand::Push { .. } => {
-            let set = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
-            let version = store.push(set).await.map_err(store_error)?;
+        ProfilesCommand::Push { expect_version, .. } => {
+            let mut set = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
+            let version = match expect_version {
+                None => store.push(set).await,
+                Some(expected) => {
+                    set.version = expected + 1;
+                    store.push_expecting(&set, expected as i64).await
+                }
+            }
+            .map_err(store_error)?;
             println!("pushed version {version}");
         }
         ProfilesCommand::Get { .. } => match store.active_raw().await.map_err(store_error)? {

@@ -305,6 +305,29 @@ fn cli_push_get_history_and_exit_codes() {
     assert_eq!(code, 0);
     assert!(out.trim_start().starts_with("version     1"), "{out}");
 
+    // A pipeline that diffed against version 1 must not overwrite version 2: exit 3.
+    let (code, _, err) = cli(&[
+        "profiles",
+        "push",
+        &default,
+        "--expect-version",
+        "1",
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("changed"), "{err}");
+    let (code, out, _) = cli(&[
+        "profiles",
+        "push",
+        &default,
+        "--expect-version",
+        "2",
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!((code, out.trim()), (0, "pushed version 3"));
+
     // Invalid input: exit 1 with the JSON path, before any network call.
     let dir = std::env::temp_dir().join(format!("qr-cli-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -447,4 +470,35 @@ async fn a_seed_format_list_is_used_when_the_document_is_absent() {
     let version = redis.store().await.push(default_set()).await.unwrap();
     assert!(applied(&r, version).await);
     assert!(r.load().set.profile("llama8b-fp16").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_keep_succeeding_while_redis_is_down() {
+    let redis = RedisServer::start(None);
+    let h = support::Harness::start().await;
+    let store = Arc::clone(&h.router.app.store);
+    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
+    let version = redis
+        .store()
+        .await
+        .push(store.load().set.clone())
+        .await
+        .unwrap();
+    assert!(applied(&store, version).await);
+    drop(redis);
+    for _ in 0..20 {
+        let r = h
+            .post(
+                "/v1/chat/completions",
+                &support::chat("auto", support::SIMPLE),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert_eq!(store.load().set.version, version);
+    assert_eq!(
+        h.get(&h.admin_url("/readyz")).await.status,
+        200,
+        "still ready on the last good set"
+    );
 }
