@@ -5,14 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quantrouter::profiles::redis_source::{self, RedisSourceConfig};
-use quantrouter::profiles::redis_store::RedisStore;
 use quantrouter::profiles::{ProfileStore, SourceKind};
 use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -25,38 +26,15 @@ fn env_or(name: &str, default: usize) -> usize {
 async fn main() {
     let pushes = env_or("PUSHES", 200);
     let replicas = env_or("REPLICAS", 3);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (scripts/install-tools redis)");
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    let ops = loop {
-        if let Ok(store) = RedisStore::connect(&client, "bench").await {
-            break store;
-        }
-        tokio::task::yield_now().await;
-    };
+    let server = redis_server::RedisServer::start(None);
+    let client = server.client();
+    let ops = server.store().await;
     let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     let routers: Vec<Arc<ProfileStore>> = (0..replicas)
         .map(|_| {
             let store = Arc::new(ProfileStore::new(set.clone(), SourceKind::Embedded));
             let config = RedisSourceConfig {
-                prefix: "bench".into(),
+                prefix: "qr".into(),
                 // Long poll so the numbers measure pub/sub, not the safety net.
                 poll: Duration::from_secs(60),
                 seed_endpoints: Default::default(),
@@ -96,6 +74,5 @@ async fn main() {
         pct(0.99),
         samples[samples.len() - 1]
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }

@@ -186,8 +186,9 @@ fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
 /// A file edit may keep the version number: operators editing a file by hand rarely bump
 /// it, and the file is the only writer, so "not older" is enough.
 pub fn watch_file(store: Arc<ProfileStore>, path: PathBuf, interval: Duration) -> JoinHandle<()> {
+    // Stamp now, not when the task first runs: an edit made in between must count.
+    let mut last = stamp(&path);
     tokio::spawn(async move {
-        let mut last = stamp(&path);
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

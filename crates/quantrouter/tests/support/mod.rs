@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod redis_server;
+
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
