@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use quantrouter::profiles::{self, ProfileStore, SourceKind};
 use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
-use support::eventually;
+use support::{eventually, rejected_since, reloads};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
+    quantrouter::telemetry::metrics_handle();
     let dir = std::env::temp_dir().join(format!("qr-profiles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("profiles.json");
@@ -40,18 +41,20 @@ async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
     let broken = serde_json::to_string(&edited)
         .unwrap()
         .replace("0.97", "1.97");
+    let before = reloads("file", "rejected");
     std::fs::write(&path, &broken).unwrap();
-    // Then a valid edit after it proves the watcher kept going.
+    assert!(
+        rejected_since("file", before, 1).await,
+        "the invalid edit is seen and refused"
+    );
+    assert_eq!(
+        store.load().set.version,
+        2,
+        "an invalid document never replaces the active set"
+    );
+    // A valid edit after it proves the watcher kept going.
     let mut next = edited.clone();
     next.version = 3;
-    let seen_broken = eventually(Duration::from_millis(300), || async {
-        store.load().set.version != 2
-    })
-    .await;
-    assert!(
-        !seen_broken,
-        "an invalid document must never replace the active set"
-    );
     std::fs::write(&path, serde_json::to_string(&next).unwrap()).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -64,11 +67,16 @@ async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
     let mut old = next.clone();
     old.version = 1;
     old.profiles[0].quality.default = 0.5;
+    let before = reloads("file", "rejected");
     std::fs::write(&path, serde_json::to_string(&old).unwrap()).unwrap();
-    let regressed = eventually(Duration::from_millis(300), || async {
-        store.load().set.version != 3
-    })
-    .await;
-    assert!(!regressed, "an older version must not replace a newer one");
+    assert!(
+        rejected_since("file", before, 1).await,
+        "the older version is seen and refused"
+    );
+    assert_eq!(
+        store.load().set.version,
+        3,
+        "an older version never replaces a newer one"
+    );
     watcher.abort();
 }

@@ -7,7 +7,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
@@ -53,16 +52,13 @@ async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "vllm-sim did not exit on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let status = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .expect("vllm-sim did not exit on SIGTERM")
+    .unwrap()
+    .unwrap();
     assert!(status.success(), "{status}");
 }

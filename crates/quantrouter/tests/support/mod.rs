@@ -179,15 +179,43 @@ where
     Fut: Future<Output = bool>,
 {
     let until = tokio::time::Instant::now() + deadline;
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
     loop {
+        poll.tick().await;
         if check().await {
             return true;
         }
         if tokio::time::Instant::now() >= until {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// `quantrouter_profile_reloads_total{source, result}` as exported now (0 before the first).
+/// Call `quantrouter::telemetry::metrics_handle()` before the code under test records.
+pub fn reloads(source: &str, result: &str) -> u64 {
+    let (source, result) = (
+        format!("source=\"{source}\""),
+        format!("result=\"{result}\""),
+    );
+    quantrouter::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .find(|l| {
+            l.starts_with("quantrouter_profile_reloads_total{")
+                && l.contains(&source)
+                && l.contains(&result)
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `reloads(source, "rejected")` has grown by `n` from `before`.
+pub async fn rejected_since(source: &str, before: u64, n: u64) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        reloads(source, "rejected") >= before + n
+    })
+    .await
 }
 
 pub fn chat(model: &str, content: &str) -> String {

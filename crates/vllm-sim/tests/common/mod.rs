@@ -137,9 +137,13 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition().await {
+    let mut poll = tokio::time::interval(Duration::from_millis(5));
+    loop {
+        poll.tick().await;
+        if condition().await {
+            return;
+        }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
