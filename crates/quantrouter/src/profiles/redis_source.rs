@@ -12,7 +12,9 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use super::redis_store::{RedisStore, StoreError};
-use super::{ProfileStore, SourceKind};
+use quantrouter_policy::{ProfileSet, ProfileSetError};
+
+use super::{ProfileStore, ReloadError, SourceKind};
 use crate::telemetry;
 
 /// First reconnect delay: long enough not to hammer a restarting Redis.
@@ -42,9 +44,9 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut delay = BACKOFF_START;
-        let mut last_rejected = None;
+        let mut seen = Seen::default();
         loop {
-            let result = session(&store, &client, &config, &mut delay, &mut last_rejected).await;
+            let result = session(&store, &client, &config, &mut delay, &mut seen).await;
             if let Err(error) = result {
                 tracing::warn!(%error, "redis profile source disconnected; keeping the active set");
             }
@@ -60,14 +62,14 @@ async fn session(
     client: &redis::Client,
     config: &RedisSourceConfig,
     delay: &mut Duration,
-    last_rejected: &mut Option<String>,
+    seen: &mut Seen,
 ) -> Result<(), StoreError> {
     let redis = RedisStore::connect(client, &config.prefix).await?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&redis.keys().channel).await?;
     *delay = BACKOFF_START;
     tracing::info!(channel = %redis.keys().channel, "redis profile source connected");
-    refresh(store, &redis, config, last_rejected).await?;
+    refresh(store, &redis, config, seen).await?;
     let mut messages = pubsub.on_message();
     let mut ticker = tokio::time::interval(config.poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -80,44 +82,38 @@ async fn session(
             }
             _ = ticker.tick() => {}
         }
-        refresh(store, &redis, config, last_rejected).await?;
+        refresh(store, &redis, config, seen).await?;
     }
 }
 
-/// Applies the stored document if it is new; rejects it (once per distinct text) if invalid.
+/// Texts already handled, so an unchanged document is not re-parsed (and a bad one not
+/// re-counted) on every poll.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The last `<prefix>:profiles` text that was rejected.
+    rejected: Option<String>,
+    /// The last seed-format list handled, applied or not.
+    seed: Option<String>,
+}
+
+/// Applies the stored document if it is new, else the seed-format list if there is one.
 async fn refresh(
     store: &ProfileStore,
     redis: &RedisStore,
     config: &RedisSourceConfig,
-    last_rejected: &mut Option<String>,
+    seen: &mut Seen,
 ) -> Result<(), StoreError> {
     let Some(text) = redis.active_raw().await? else {
-        return refresh_seed(store, redis, config, last_rejected).await;
+        return refresh_seed(store, redis, config, seen).await;
     };
     let active = store.load();
-    if active.source == SourceKind::Redis && stored_version(&text) == Some(active.set.version) {
+    let unchanged =
+        active.source == SourceKind::Redis && stored_version(&text) == Some(active.set.version);
+    if unchanged || seen.rejected.as_deref() == Some(text.as_str()) {
         return Ok(());
     }
-    if last_rejected.as_deref() == Some(text.as_str()) {
-        return Ok(());
-    }
-    let result = quantrouter_policy::ProfileSet::from_json(&text)
-        .map_err(super::ReloadError::from)
-        .and_then(|set| store.apply(set, SourceKind::Redis, false));
-    match &result {
-        Ok(()) => {
-            tracing::info!(
-                version = store.load().set.version,
-                "profile set applied from redis"
-            );
-            *last_rejected = None;
-        }
-        Err(error) => {
-            tracing::warn!(%error, "profile set in redis rejected; keeping the active set");
-            *last_rejected = Some(text);
-        }
-    }
-    telemetry::profile_reload("redis", result.is_ok());
+    let applied = apply(store, ProfileSet::from_json(&text), SourceKind::Redis);
+    seen.rejected = (!applied).then_some(text);
     Ok(())
 }
 
@@ -127,34 +123,48 @@ async fn refresh_seed(
     store: &ProfileStore,
     redis: &RedisStore,
     config: &RedisSourceConfig,
-    last_seen: &mut Option<String>,
+    seen: &mut Seen,
 ) -> Result<(), StoreError> {
     let Some(text) = redis.raw(SEED_KEY).await? else {
         return Ok(());
     };
-    if last_seen.as_deref() == Some(text.as_str()) {
+    if seen.seed.as_deref() == Some(text.as_str()) {
         return Ok(());
     }
     let active = store.load();
-    let version = if active.source == SourceKind::RedisSeed {
-        active.set.version + 1
-    } else {
-        1
+    let version = match active.source {
+        SourceKind::RedisSeed => active.set.version + 1,
+        _ => 1,
     };
-    let result = quantrouter_policy::from_seed_list(&text, &config.seed_endpoints, version)
-        .map_err(super::ReloadError::from)
-        .and_then(|set| store.apply(set, SourceKind::RedisSeed, false));
+    let set = quantrouter_policy::from_seed_list(&text, &config.seed_endpoints, version);
+    apply(store, set, SourceKind::RedisSeed);
+    seen.seed = Some(text);
+    Ok(())
+}
+
+/// Swaps in a parsed document, or keeps the active set; logs and counts either way.
+fn apply(
+    store: &ProfileStore,
+    parsed: Result<ProfileSet, ProfileSetError>,
+    source: SourceKind,
+) -> bool {
+    let result = parsed
+        .map_err(ReloadError::from)
+        .and_then(|set| store.apply(set, source, false));
     match &result {
-        Ok(()) => tracing::info!(
-            key = SEED_KEY,
-            version,
-            "seed-format profile list applied from redis"
-        ),
-        Err(error) => tracing::warn!(key = SEED_KEY, %error, "seed-format profile list rejected"),
+        Ok(()) => {
+            tracing::info!(
+                version = store.load().set.version,
+                ?source,
+                "profile set applied from redis"
+            )
+        }
+        Err(error) => {
+            tracing::warn!(%error, ?source, "profile set in redis rejected; keeping the active set")
+        }
     }
     telemetry::profile_reload("redis", result.is_ok());
-    *last_seen = Some(text);
-    Ok(())
+    result.is_ok()
 }
 
 fn stored_version(text: &str) -> Option<u64> {
