@@ -241,10 +241,10 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
             _ => Role::Other,
         };
         match m.content {
-            Some(WireContent::Text(text)) => push_text(&mut segments, role, text),
+            Some(WireContent::Text(text)) => segments.push((role, text)),
             Some(WireContent::Parts(parts)) => {
                 for text in parts.into_iter().filter_map(|p| p.text) {
-                    push_text(&mut segments, role, text);
+                    segments.push((role, text));
                 }
             }
             None => {}
@@ -259,10 +259,10 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
 fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiError> {
     let mut segments = Vec::new();
     match prompt.ok_or_else(|| invalid("prompt is required", "prompt"))? {
-        WirePrompt::Text(text) => push_text(&mut segments, Role::User, text),
+        WirePrompt::Text(text) => segments.push((Role::User, text)),
         WirePrompt::Texts(texts) => {
             for text in texts {
-                push_text(&mut segments, Role::User, text);
+                segments.push((Role::User, text));
             }
         }
     }
@@ -270,10 +270,6 @@ fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiErro
         return Err(invalid("prompt must not be empty", "prompt"));
     }
     Ok(segments)
-}
-
-fn push_text<'a>(texts: &mut Vec<(Role, Cow<'a, str>)>, role: Role, text: Cow<'a, str>) {
-    texts.push((role, text));
 }
 
 fn invalid(message: &str, param: &str) -> ApiError {

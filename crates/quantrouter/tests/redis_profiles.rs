@@ -86,23 +86,9 @@ async fn an_invalid_document_written_directly_is_rejected_by_every_router() {
         .replace("\"version\":1", "\"version\":7")
         .replace("0.97", "1.97");
     let before = reloads("redis", "rejected");
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    redis::cmd("SET")
-        .arg("qr:profiles")
-        .arg(&bad)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-    redis::cmd("PUBLISH")
-        .arg("qr:profiles:updates")
-        .arg("7")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    redis
+        .raw_set("qr:profiles", &bad, Some(("qr:profiles:updates", "7")))
+        .await;
     assert!(
         rejected_since("redis", before, 2).await,
         "both routers saw and refused it"
@@ -358,17 +344,7 @@ async fn a_seed_format_list_is_used_when_the_document_is_absent() {
     let redis = RedisServer::start(None);
     let r = router(&redis);
     let seeds = std::fs::read_to_string(repo_file("profiles/examples/seed-list.json")).unwrap();
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    redis::cmd("SET")
-        .arg(redis_source::SEED_KEY)
-        .arg(&seeds)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    redis.raw_set(redis_source::SEED_KEY, &seeds, None).await;
     assert!(
         eventually(Duration::from_secs(5), || async {
             r.load().set.profile("llama-3.1-8b-awq").is_some()

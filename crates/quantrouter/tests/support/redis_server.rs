@@ -69,6 +69,29 @@ impl RedisServer {
         redis::Client::open(self.url()).unwrap()
     }
 
+    /// Writes a key directly, bypassing the operator CLI (and optionally announces it).
+    pub async fn raw_set(&self, key: &str, value: &str, publish: Option<(&str, &str)>) {
+        let mut conn = self
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        if let Some((channel, message)) = publish {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+
     pub async fn store(&self) -> RedisStore {
         RedisStore::connect(&self.client(), "qr").await.unwrap()
     }
