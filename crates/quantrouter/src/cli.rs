@@ -50,12 +50,15 @@ pub enum Command {
 /// Where the profile set lives in Redis.
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
-    /// `redis://[user:password@]host:port[/db]`.
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
     pub redis_url: String,
     /// Key prefix.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
     pub redis_prefix: String,
+    /// PEM CA certificate to verify a `rediss://` server with (default: system roots).
+    #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -119,9 +122,13 @@ pub struct ServeArgs {
     /// How often the profile file is checked for changes.
     #[arg(long, env = "QUANTROUTER_PROFILES_POLL_MS", default_value_t = 1000)]
     pub profiles_poll_ms: u64,
-    /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`); hot reload.
+    /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`, or
+    /// `rediss://` for TLS); hot reload.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
     pub redis_url: Option<String>,
+    /// PEM CA certificate to verify a `rediss://` server with (default: system roots).
+    #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
     /// Redis key prefix.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
     pub redis_prefix: String,
@@ -372,8 +379,9 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
         }
         _ => None,
     };
-    let client = redis::Client::open(redis.redis_url.as_str())
-        .map_err(|e| CliError::Invalid(format!("--redis-url: {e}")))?;
+    let client =
+        crate::profiles::redis_store::client(&redis.redis_url, redis.redis_ca_file.as_deref())
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
     let store = RedisStore::connect(&client, &redis.redis_prefix)
         .await
         .map_err(store_error)?;
@@ -484,28 +492,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     telemetry::init_logging(args.log_format);
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
-    let (set, source) = profiles::initial_set(args.profiles.as_deref())
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
-    let store = Arc::new(ProfileStore::new(set, source));
-    tracing::info!(
-        version = store.load().set.version,
-        ?source,
-        "profile set loaded"
-    );
-    if let Some(path) = &args.profiles {
-        let interval = Duration::from_millis(args.profiles_poll_ms.max(10));
-        profiles::watch_file(Arc::clone(&store), path.clone(), interval);
-    }
-    if let Some(url) = &args.redis_url {
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| CliError::Invalid(format!("--redis-url: {e}")))?;
-        let config = profiles::redis_source::RedisSourceConfig {
-            prefix: args.redis_prefix.clone(),
-            poll: Duration::from_millis(args.redis_poll_ms.max(10)),
-            seed_endpoints: parse_seed_endpoints(&args.seed_endpoint)?,
-        };
-        profiles::redis_source::spawn(Arc::clone(&store), client, config);
-    }
+    let store = start_profiles(&args).await?;
     let api_keys = args
         .api_keys_file
         .as_deref()
@@ -531,6 +518,35 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())
+}
+
+/// The profile sources in order of preference: Redis, then the file, then the embedded set.
+async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError> {
+    let mut sources: Vec<Arc<dyn profiles::ProfileSource>> = Vec::new();
+    if let Some(url) = &args.redis_url {
+        let client = profiles::redis_store::client(url, args.redis_ca_file.as_deref())
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+        let config = profiles::redis_source::RedisSourceConfig {
+            prefix: args.redis_prefix.clone(),
+            poll: Duration::from_millis(args.redis_poll_ms.max(10)),
+            seed_endpoints: parse_seed_endpoints(&args.seed_endpoint)?,
+        };
+        sources.push(Arc::new(profiles::redis_source::RedisSource {
+            client,
+            config,
+        }));
+    }
+    match &args.profiles {
+        Some(path) => sources.push(Arc::new(profiles::FileSource {
+            path: path.clone(),
+            interval: Duration::from_millis(args.profiles_poll_ms.max(10)),
+        })),
+        None => sources.push(Arc::new(profiles::Embedded)),
+    }
+    let started = profiles::start(sources)
+        .await
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    Ok(started.store)
 }
 
 /// One key per line; blank lines and `#` comments are skipped.

@@ -11,4 +11,5 @@ pub mod profiles;
 pub mod routing;
 pub mod server;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;

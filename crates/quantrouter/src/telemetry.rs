@@ -127,8 +127,22 @@ pub fn profile_set_applied(set: &ProfileSet) {
     gauge!(PROFILE_SET_VERSION).set(set.version as f64);
 }
 
-pub fn profile_reload(source: &'static str, ok: bool) {
-    let result = if ok { "applied" } else { "rejected" };
+/// What became of a profile document a source offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    Applied,
+    /// Invalid, or older than the active version.
+    Rejected,
+    /// Valid, but a preferred source's set is active (a file edit while Redis rules).
+    Ignored,
+}
+
+pub fn profile_reload(source: &'static str, result: ReloadResult) {
+    let result = match result {
+        ReloadResult::Applied => "applied",
+        ReloadResult::Rejected => "rejected",
+        ReloadResult::Ignored => "ignored",
+    };
     counter!(PROFILE_RELOADS, "source" => source, "result" => result).increment(1);
 }
 

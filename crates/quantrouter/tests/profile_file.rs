@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quantrouter::profiles::{self, ProfileStore, SourceKind};
+use quantrouter::profiles::{self, FileSource, SourceKind};
 use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
 use support::{eventually, rejected_since, reloads};
 
@@ -19,10 +19,13 @@ async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
     let path = dir.join("profiles.json");
     std::fs::write(&path, DEFAULT_PROFILE_SET).unwrap();
 
-    let (set, source) = profiles::initial_set(Some(&path)).unwrap();
-    assert_eq!(source, SourceKind::File);
-    let store = Arc::new(ProfileStore::new(set, source));
-    let watcher = profiles::watch_file(Arc::clone(&store), path.clone(), Duration::from_millis(20));
+    let source = FileSource {
+        path: path.clone(),
+        interval: Duration::from_millis(20),
+    };
+    let started = profiles::start(vec![Arc::new(source)]).await.unwrap();
+    let store = started.store;
+    assert_eq!(store.load().source, SourceKind::File);
 
     // A valid edit: disable the int4 profile and bump the version.
     let mut edited = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
@@ -78,5 +81,7 @@ async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
         3,
         "an older version never replaces a newer one"
     );
-    watcher.abort();
+    for task in started.tasks {
+        task.abort();
+    }
 }

@@ -396,3 +396,119 @@ async fn requests_keep_succeeding_while_redis_is_down() {
         "still ready on the last good set"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca_and_a_password_works_end_to_end() {
+    let redis = RedisServer::start_tls(Some("tls-pass"));
+    let url = redis.url();
+    assert!(url.starts_with("rediss://"));
+    let ca = redis.ca_file().unwrap();
+    let ca = ca.to_str().unwrap();
+
+    // The operator CLI pushes over TLS, verifying the server against the private CA.
+    let default = repo_file("profiles/default.json");
+    let args = [
+        "--redis-url",
+        url.as_str(),
+        "--redis-ca-file",
+        ca,
+        "--redis-prefix",
+        "qr",
+    ];
+    let (code, _, err) = cli(&[&["profiles", "push", &default][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    // A router follows the document over TLS.
+    let r = router(&redis);
+    assert!(applied(&r, 1).await);
+
+    // Without the CA the server's certificate is untrusted: a clear connection error.
+    let (code, _, err) = cli(&["profiles", "get", "--redis-url", &url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // A CA file only makes sense with TLS.
+    let plain = url.replace("rediss://", "redis://");
+    let (code, _, err) = cli(&[
+        "profiles",
+        "get",
+        "--redis-url",
+        &plain,
+        "--redis-ca-file",
+        ca,
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("rediss://"), "{err}");
+}
+
+/// Start-up prefers Redis, else the file; Redis takes over the moment it is reachable, and a
+/// file edit never overrides Redis's set afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_order_redis_then_file_and_redis_takes_over_when_reachable() {
+    use quantrouter::profiles::{self, FileSource, ProfileSource};
+    use quantrouter::telemetry::metrics_handle;
+    metrics_handle();
+    let dir = std::env::temp_dir().join(format!("qr-start-order-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("profiles.json");
+    let mut file_set = default_set();
+    file_set.version = 7;
+    std::fs::write(&path, serde_json::to_string(&file_set).unwrap()).unwrap();
+    let sources = |redis: &RedisServer| -> Vec<Arc<dyn ProfileSource>> {
+        vec![
+            Arc::new(redis_source::RedisSource {
+                client: redis.client(),
+                config: source_config(),
+            }),
+            Arc::new(FileSource {
+                path: path.clone(),
+                interval: Duration::from_millis(20),
+            }),
+        ]
+    };
+
+    // Redis reachable and holding a document: it wins over the file at start-up.
+    let redis = RedisServer::start(None);
+    redis.store().await.push(default_set()).await.unwrap();
+    let started = profiles::start(sources(&redis)).await.unwrap();
+    assert_eq!(started.store.load().source, SourceKind::Redis);
+    started.tasks.iter().for_each(|t| t.abort());
+
+    // Redis down at start-up: the file serves, then Redis takes over once it is back.
+    let port = redis.port;
+    drop(redis);
+    let down = RedisServer::start(None);
+    let down_sources = {
+        let mut s = sources(&down);
+        s[0] = Arc::new(redis_source::RedisSource {
+            client: redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap(),
+            config: source_config(),
+        });
+        s
+    };
+    drop(down);
+    let started = profiles::start(down_sources).await.unwrap();
+    let store = Arc::clone(&started.store);
+    assert_eq!(store.load().source, SourceKind::File);
+    assert_eq!(store.load().set.version, 7);
+    let redis = RedisServer::start_on(port, None);
+    let mut set = default_set();
+    set.version = 3;
+    redis.store().await.push(set).await.unwrap();
+    assert!(
+        applied(&store, 3).await,
+        "Redis's set replaces the file's, even with a lower version"
+    );
+
+    // A later file edit is seen but does not override Redis.
+    let before = reloads("file", "ignored");
+    file_set.version = 8;
+    std::fs::write(&path, serde_json::to_string(&file_set).unwrap()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            reloads("file", "ignored") > before
+        })
+        .await
+    );
+    assert_eq!(store.load().source, SourceKind::Redis);
+    assert_eq!(store.load().set.version, 3);
+    started.tasks.iter().for_each(|t| t.abort());
+}

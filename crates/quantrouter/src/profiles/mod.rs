@@ -7,12 +7,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use quantrouter_policy::{ProfileSet, ProfileSetError, DEFAULT_PROFILE_SET};
 use serde::Serialize;
-use tokio::task::JoinHandle;
 
 use crate::telemetry;
 use crate::upstream::Pool;
@@ -20,6 +19,9 @@ use crate::upstream::Pool;
 pub mod diff;
 pub mod redis_source;
 pub mod redis_store;
+pub mod source;
+
+pub use source::{start, Embedded, FileSource, ProfileSource, Started};
 
 /// Where the active profile set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -62,6 +64,24 @@ pub enum ReloadError {
     Invalid(#[from] ProfileSetError),
     #[error("version {offered} is older than the active version {active}")]
     Stale { offered: u64, active: u64 },
+    #[error("a set from {offered:?} does not replace the active set from {active:?}")]
+    Outranked {
+        offered: SourceKind,
+        active: SourceKind,
+    },
+}
+
+// === impl SourceKind ===
+
+impl SourceKind {
+    /// Preference between sources; both Redis formats rank the same.
+    fn rank(self) -> u8 {
+        match self {
+            Self::Embedded => 0,
+            Self::File => 1,
+            Self::Redis | Self::RedisSeed => 2,
+        }
+    }
 }
 
 // === impl Snapshot ===
@@ -139,8 +159,15 @@ impl ProfileStore {
         allow_same_version: bool,
     ) -> Result<(), ReloadError> {
         let active = self.current.load();
-        // A different source is authoritative from the moment it is reachable (Redis over
-        // the start-up file); versions only order documents of one source.
+        // Redis outranks the file, which outranks the embedded set: a preferred source takes
+        // over the moment it is reachable, and a lesser one never overrides it.
+        if source.rank() < active.source.rank() {
+            return Err(ReloadError::Outranked {
+                offered: source,
+                active: active.source,
+            });
+        }
+        // Versions only order documents of one source.
         let stale = if active.source != source {
             false
         } else if allow_same_version {
@@ -164,55 +191,10 @@ impl ProfileStore {
 /// The start-up profile set: the `--profiles` file if given, else the embedded default.
 pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), ReloadError> {
     match path {
-        Some(path) => Ok((read_file(path)?, SourceKind::File)),
+        Some(path) => Ok((source::read_file(path)?, SourceKind::File)),
         None => Ok((
             ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
             SourceKind::Embedded,
         )),
     }
-}
-
-fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReloadError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(ProfileSet::from_json(&text)?)
-}
-
-/// Watches a profile file by polling its modification time and size (no inotify needed,
-/// works on ConfigMap symlink swaps) and applies valid edits.
-///
-/// A file edit may keep the version number: operators editing a file by hand rarely bump
-/// it, and the file is the only writer, so "not older" is enough.
-pub fn watch_file(store: Arc<ProfileStore>, path: PathBuf, interval: Duration) -> JoinHandle<()> {
-    // Stamp now, not when the task first runs: an edit made in between must count.
-    let mut last = stamp(&path);
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let now = stamp(&path);
-            if now == last || now.is_none() {
-                continue;
-            }
-            last = now;
-            let result = read_file(&path).and_then(|set| store.apply(set, SourceKind::File, true));
-            match &result {
-                Ok(()) => {
-                    tracing::info!(path = %path.display(), version = store.load().set.version, "profile set reloaded")
-                }
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "profile file rejected; keeping the active set")
-                }
-            }
-            telemetry::profile_reload("file", result.is_ok());
-        }
-    })
-}
-
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }

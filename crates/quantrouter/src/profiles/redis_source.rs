@@ -8,14 +8,15 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use super::redis_store::{RedisStore, StoreError};
 use quantrouter_policy::{ProfileSet, ProfileSetError};
 
-use super::{ProfileStore, ReloadError, SourceKind};
-use crate::telemetry;
+use super::{ProfileSource, ProfileStore, ReloadError, SourceKind};
+use crate::telemetry::{self, ReloadResult};
 
 /// First reconnect delay: long enough not to hammer a restarting Redis.
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -34,6 +35,64 @@ pub struct RedisSourceConfig {
     pub poll: Duration,
     /// Endpoints for seed-format lists: model id → base URL.
     pub seed_endpoints: BTreeMap<String, String>,
+}
+
+/// How long start-up waits for Redis before starting on the file or embedded set; the
+/// source keeps trying in the background and takes over when Redis answers.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `--redis-url`: the document in `<prefix>:profiles` (or a seed-format list).
+#[derive(Debug, Clone)]
+pub struct RedisSource {
+    pub client: redis::Client,
+    pub config: RedisSourceConfig,
+}
+
+impl ProfileSource for RedisSource {
+    fn load(&self) -> BoxFuture<'_, Result<Option<(ProfileSet, SourceKind)>, ReloadError>> {
+        Box::pin(async {
+            match tokio::time::timeout(STARTUP_TIMEOUT, self.fetch()).await {
+                Ok(Ok(found)) => Ok(found),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "redis unreachable at start-up; starting without it");
+                    Ok(None)
+                }
+                Err(_) => {
+                    tracing::warn!(timeout = ?STARTUP_TIMEOUT, "redis did not answer at start-up; starting without it");
+                    Ok(None)
+                }
+            }
+        })
+    }
+
+    fn follow(self: Arc<Self>, store: Arc<ProfileStore>) -> Option<JoinHandle<()>> {
+        Some(spawn(store, self.client.clone(), self.config.clone()))
+    }
+}
+
+impl RedisSource {
+    /// The valid document Redis holds now, if any; an invalid one is logged and counted.
+    async fn fetch(&self) -> Result<Option<(ProfileSet, SourceKind)>, StoreError> {
+        let redis = RedisStore::connect(&self.client, &self.config.prefix).await?;
+        let (parsed, kind) = match redis.active_raw().await? {
+            Some(text) => (ProfileSet::from_json(&text), SourceKind::Redis),
+            None => match redis.raw(SEED_KEY).await? {
+                Some(text) => (
+                    quantrouter_policy::from_seed_list(&text, &self.config.seed_endpoints, 1),
+                    SourceKind::RedisSeed,
+                ),
+                None => return Ok(None),
+            },
+        };
+        match parsed {
+            Ok(set) => Ok(Some((set, kind))),
+            Err(error) => {
+                tracing::warn!(%error, source = ?kind, "profile set in redis rejected at start-up");
+                telemetry::profile_reload("redis", ReloadResult::Rejected);
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Runs the Redis source until the task is aborted.
@@ -163,7 +222,12 @@ fn apply(
             tracing::warn!(%error, ?source, "profile set in redis rejected; keeping the active set")
         }
     }
-    telemetry::profile_reload("redis", result.is_ok());
+    let counted = match &result {
+        Ok(()) => ReloadResult::Applied,
+        Err(ReloadError::Outranked { .. }) => ReloadResult::Ignored,
+        Err(_) => ReloadResult::Rejected,
+    };
+    telemetry::profile_reload("redis", counted);
     result.is_ok()
 }
 

@@ -6,6 +6,7 @@
 //! - `<prefix>:profiles:history` — previous documents, newest first, capped at 50;
 //! - channel `<prefix>:profiles:updates` — a message with the new version after each push.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use quantrouter_policy::{ProfileSet, ProfileSetError};
@@ -86,6 +87,43 @@ pub struct HistoryEntry {
     pub updated_at: Option<String>,
     pub profiles: usize,
     pub document: String,
+}
+
+/// A Redis client for `redis://` or `rediss://` URLs (credentials in the URL).
+///
+/// `rediss://` verifies the server against the system roots, or only against `ca_file`
+/// (PEM) when one is given, as for a private CA. Nothing connects until first use.
+pub fn client(url: &str, ca_file: Option<&Path>) -> Result<redis::Client, ClientError> {
+    crate::tls::install_crypto_provider();
+    let Some(path) = ca_file else {
+        return redis::Client::open(url).map_err(ClientError::Url);
+    };
+    if !url.starts_with("rediss://") {
+        return Err(ClientError::CaWithoutTls);
+    }
+    let root_cert = std::fs::read(path).map_err(|source| ClientError::ReadCa {
+        path: path.to_owned(),
+        source,
+    })?;
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
+    redis::Client::build_with_tls(url, certificates).map_err(ClientError::Url)
+}
+
+/// Why a Redis client could not be configured (before any connection attempt).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("--redis-url: {0}")]
+    Url(redis::RedisError),
+    #[error("--redis-ca-file needs a rediss:// URL")]
+    CaWithoutTls,
+    #[error("--redis-ca-file {path}: {source}")]
+    ReadCa {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 // === impl Keys ===
