@@ -26,6 +26,7 @@
 mod audit;
 mod features;
 mod profile;
+mod quality;
 mod seed;
 mod select;
 
@@ -36,6 +37,7 @@ pub use profile::{
     Quality, QualityFallback, RequiredQuality, ServiceUpstream, StaticUpstream, Upstream,
     ValidationErrors, Weights,
 };
+pub use quality::{check_answer, repetition_ratio, AnswerProblem};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
     decide, queue_wait_ms, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection,

@@ -20,6 +20,7 @@ use quantrouter_policy::{
 };
 
 use crate::profiles::{self, ProfileStore, SourceKind};
+use crate::resilience::ResilienceConfig;
 use crate::server::{Server, ServerConfig};
 use crate::telemetry::{self, LogFormat};
 use crate::upstream::ClientConfig;
@@ -35,7 +36,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the router.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the router with three simulated vLLM tiers in-process (no cluster, no Redis).
     Demo(DemoArgs),
     /// Explain the routing decision for a prompt against a profile file, offline.
@@ -162,9 +163,31 @@ pub struct ServeArgs {
     /// Upstream time-to-response-headers timeout.
     #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
     pub header_timeout_ms: u64,
-    /// Time in-flight requests get to finish after SIGTERM.
-    #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_S", default_value_t = 25)]
-    pub shutdown_grace_s: u64,
+    /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
+    #[arg(
+        long,
+        env = "QUANTROUTER_REQUEST_TIMEOUT_MS",
+        default_value_t = 600_000
+    )]
+    pub request_timeout_ms: u64,
+    /// Longest silence between two chunks of an upstream response.
+    #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub idle_timeout_ms: u64,
+    /// Upstream attempts per request, across endpoints and tiers.
+    #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = 4)]
+    pub max_attempts: u32,
+    /// Longest wait for an admission slot before answering 429.
+    #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
+    pub queue_timeout_ms: u64,
+    /// How often each endpoint's /metrics is scraped for vLLM's queue.
+    #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = 1000)]
+    pub scrape_interval_ms: u64,
+    /// After SIGTERM: readiness fails at once, connections are still accepted this long.
+    #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = 0)]
+    pub shutdown_delay_ms: u64,
+    /// Then in-flight requests and streams get this long to finish.
+    #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = 25_000)]
+    pub shutdown_grace_ms: u64,
     /// Log format.
     #[arg(
         long,
@@ -330,7 +353,7 @@ fn config_args(path: &Path, matches: &clap::ArgMatches) -> Result<Vec<OsString>,
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve(args) => runtime()?.block_on(serve(args)),
+        Command::Serve(args) => runtime()?.block_on(serve(*args)),
         Command::Demo(args) => runtime()?.block_on(demo(args)),
         Command::Route(args) => route(&args),
         Command::Audit(args) => run_audit(&args),
@@ -498,6 +521,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .as_deref()
         .map(read_api_keys)
         .transpose()?;
+    let resilience = resilience_config(&args);
     let config = ServerConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -509,7 +533,9 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             ..ClientConfig::default()
         },
-        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+        resilience,
+        shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
+        shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
     };
     let server = Server::start(config, store)
         .await
@@ -518,6 +544,21 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())
+}
+
+fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
+    let defaults = ResilienceConfig::default();
+    ResilienceConfig {
+        max_attempts: args.max_attempts.max(1),
+        default_deadline: Duration::from_millis(args.request_timeout_ms),
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        scrape_interval: Duration::from_millis(args.scrape_interval_ms.max(10)),
+        admission: crate::resilience::AdmissionConfig {
+            queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+            ..defaults.admission
+        },
+        ..defaults
+    }
 }
 
 /// The profile sources in order of preference: Redis, then the file, then the embedded set.
@@ -737,7 +778,7 @@ mod tests {
 
     fn serve_args(cli: Cli) -> ServeArgs {
         match cli.command {
-            Command::Serve(args) => args,
+            Command::Serve(args) => *args,
             other => panic!("expected serve, got {other:?}"),
         }
     }

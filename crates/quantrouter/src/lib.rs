@@ -8,6 +8,7 @@ pub mod admin;
 pub mod cli;
 pub mod openai;
 pub mod profiles;
+pub mod resilience;
 pub mod routing;
 pub mod server;
 pub mod telemetry;

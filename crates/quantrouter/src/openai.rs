@@ -61,6 +61,12 @@ pub enum ApiError {
     Unavailable(String),
     #[error("The request did not complete within its deadline: {0}")]
     Timeout(String),
+    #[error("Profile {profile} is at capacity: {reason}. Retry after {retry_after_s} s.")]
+    Overloaded {
+        profile: String,
+        reason: String,
+        retry_after_s: u32,
+    },
 }
 
 #[derive(Deserialize)]
@@ -296,6 +302,35 @@ fn wire_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
 }
 
+/// The generated text of a non-streamed completion (`choices[].message.content` or
+/// `choices[].text`, joined), or `None` when the body is not a completion.
+pub fn answer_text(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Completion<'a> {
+        #[serde(borrow)]
+        choices: Vec<Choice<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(borrow, default)]
+        message: Option<Message<'a>>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow, default)]
+        content: Option<Cow<'a, str>>,
+    }
+    let completion: Completion<'_> = serde_json::from_slice(body).ok()?;
+    let mut text = String::new();
+    for choice in completion.choices {
+        let part = choice.message.and_then(|m| m.content).or(choice.text);
+        text.push_str(part.as_deref().unwrap_or_default());
+    }
+    Some(text)
+}
+
 // === impl ApiError ===
 
 impl ApiError {
@@ -311,6 +346,7 @@ impl ApiError {
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -327,6 +363,7 @@ impl ApiError {
             ApiError::BadGateway(_) => ("upstream_error", "bad_gateway"),
             ApiError::Unavailable(_) => ("server_error", "no_healthy_profile"),
             ApiError::Timeout(_) => ("timeout_error", "deadline_exceeded"),
+            ApiError::Overloaded { .. } => ("rate_limit_error", "tier_overloaded"),
         }
     }
 
@@ -334,6 +371,7 @@ impl ApiError {
     fn retry_after(&self) -> Option<u32> {
         match self {
             ApiError::Unavailable(_) => Some(1),
+            ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }

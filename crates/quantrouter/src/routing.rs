@@ -17,6 +17,9 @@ pub const MIN_QUALITY_HEADER: &str = "x-quantrouter-min-quality";
 /// Header: pin this request to a profile id.
 pub const PROFILE_HEADER: &str = "x-quantrouter-profile";
 
+/// Header: overall deadline for this request, in milliseconds.
+pub const TIMEOUT_HEADER: &str = "x-quantrouter-timeout-ms";
+
 /// The model name that asks for adaptive routing.
 pub const AUTO_MODEL: &str = "auto";
 
@@ -61,6 +64,12 @@ pub fn route(
     })
 }
 
+/// The client's overall deadline, if it set one.
+pub fn timeout(headers: &HeaderMap) -> Result<Option<std::time::Duration>, ApiError> {
+    let ms = header_number(headers, TIMEOUT_HEADER, |v| v > 0.0 && v.is_finite())?;
+    Ok(ms.map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0)))
+}
+
 /// `auto` and aliases route adaptively; a profile id or a profile's served model name pins.
 fn resolve_model<'s>(
     snapshot: &'s Snapshot,
@@ -88,16 +97,25 @@ fn resolve_model<'s>(
 }
 
 /// What the router observes of each profile right now.
+///
+/// Requests waiting for admission count as in flight beyond `max_concurrency`; vLLM's own
+/// queue comes from the scraper.
 fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
     let expected = snapshot.set.policy.expected_output_tokens;
+    let now = tokio::time::Instant::now();
     snapshot
         .set
         .profiles
         .iter()
         .zip(&snapshot.pools)
         .map(|(profile, pool)| ProfileLoad {
-            available: pool.has_endpoints(),
-            queue_wait_ms: quantrouter_policy::queue_wait_ms(profile, pool.inflight(), 0, expected),
+            available: pool.available(now),
+            queue_wait_ms: quantrouter_policy::queue_wait_ms(
+                profile,
+                pool.inflight() + pool.admission.waiting(),
+                pool.upstream_waiting(),
+                expected,
+            ),
         })
         .collect()
 }

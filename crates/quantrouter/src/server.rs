@@ -21,7 +21,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
-use quantrouter_policy::RoutingDecision;
+use quantrouter_policy::{check_answer, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -32,9 +32,11 @@ use tower::ServiceBuilder;
 use crate::admin;
 use crate::openai::{ApiError, Endpoint, ParsedRequest};
 use crate::profiles::{ProfileStore, Snapshot};
+use crate::resilience::ResilienceConfig;
 use crate::routing::{self, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
-use crate::upstream::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
+use crate::upstream::attempts::{self, Answer, Fallback, Plan};
+use crate::upstream::{scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
@@ -51,8 +53,12 @@ pub struct ServerConfig {
     /// Model names besides `auto` that mean adaptive routing.
     pub aliases: Vec<String>,
     pub client: ClientConfig,
-    /// How long in-flight requests and streams may run after SIGTERM; matches the Helm
-    /// chart's terminationGracePeriodSeconds minus the preStop delay.
+    pub resilience: ResilienceConfig,
+    /// After SIGTERM, readiness fails at once but connections are still accepted this
+    /// long, while the endpoint removal propagates to Services and load balancers.
+    pub shutdown_delay: Duration,
+    /// How long in-flight requests and streams may then run; with the delay, within the
+    /// Helm chart's terminationGracePeriodSeconds.
     pub shutdown_grace: Duration,
 }
 
@@ -80,6 +86,7 @@ pub struct Server {
     admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    scraper: JoinHandle<()>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -108,9 +115,17 @@ impl Server {
         let public = TcpListener::bind(config.listen).await?;
         let admin = TcpListener::bind(config.admin_listen).await?;
         let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
+        store.configure(config.resilience);
+        let client = UpstreamClient::new(config.client);
+        let scraper = scrape::spawn(
+            Arc::clone(&store),
+            client.clone(),
+            config.resilience.scrape_interval,
+            config.resilience.scrape_timeout,
+        );
         let app = Arc::new(App {
             store,
-            client: UpstreamClient::new(config.client),
+            client,
             metrics: telemetry::metrics_handle(),
             config,
             shutting_down: AtomicBool::new(false),
@@ -135,6 +150,7 @@ impl Server {
             admin_addr,
             stop,
             tasks: vec![public_task, admin_task],
+            scraper,
         })
     }
 
@@ -146,17 +162,19 @@ impl Server {
         self.admin_addr
     }
 
-    /// Graceful stop: readiness turns false, listeners close, in-flight requests and
-    /// streams get the grace period to finish.
+    /// Graceful stop: readiness turns false at once; connections are still accepted for
+    /// the shutdown delay (endpoint removal takes a moment to reach every load balancer);
+    /// then the listeners close and in-flight requests and streams get the grace period.
     pub async fn shutdown(self) {
         self.app.shutting_down.store(true, Ordering::SeqCst);
+        tokio::time::sleep(self.app.config.shutdown_delay).await;
         let _ = self.stop.send(true);
         let grace = self.app.config.shutdown_grace;
-        for task in self.tasks {
-            if tokio::time::timeout(grace, task).await.is_err() {
-                tracing::warn!(?grace, "in-flight requests outlived the grace period");
-            }
+        let drained = futures_util::future::join_all(self.tasks);
+        if tokio::time::timeout(grace, drained).await.is_err() {
+            tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
+        self.scraper.abort();
     }
 }
 
@@ -291,90 +309,229 @@ async fn proxy(
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
     let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
-    let upstream_body = parsed.rewrite_model(&body, &snapshot.model_json[decision.profile]);
-    drop(parsed);
-    let profile = &snapshot.set.profiles[decision.profile];
-    let pool = &snapshot.pools[decision.profile];
-    let target = pool
-        .pick()
-        .ok_or_else(|| ApiError::Unavailable(format!("profile {} has no endpoints", profile.id)))?;
-    let path = match endpoint {
-        Endpoint::Chat => "/v1/chat/completions",
-        Endpoint::Completions => "/v1/completions",
+    let resilience = &app.config.resilience;
+    let deadline =
+        started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
+    let headers = upstream_headers(&parts.headers, request_id.as_ref());
+    let plan = Plan {
+        snapshot: &snapshot,
+        decision: &decision,
+        pinned: decision.reason == Reason::Pinned,
+        path: match endpoint {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        },
+        headers: &headers,
+        deadline,
     };
-    let uri = target
-        .uri(path)
-        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    let mut request = Request::post(uri)
-        .body(Full::new(upstream_body))
-        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    let headers = request.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    for name in &FORWARDED {
-        if let Some(v) = parts.headers.get(name) {
-            headers.insert(name.clone(), v.clone());
-        }
-    }
-    if let Some(id) = &request_id {
-        headers.insert(REQUEST_ID, id.clone());
-    }
+    let body_for = |profile: usize| parsed.rewrite_model(&body, &snapshot.model_json[profile]);
+    telemetry::routed(decision.complexity, started.elapsed());
+    let mut answer = attempts::forward(
+        &app.client,
+        resilience,
+        &plan,
+        decision.profile,
+        0,
+        &body_for,
+    )
+    .await?;
 
-    let labels = RequestLabels {
-        profile: profile.id.clone(),
-        tier: profile.tier.clone(),
-        reason: decision.reason.as_str(),
-    };
-    telemetry::routed(&labels, decision.complexity, started.elapsed());
-    let guard = pool.enter();
-    let upstream = match app.client.send(target, request).await {
-        Ok(response) => response,
-        Err(error) => {
-            let kind = match &error {
-                UpstreamError::Connect { .. } => "connect",
-                UpstreamError::HeaderTimeout { .. } => "header_timeout",
-                UpstreamError::InvalidUrl(_) => "invalid_url",
+    // Quality fallback: a finished, non-streamed answer from a profile with a better one
+    // above it is checked, and re-run there if it is empty, degenerate or broken JSON.
+    let quality = &snapshot.set.policy.quality_fallback;
+    let better = decision.next_higher_quality(answer.profile);
+    if let (true, false, false, Some(better)) =
+        (quality.enabled, parsed.stream, plan.pinned, better)
+    {
+        if answer.response.status().is_success() {
+            let Answer {
+                response,
+                profile,
+                held,
+                attempts,
+                fallback,
+                ..
+            } = answer;
+            let (mut head, incoming) = response.into_parts();
+            let bytes = read_answer(incoming, deadline).await?;
+            drop(held);
+            let served = Served {
+                profile,
+                attempts,
+                fallback,
             };
-            telemetry::upstream_error(&labels, kind);
-            tracing::warn!(%error, profile = %labels.profile, "upstream call failed");
-            return Err(match error {
-                UpstreamError::HeaderTimeout { .. } => ApiError::Timeout(error.to_string()),
-                UpstreamError::Connect { .. } => ApiError::Unavailable(error.to_string()),
-                UpstreamError::InvalidUrl(_) => ApiError::BadGateway(error.to_string()),
+            // A body that is not a completion is passed on as it is, not judged.
+            let problem = crate::openai::answer_text(&bytes).and_then(|text| {
+                check_answer(&text, parsed.wants_json, quality.max_repetition_ratio)
+            });
+            let Some(problem) = problem else {
+                let labels = served.labels(&snapshot, &decision);
+                telemetry::response_headers(&labels, head.status.as_u16(), started.elapsed());
+                telemetry::finished(&labels, started.elapsed());
+                finish_head(&mut head, &snapshot, &decision, &served);
+                return Ok(Response::from_parts(head, Either::Left(Full::new(bytes))));
+            };
+            let (from, to) = (
+                &snapshot.set.profiles[profile].id,
+                &snapshot.set.profiles[better].id,
+            );
+            tracing::info!(%from, %to, problem = problem.as_str(), "quality fallback");
+            telemetry::fallback(from, to, "quality");
+            answer = attempts::forward(&app.client, resilience, &plan, better, attempts, &body_for)
+                .await?;
+            answer.fallback = Some(Fallback {
+                from: profile,
+                to: answer.profile,
+                reason: "quality",
             });
         }
-    };
-    telemetry::response_headers(&labels, upstream.status().as_u16(), started.elapsed());
-
-    let (mut head, incoming) = upstream.into_parts();
-    for name in &HOP_BY_HOP {
-        head.headers.remove(name);
     }
-    decision_headers(&mut head.headers, &snapshot, &decision);
-    let on_end =
-        Box::new(move |end: crate::upstream::BodyEnd| telemetry::finished(&labels, end.elapsed));
-    let body = UpstreamBody::new(incoming, guard, started, on_end);
-    Ok(Response::from_parts(head, Either::Right(body)))
+    Ok(respond_streaming(
+        &snapshot, &decision, answer, deadline, resilience, started,
+    ))
 }
 
-/// `x-quantrouter-*` response headers describing the decision.
-fn decision_headers(headers: &mut HeaderMap, snapshot: &Snapshot, decision: &RoutingDecision) {
-    let profile = &snapshot.set.profiles[decision.profile];
+/// How a request was served, for the response headers and metric labels.
+#[derive(Debug)]
+struct Served {
+    profile: usize,
+    attempts: u32,
+    fallback: Option<Fallback>,
+}
+
+impl Served {
+    fn reason(&self, decision: &RoutingDecision) -> Reason {
+        match self.fallback {
+            Some(Fallback {
+                reason: "quality", ..
+            }) => Reason::FallbackQuality,
+            Some(_) => Reason::FallbackError,
+            None => decision.reason,
+        }
+    }
+
+    fn labels(&self, snapshot: &Snapshot, decision: &RoutingDecision) -> RequestLabels {
+        let profile = &snapshot.set.profiles[self.profile];
+        RequestLabels {
+            profile: profile.id.clone(),
+            tier: profile.tier.clone(),
+            reason: self.reason(decision).as_str(),
+        }
+    }
+}
+
+/// The upstream's response head and streamed body, with the router's headers.
+fn respond_streaming(
+    snapshot: &Snapshot,
+    decision: &RoutingDecision,
+    answer: Answer,
+    deadline: Instant,
+    resilience: &ResilienceConfig,
+    started: Instant,
+) -> Response<ResponseBody> {
+    let Answer {
+        response,
+        profile,
+        held,
+        attempts,
+        fallback,
+        ..
+    } = answer;
+    let served = Served {
+        profile,
+        attempts,
+        fallback,
+    };
+    let labels = served.labels(snapshot, decision);
+    telemetry::response_headers(&labels, response.status().as_u16(), started.elapsed());
+    let (mut head, incoming) = response.into_parts();
+    let sse = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    finish_head(&mut head, snapshot, decision, &served);
+    let on_end = Box::new(move |end: BodyEnd| {
+        if let Some(failure) = end.failure {
+            telemetry::upstream_error(&labels.profile, failure.kind());
+        }
+        telemetry::finished(&labels, end.elapsed);
+    });
+    let limits = BodyLimits {
+        idle: resilience.idle_timeout,
+        deadline,
+        sse,
+    };
+    let body = UpstreamBody::new(incoming, held, started, limits, on_end);
+    Response::from_parts(head, Either::Right(body))
+}
+
+/// Drops hop-by-hop headers and adds the `x-quantrouter-*` ones.
+fn finish_head(
+    head: &mut http::response::Parts,
+    snapshot: &Snapshot,
+    decision: &RoutingDecision,
+    served: &Served,
+) {
+    let headers = &mut head.headers;
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    let profile = &snapshot.set.profiles[served.profile];
     let pairs = [
         ("x-quantrouter-profile", profile.id.as_str()),
         ("x-quantrouter-tier", profile.tier.as_str()),
-        ("x-quantrouter-reason", decision.reason.as_str()),
-        ("x-quantrouter-attempts", "1"),
+        ("x-quantrouter-reason", served.reason(decision).as_str()),
     ];
     for (name, value) in pairs {
         if let Ok(v) = HeaderValue::from_str(value) {
             headers.insert(HeaderName::from_static(name), v);
         }
     }
+    headers.insert(
+        HeaderName::from_static("x-quantrouter-attempts"),
+        HeaderValue::from(served.attempts),
+    );
     if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", decision.complexity)) {
         headers.insert(HeaderName::from_static("x-quantrouter-complexity"), v);
+    }
+    if let Some(f) = served.fallback {
+        let value = format!(
+            "from={}; to={}; reason={}",
+            snapshot.set.profiles[f.from].id, snapshot.set.profiles[f.to].id, f.reason
+        );
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);
+        }
+    }
+}
+
+/// Headers for every upstream attempt: JSON content type, the client headers worth
+/// forwarding, and the request id.
+fn upstream_headers(client: &HeaderMap, request_id: Option<&HeaderValue>) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(FORWARDED.len() + 2);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for name in &FORWARDED {
+        if let Some(v) = client.get(name) {
+            headers.insert(name.clone(), v.clone());
+        }
+    }
+    if let Some(id) = request_id {
+        headers.insert(REQUEST_ID, id.clone());
+    }
+    headers
+}
+
+/// A non-streamed answer in full (bounded), for the quality check.
+async fn read_answer(body: Incoming, deadline: Instant) -> Result<Bytes, ApiError> {
+    /// Far above any completion; a bigger body is not an answer.
+    const LIMIT: usize = 16 * 1024 * 1024;
+    match tokio::time::timeout_at(deadline, Limited::new(body, LIMIT).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => Err(ApiError::BadGateway(format!("reading the answer: {e}"))),
+        Err(_) => Err(ApiError::Timeout("reading the answer".into())),
     }
 }
 
@@ -513,6 +670,8 @@ impl Default for ServerConfig {
             api_keys: None,
             aliases: Vec::new(),
             client: ClientConfig::default(),
+            resilience: ResilienceConfig::default(),
+            shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
         }
     }

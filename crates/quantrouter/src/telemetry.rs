@@ -1,12 +1,17 @@
 //! Metrics and logs. Every metric name lives here; callers use the small recording
 //! functions so names and label sets cannot drift apart (`docs/metrics.md` lists them).
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use quantrouter_policy::ProfileSet;
+use tokio::time::Instant;
+
+use crate::profiles::Snapshot;
+use crate::resilience::CircuitState;
 
 /// Requests answered, by profile, tier, status class and decision reason.
 pub const REQUESTS: &str = "quantrouter_requests_total";
@@ -22,8 +27,20 @@ pub const COMPLEXITY: &str = "quantrouter_complexity_score";
 pub const ERRORS: &str = "quantrouter_errors_total";
 /// Upstream failures by profile and kind.
 pub const UPSTREAM_ERRORS: &str = "quantrouter_upstream_errors_total";
-/// Requests in flight per profile and tier.
+/// Requests in flight per tier.
 pub const INFLIGHT: &str = "quantrouter_inflight";
+/// Retries (attempts after the first within a profile) by profile.
+pub const RETRIES: &str = "quantrouter_retries_total";
+/// Switches to another profile, by from, to and reason (`error`, `quality`).
+pub const FALLBACKS: &str = "quantrouter_fallbacks_total";
+/// Requests refused by admission (queue full or queue timeout), by profile.
+pub const ADMISSION_REJECTED: &str = "quantrouter_admission_rejected_total";
+/// Circuit state per endpoint: 0 closed, 1 half-open, 2 open.
+pub const CIRCUIT_STATE: &str = "quantrouter_circuit_state";
+/// Per tier: requests waiting for admission plus the upstreams' scraped queue.
+pub const QUEUE_DEPTH: &str = "quantrouter_queue_depth";
+/// Per tier: endpoints whose circuit is not open.
+pub const READY_ENDPOINTS: &str = "quantrouter_ready_endpoints";
 /// Version of the active profile set.
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
@@ -100,7 +117,28 @@ fn describe() {
     metrics::describe_histogram!(COMPLEXITY, "Prompt complexity scores.");
     metrics::describe_counter!(ERRORS, "Errors answered by the router, by code.");
     metrics::describe_counter!(UPSTREAM_ERRORS, "Upstream failures, by profile and kind.");
-    metrics::describe_gauge!(INFLIGHT, "Requests in flight, by profile and tier.");
+    metrics::describe_gauge!(INFLIGHT, "Requests in flight, by tier.");
+    metrics::describe_counter!(RETRIES, "Retries within a profile, by profile.");
+    metrics::describe_counter!(
+        FALLBACKS,
+        "Switches to another profile, by from, to and reason."
+    );
+    metrics::describe_counter!(
+        ADMISSION_REJECTED,
+        "Requests refused by admission, by profile."
+    );
+    metrics::describe_gauge!(
+        CIRCUIT_STATE,
+        "Circuit per endpoint: 0 closed, 1 half-open, 2 open."
+    );
+    metrics::describe_gauge!(
+        QUEUE_DEPTH,
+        "Requests queued for a tier: admission plus upstream."
+    );
+    metrics::describe_gauge!(
+        READY_ENDPOINTS,
+        "Endpoints of a tier whose circuit is not open."
+    );
     metrics::describe_gauge!(PROFILE_SET_VERSION, "Version of the active profile set.");
     metrics::describe_counter!(
         PROFILE_RELOADS,
@@ -154,11 +192,9 @@ pub struct RequestLabels {
     pub reason: &'static str,
 }
 
-pub fn routed(labels: &RequestLabels, complexity: f64, overhead: Duration) {
+pub fn routed(complexity: f64, overhead: Duration) {
     histogram!(OVERHEAD).record(overhead.as_secs_f64());
     histogram!(COMPLEXITY).record(complexity);
-    gauge!(INFLIGHT, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
-        .increment(1.0);
 }
 
 pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) {
@@ -176,14 +212,48 @@ pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) 
 
 pub fn finished(labels: &RequestLabels, elapsed: Duration) {
     histogram!(REQUEST_DURATION, "profile" => labels.profile.clone()).record(elapsed.as_secs_f64());
-    gauge!(INFLIGHT, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
-        .decrement(1.0);
 }
 
-pub fn upstream_error(labels: &RequestLabels, kind: &'static str) {
-    counter!(UPSTREAM_ERRORS, "profile" => labels.profile.clone(), "kind" => kind).increment(1);
-    gauge!(INFLIGHT, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
-        .decrement(1.0);
+pub fn upstream_error(profile: &str, kind: &'static str) {
+    counter!(UPSTREAM_ERRORS, "profile" => profile.to_owned(), "kind" => kind).increment(1);
+}
+
+pub fn retry(profile: &str) {
+    counter!(RETRIES, "profile" => profile.to_owned()).increment(1);
+}
+
+pub fn fallback(from: &str, to: &str, reason: &'static str) {
+    counter!(FALLBACKS, "from" => from.to_owned(), "to" => to.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+pub fn admission_rejected(profile: &str) {
+    counter!(ADMISSION_REJECTED, "profile" => profile.to_owned()).increment(1);
+}
+
+/// Per-tier gauges and circuit states from the live pools (called about once a second).
+pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
+    let mut tiers: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
+    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
+        let tier = tiers.entry(profile.tier.as_str()).or_default();
+        tier.0 += pool.admission.waiting() + pool.upstream_waiting();
+        tier.1 += pool.inflight();
+        tier.2 += pool.ready_endpoints(now);
+        for endpoint in pool.endpoints().iter() {
+            let state = match endpoint.circuit(now) {
+                CircuitState::Closed => 0.0,
+                CircuitState::HalfOpen => 1.0,
+                CircuitState::Open => 2.0,
+            };
+            gauge!(CIRCUIT_STATE, "profile" => profile.id.clone(), "endpoint" => endpoint.base().to_owned())
+                .set(state);
+        }
+    }
+    for (tier, (queue, inflight, ready)) in tiers {
+        gauge!(QUEUE_DEPTH, "tier" => tier.to_owned()).set(queue as f64);
+        gauge!(INFLIGHT, "tier" => tier.to_owned()).set(inflight as f64);
+        gauge!(READY_ENDPOINTS, "tier" => tier.to_owned()).set(ready as f64);
+    }
 }
 
 pub fn router_error(code: &'static str) {

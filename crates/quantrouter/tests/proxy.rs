@@ -137,10 +137,14 @@ async fn capture_upstream() -> (String, Arc<Mutex<Vec<Bytes>>>) {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     let record = Arc::clone(&record);
                     async move {
+                        // The router also scrapes GET /metrics; only completions count.
+                        let post = req.method() == http::Method::POST;
                         let body = req.into_body().collect().await.unwrap().to_bytes();
-                        record.lock().unwrap().push(body);
+                        if post {
+                            record.lock().unwrap().push(body);
+                        }
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                            br#"{"id":"x","object":"chat.completion","choices":[]}"#,
+                            br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#,
                         ))))
                     }
                 });

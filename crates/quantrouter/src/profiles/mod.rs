@@ -4,15 +4,15 @@
 //! loads it once and keeps it to the end, a reload builds a complete new snapshot and swaps
 //! it in, and a document that does not validate never replaces the last good one.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use quantrouter_policy::{ProfileSet, ProfileSetError, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{Profile, ProfileSet, ProfileSetError, DEFAULT_PROFILE_SET};
 use serde::Serialize;
 
+use crate::resilience::ResilienceConfig;
 use crate::telemetry;
 use crate::upstream::Pool;
 
@@ -50,6 +50,8 @@ pub struct Snapshot {
 #[derive(Debug)]
 pub struct ProfileStore {
     current: ArcSwap<Snapshot>,
+    /// Settings for the pools of every snapshot.
+    resilience: ArcSwap<ResilienceConfig>,
 }
 
 /// Why a new document was not applied.
@@ -87,28 +89,40 @@ impl SourceKind {
 // === impl Snapshot ===
 
 impl Snapshot {
-    /// Builds pools for `set`, reusing `previous` pools whose profile and URLs are unchanged
-    /// so in-flight counts carry over a reload.
-    pub fn build(set: ProfileSet, source: SourceKind, previous: Option<&Snapshot>) -> Self {
-        let old: HashMap<(&str, &[String]), &Arc<Pool>> = previous
-            .map(|p| {
-                p.set
-                    .profiles
-                    .iter()
-                    .zip(&p.pools)
-                    .map(|(profile, pool)| ((profile.id.as_str(), pool.urls.as_slice()), pool))
-                    .collect()
-            })
-            .unwrap_or_default();
+    /// Builds pools for `set`, reusing `previous` pools whose profile id, upstream and
+    /// concurrency limit are unchanged, so endpoint state (in-flight counts, circuits) and
+    /// admission queues carry over a reload.
+    pub fn build(
+        set: ProfileSet,
+        source: SourceKind,
+        previous: Option<&Snapshot>,
+        config: &ResilienceConfig,
+    ) -> Self {
+        let reusable = |p: &Profile| {
+            let previous = previous?;
+            previous
+                .set
+                .profiles
+                .iter()
+                .zip(&previous.pools)
+                .find(|(old, _)| {
+                    old.id == p.id
+                        && old.upstream == p.upstream
+                        && old.max_concurrency == p.max_concurrency
+                })
+                .map(|(_, pool)| Arc::clone(pool))
+        };
         let pools = set
             .profiles
             .iter()
             .map(|p| {
-                let urls = p.upstream.base_urls();
-                match old.get(&(p.id.as_str(), urls.as_slice())) {
-                    Some(pool) => Arc::clone(pool),
-                    None => Arc::new(Pool::new(urls)),
-                }
+                reusable(p).unwrap_or_else(|| {
+                    Arc::new(Pool::new(
+                        &p.upstream.base_urls(),
+                        p.max_concurrency,
+                        config,
+                    ))
+                })
             })
             .collect();
         let model_json = set
@@ -125,13 +139,14 @@ impl Snapshot {
         }
     }
 
-    /// At least one enabled profile has an endpoint to send to.
+    /// At least one enabled profile has an endpoint whose circuit is not open.
     pub fn ready(&self) -> bool {
+        let now = tokio::time::Instant::now();
         self.set
             .profiles
             .iter()
             .zip(&self.pools)
-            .any(|(p, pool)| p.enabled && pool.has_endpoints())
+            .any(|(p, pool)| p.enabled && pool.available(now))
     }
 }
 
@@ -139,11 +154,21 @@ impl Snapshot {
 
 impl ProfileStore {
     pub fn new(set: ProfileSet, source: SourceKind) -> Self {
-        let snapshot = Snapshot::build(set, source, None);
+        let config = ResilienceConfig::default();
+        let snapshot = Snapshot::build(set, source, None, &config);
         telemetry::profile_set_applied(&snapshot.set);
         Self {
             current: ArcSwap::from_pointee(snapshot),
+            resilience: ArcSwap::from_pointee(config),
         }
+    }
+
+    /// Rebuilds every pool with new resilience settings (at server start, before traffic).
+    pub fn configure(&self, config: ResilienceConfig) {
+        self.resilience.store(Arc::new(config));
+        let active = self.current.load();
+        let next = Snapshot::build(active.set.clone(), active.source, None, &config);
+        self.current.store(Arc::new(next));
     }
 
     /// The active snapshot; hold it for the whole request.
@@ -181,7 +206,7 @@ impl ProfileStore {
                 active: active.set.version,
             });
         }
-        let next = Snapshot::build(set, source, Some(&active));
+        let next = Snapshot::build(set, source, Some(&active), &self.resilience.load());
         telemetry::profile_set_applied(&next.set);
         self.current.store(Arc::new(next));
         Ok(())

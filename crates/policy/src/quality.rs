@@ -1,0 +1,100 @@
+//! Checks on a finished answer for quality fallback (seed 000): an empty, degenerate or
+//! (when JSON was asked for) unparseable answer from a cheaper profile is re-run on a better
+//! one.
+
+use std::collections::HashSet;
+
+/// What is wrong with an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerProblem {
+    Empty,
+    /// Repetition ratio over the policy's limit.
+    Degenerate,
+    /// JSON output was requested and the answer does not parse.
+    InvalidJson,
+}
+
+impl AnswerProblem {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Degenerate => "degenerate",
+            Self::InvalidJson => "invalid_json",
+        }
+    }
+}
+
+/// Share of repeated word trigrams: 0 for text that never repeats a three-word run, near 1
+/// for one phrase looped. Ordinary prose stays well under 0.2; texts under five words are 0.
+pub fn repetition_ratio(text: &str) -> f64 {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    if words.len() < 5 {
+        return 0.0;
+    }
+    let trigrams = words.windows(3);
+    let total = trigrams.len();
+    let distinct: HashSet<&[&str]> = trigrams.collect();
+    1.0 - distinct.len() as f64 / total as f64
+}
+
+/// The first problem found with `answer`, if any.
+pub fn check_answer(
+    answer: &str,
+    wants_json: bool,
+    max_repetition_ratio: f64,
+) -> Option<AnswerProblem> {
+    if answer.trim().is_empty() {
+        return Some(AnswerProblem::Empty);
+    }
+    if repetition_ratio(answer) > max_repetition_ratio {
+        return Some(AnswerProblem::Degenerate);
+    }
+    if wants_json && serde_json::from_str::<serde::de::IgnoredAny>(strip_fence(answer)).is_err() {
+        return Some(AnswerProblem::InvalidJson);
+    }
+    None
+}
+
+/// Models often wrap JSON in a Markdown fence; the JSON inside still counts.
+fn strip_fence(answer: &str) -> &str {
+    let trimmed = answer.trim();
+    trimmed
+        .strip_prefix("```json")
+        .or_else(|| trimmed.strip_prefix("```"))
+        .and_then(|rest| rest.strip_suffix("```"))
+        .map_or(trimmed, str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prose_passes_and_loops_fail() {
+        let prose = "The capital of France is Paris. It sits on the Seine and has been the \
+                     country's political centre for most of its history.";
+        assert!(repetition_ratio(prose) < 0.1);
+        assert_eq!(check_answer(prose, false, 0.5), None);
+        let looped = "the the the the the the the the the the the the";
+        assert!(repetition_ratio(looped) > 0.8);
+        assert_eq!(
+            check_answer(looped, false, 0.5),
+            Some(AnswerProblem::Degenerate)
+        );
+        assert_eq!(check_answer("  \n", false, 0.5), Some(AnswerProblem::Empty));
+    }
+
+    #[test]
+    fn json_is_checked_only_when_asked_for() {
+        assert_eq!(check_answer("{\"a\": 1}", true, 0.5), None);
+        assert_eq!(
+            check_answer("```json\n{\"a\": [1, 2]}\n```", true, 0.5),
+            None
+        );
+        assert_eq!(
+            check_answer("{\"a\": ", true, 0.5),
+            Some(AnswerProblem::InvalidJson)
+        );
+        assert_eq!(check_answer("sure: {\"a\": 1}", false, 0.5), None);
+    }
+}

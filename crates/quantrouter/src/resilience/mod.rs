@@ -1,0 +1,55 @@
+//! Resilience policies as small state machines with no I/O: the circuit breaker, the retry
+//! budget, backoff, the sliding window they share, and admission. The attempt loop in
+//! [`crate::upstream::attempts`] is their only user and the one place that retries.
+
+pub mod admission;
+pub mod backoff;
+pub mod breaker;
+pub mod budget;
+pub mod window;
+
+use std::time::Duration;
+
+pub use admission::{Admission, AdmissionConfig, Overloaded};
+pub use backoff::Backoff;
+pub use breaker::{Admit, Breaker, BreakerConfig, CircuitState};
+pub use budget::{BudgetConfig, RetryBudget};
+
+/// Every resilience setting, with its default's reason next to it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResilienceConfig {
+    pub backoff: Backoff,
+    pub budget: BudgetConfig,
+    pub breaker: BreakerConfig,
+    pub admission: AdmissionConfig,
+    /// Attempts per request across endpoints and tiers: the first try, a retry on another
+    /// endpoint, and two fallbacks; more only adds latency to a request that is failing.
+    pub max_attempts: u32,
+    /// Overall deadline when the client sends no `x-quantrouter-timeout-ms`: long
+    /// generations take minutes, nothing legitimate takes ten.
+    pub default_deadline: Duration,
+    /// Longest silence between two chunks of a response: vLLM emits a token every few ms,
+    /// so half a minute of nothing means the stream is stuck.
+    pub idle_timeout: Duration,
+    /// How often each endpoint's `/metrics` is scraped for its queue: about as fast as the
+    /// queue changes, cheap for vLLM.
+    pub scrape_interval: Duration,
+    /// A scrape slower than this is dropped; the last value stays.
+    pub scrape_timeout: Duration,
+}
+
+impl Default for ResilienceConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::default(),
+            budget: BudgetConfig::default(),
+            breaker: BreakerConfig::default(),
+            admission: AdmissionConfig::default(),
+            max_attempts: 4,
+            default_deadline: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(30),
+            scrape_interval: Duration::from_secs(1),
+            scrape_timeout: Duration::from_millis(500),
+        }
+    }
+}

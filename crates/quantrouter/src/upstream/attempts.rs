@@ -1,0 +1,274 @@
+//! The attempt loop: the one place that retries.
+//!
+//! For the chosen profile: take an admission slot, then try endpoints (a different one each
+//! time, power of two choices among closed circuits), retrying only before any byte reached
+//! the client — connect errors, header timeouts, 429/502/503/504 — with full-jitter backoff
+//! (at least `Retry-After`), within the profile's retry budget, the attempt cap and the
+//! deadline. When the profile is exhausted, fall back to the next-best profile (unless the
+//! client pinned one). The policies are the state machines in [`crate::resilience`]; this
+//! module only drives them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use quantrouter_policy::RoutingDecision;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::{Endpoint, InflightGuard, UpstreamClient, UpstreamError};
+use crate::openai::ApiError;
+use crate::profiles::Snapshot;
+use crate::resilience::{Overloaded, ResilienceConfig};
+use crate::telemetry;
+
+/// One request's way through the upstreams.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub snapshot: &'a Snapshot,
+    pub decision: &'a RoutingDecision,
+    /// The client named the profile: no cross-tier fallback.
+    pub pinned: bool,
+    /// `/v1/chat/completions` or `/v1/completions`.
+    pub path: &'static str,
+    /// Headers for the upstream (content type, forwarded client headers, request id).
+    pub headers: &'a HeaderMap,
+    pub deadline: Instant,
+}
+
+/// A response with headers from some upstream.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: Response<Incoming>,
+    pub profile: usize,
+    pub endpoint: Arc<Endpoint>,
+    /// In-flight accounting and the admission slot, held until the body ends.
+    pub held: (InflightGuard, Option<OwnedSemaphorePermit>),
+    pub attempts: u32,
+    pub fallback: Option<Fallback>,
+}
+
+/// A switch to another profile: from, to, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    pub from: usize,
+    pub to: usize,
+    pub reason: &'static str,
+}
+
+/// The last thing that went wrong, to answer the client with.
+#[derive(Debug)]
+enum Failure {
+    Nothing,
+    Status(StatusCode),
+    Connect(String),
+    Timeout(String),
+}
+
+/// Sends the request to `start` and onwards. `body_for(profile)` is the body with that
+/// profile's model name. `attempts_before` counts attempts an earlier call already made for
+/// the same client request (quality fallback), against `max_attempts`.
+pub async fn forward(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    start: usize,
+    attempts_before: u32,
+    body_for: &(dyn Fn(usize) -> Bytes + Sync),
+) -> Result<Answer, ApiError> {
+    let mut attempts = attempts_before;
+    let mut profiles_tried = Vec::with_capacity(2);
+    let mut profile = start;
+    let mut fallback = None;
+    let mut failure = Failure::Nothing;
+    let mut retries = 0u32;
+    let mut retry_after = None;
+    loop {
+        profiles_tried.push(profile);
+        let pool = &plan.snapshot.pools[profile];
+        let id = plan.snapshot.set.profiles[profile].id.as_str();
+        let now = Instant::now();
+        let queue_timeout = config
+            .admission
+            .queue_timeout
+            .min(plan.deadline.saturating_duration_since(now));
+        let permit = match pool.admission.admit(queue_timeout).await {
+            Ok(permit) => permit,
+            Err(overloaded) => {
+                telemetry::admission_rejected(id);
+                return Err(ApiError::Overloaded {
+                    profile: id.to_owned(),
+                    reason: match overloaded {
+                        Overloaded::QueueFull => "the wait queue is full".into(),
+                        Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
+                    },
+                    retry_after_s: 1,
+                });
+            }
+        };
+        pool.on_request(Instant::now());
+        let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
+        let mut permit = Some(permit);
+        while attempts < config.max_attempts {
+            if !endpoints_tried.is_empty() {
+                if !pool.try_retry(Instant::now()) {
+                    tracing::debug!(profile = id, "retry budget exhausted");
+                    break;
+                }
+                let wait = config.backoff.delay(retries, fastrand::f64(), retry_after);
+                if Instant::now() + wait >= plan.deadline {
+                    break;
+                }
+                tokio::time::sleep(wait).await;
+                retries += 1;
+                telemetry::retry(id);
+            }
+            let Some(pick) = pool.pick(&endpoints_tried, Instant::now()) else {
+                break;
+            };
+            attempts += 1;
+            endpoints_tried.push(Arc::clone(&pick.endpoint));
+            let request = build(plan, &pick.endpoint, body_for(profile))?;
+            let guard = pool.enter(&pick.endpoint);
+            let sent_at = Instant::now();
+            let timeout = client
+                .header_timeout
+                .min(plan.deadline.saturating_duration_since(sent_at));
+            match client.send(&pick.endpoint, request, timeout).await {
+                Ok(response) if retryable(response.status()) => {
+                    let status = response.status();
+                    // 429 is a live server asking for patience, not a broken one.
+                    if status == StatusCode::TOO_MANY_REQUESTS {
+                        pick.succeeded(sent_at.elapsed());
+                    } else {
+                        pick.failed();
+                    }
+                    retry_after = retry_after_header(response.headers());
+                    telemetry::upstream_error(id, status_kind(status));
+                    failure = Failure::Status(status);
+                }
+                Ok(response) => {
+                    let endpoint = Arc::clone(&pick.endpoint);
+                    pick.succeeded(sent_at.elapsed());
+                    return Ok(Answer {
+                        response,
+                        profile,
+                        endpoint,
+                        held: (guard, permit.take()),
+                        attempts,
+                        fallback,
+                    });
+                }
+                Err(error) => {
+                    pick.failed();
+                    retry_after = None;
+                    tracing::warn!(%error, profile = id, "upstream attempt failed");
+                    failure = match error {
+                        UpstreamError::HeaderTimeout { .. } => {
+                            telemetry::upstream_error(id, "header_timeout");
+                            Failure::Timeout(error.to_string())
+                        }
+                        UpstreamError::Connect { .. } | UpstreamError::InvalidUrl(_) => {
+                            telemetry::upstream_error(id, "connect");
+                            Failure::Connect(error.to_string())
+                        }
+                    };
+                }
+            }
+        }
+        drop(permit);
+        let next = if plan.pinned || attempts >= config.max_attempts {
+            None
+        } else {
+            next_profile(plan, &profiles_tried)
+        };
+        let Some(next) = next else {
+            return Err(exhausted(failure, plan.deadline, id));
+        };
+        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, "error");
+        fallback = Some(Fallback {
+            from: fallback.map_or(profile, |f: Fallback| f.from),
+            to: next,
+            reason: "error",
+        });
+        profile = next;
+    }
+}
+
+/// The next profile after `tried`, by the decision's fallback order, that can take a
+/// request now.
+fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
+    let now = Instant::now();
+    let mut tried = tried.to_vec();
+    while let Some(next) = plan.decision.next_after_error(&tried) {
+        if plan.snapshot.pools[next].available(now) {
+            return Some(next);
+        }
+        tried.push(next);
+    }
+    None
+}
+
+fn build(
+    plan: &Plan<'_>,
+    endpoint: &Endpoint,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let uri = endpoint
+        .uri(plan.path)
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    let mut request = Request::post(uri)
+        .body(Full::new(body))
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    *request.headers_mut() = plan.headers.clone();
+    Ok(request)
+}
+
+/// Statuses that mean "this attempt did not happen", worth another try elsewhere.
+fn retryable(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 502 | 503 | 504)
+}
+
+fn status_kind(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "status_429",
+        502 => "status_502",
+        503 => "status_503",
+        _ => "status_504",
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by vLLM or proxies in front).
+fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
+    let secs = headers
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(Duration::from_secs(secs))
+}
+
+/// The client's answer when every attempt failed.
+fn exhausted(failure: Failure, deadline: Instant, profile: &str) -> ApiError {
+    if Instant::now() >= deadline {
+        return ApiError::Timeout("every attempt ran out of time".into());
+    }
+    match failure {
+        Failure::Nothing => ApiError::Unavailable("no endpoint can take the request now".into()),
+        Failure::Status(StatusCode::TOO_MANY_REQUESTS) => ApiError::Overloaded {
+            profile: profile.to_owned(),
+            reason: "its upstreams answered 429".into(),
+            retry_after_s: 1,
+        },
+        Failure::Status(status) => {
+            ApiError::Unavailable(format!("the upstreams answered {status}"))
+        }
+        Failure::Connect(message) => ApiError::Unavailable(message),
+        Failure::Timeout(message) => ApiError::Timeout(message),
+    }
+}

@@ -1,0 +1,308 @@
+//! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the attempt loop that owns all
+//! retrying ([`attempts`]), the queue scraper ([`scrape`]), a pooled keep-alive HTTP client,
+//! and the response body wrapper that keeps accounting honest for the whole life of a stream
+//! and turns a mid-stream failure into an SSE error event.
+
+pub mod attempts;
+pub mod pool;
+pub mod scrape;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
+
+pub use pool::{Endpoint, InflightGuard, Pick, Pool};
+
+/// Why an upstream call failed before a response arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid upstream URL {0}")]
+    InvalidUrl(String),
+    #[error("connecting to {endpoint}: {source}")]
+    Connect {
+        endpoint: String,
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{endpoint} sent no response headers within {timeout:?}")]
+    HeaderTimeout { endpoint: String, timeout: Duration },
+}
+
+/// Connection-pooling client shared by every profile.
+#[derive(Debug, Clone)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    pub header_timeout: Duration,
+}
+
+/// Upstream client settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientConfig {
+    /// Fail fast on unroutable pods; a healthy pod on the cluster network connects in ms.
+    pub connect_timeout: Duration,
+    /// vLLM sends headers when the first token is ready; a long queue can take a while, but
+    /// a minute with nothing means the pod is stuck.
+    pub header_timeout: Duration,
+    /// Idle keep-alive connections per endpoint; enough for bursts without hoarding sockets.
+    pub max_idle_per_host: usize,
+}
+
+// === impl UpstreamClient ===
+
+impl UpstreamClient {
+    pub fn new(config: ClientConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(config.max_idle_per_host)
+            .build(connector);
+        Self {
+            client,
+            header_timeout: config.header_timeout,
+        }
+    }
+
+    /// Sends one request and waits for the response headers at most `timeout`.
+    pub async fn send(
+        &self,
+        endpoint: &Endpoint,
+        request: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(source)) => Err(UpstreamError::Connect {
+                endpoint: endpoint.base().to_owned(),
+                source,
+            }),
+            Err(_) => Err(UpstreamError::HeaderTimeout {
+                endpoint: endpoint.base().to_owned(),
+                timeout,
+            }),
+        }
+    }
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            header_timeout: Duration::from_secs(60),
+            max_idle_per_host: 256,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream response body on its way to the client, frame by frame.
+    ///
+    /// Holds the in-flight guard and the admission slot until the body ends or is dropped
+    /// (the client went away, which also cancels the upstream request), enforces the idle
+    /// timeout between chunks and the request deadline, and reports how the body ended. A
+    /// failure after bytes were sent cannot be retried: an SSE stream then ends with an
+    /// `data: {"error": …}` event, any other body with an aborted connection.
+    pub struct UpstreamBody {
+        #[pin]
+        inner: Incoming,
+        held: Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
+        on_end: Option<Box<dyn FnOnce(BodyEnd) + Send + Sync>>,
+        started: Instant,
+        timer: Pin<Box<Sleep>>,
+        idle: Duration,
+        deadline: Instant,
+        last_frame: Instant,
+        sse: bool,
+        done: bool,
+    }
+
+    impl PinnedDrop for UpstreamBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(on_end) = this.on_end.take() {
+                on_end(BodyEnd { completed: false, failure: None, elapsed: this.started.elapsed() });
+            }
+        }
+    }
+}
+
+/// How an upstream body ended.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyEnd {
+    /// The last frame was delivered (false: dropped early or failed).
+    pub completed: bool,
+    /// Why the body failed, when it did (not when the client left).
+    pub failure: Option<BodyError>,
+    pub elapsed: Duration,
+}
+
+/// Why an upstream body failed after the response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("the upstream connection failed mid-response")]
+    Upstream,
+    #[error("the upstream sent nothing for {0:?}")]
+    Idle(Duration),
+    #[error("the request deadline passed")]
+    Deadline,
+}
+
+impl BodyError {
+    /// Metric label.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Upstream => "mid_stream",
+            Self::Idle(_) => "idle_timeout",
+            Self::Deadline => "deadline",
+        }
+    }
+}
+
+/// Limits on a response body in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub idle: Duration,
+    pub deadline: Instant,
+    /// The response is an SSE stream (`text/event-stream`).
+    pub sse: bool,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody").finish_non_exhaustive()
+    }
+}
+
+// === impl UpstreamBody ===
+
+impl UpstreamBody {
+    pub fn new(
+        inner: Incoming,
+        held: (InflightGuard, Option<OwnedSemaphorePermit>),
+        started: Instant,
+        limits: BodyLimits,
+        on_end: Box<dyn FnOnce(BodyEnd) + Send + Sync>,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            inner,
+            held: Some(held),
+            on_end: Some(on_end),
+            started,
+            timer: Box::pin(tokio::time::sleep_until(
+                (now + limits.idle).min(limits.deadline),
+            )),
+            idle: limits.idle,
+            deadline: limits.deadline,
+            last_frame: now,
+            sse: limits.sse,
+            done: false,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        let failure = match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                // Re-arming the timer per chunk would cost a timer-wheel update per token;
+                // noting the time and re-arming lazily when it fires is enough.
+                *this.last_frame = Instant::now();
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Poll::Ready(None) => {
+                finish(this.held, this.on_end, this.done, *this.started, None);
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Err(_))) => BodyError::Upstream,
+            Poll::Pending => loop {
+                if this.timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let now = Instant::now();
+                if now >= *this.deadline {
+                    break BodyError::Deadline;
+                }
+                let idle_until = *this.last_frame + *this.idle;
+                if now >= idle_until {
+                    break BodyError::Idle(*this.idle);
+                }
+                this.timer.as_mut().reset(idle_until.min(*this.deadline));
+            },
+        };
+        finish(
+            this.held,
+            this.on_end,
+            this.done,
+            *this.started,
+            Some(failure),
+        );
+        if *this.sse {
+            Poll::Ready(Some(Ok(Frame::data(sse_error_event(failure)))))
+        } else {
+            Poll::Ready(Some(Err(failure)))
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn finish(
+    held: &mut Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
+    on_end: &mut Option<Box<dyn FnOnce(BodyEnd) + Send + Sync>>,
+    done: &mut bool,
+    started: Instant,
+    failure: Option<BodyError>,
+) {
+    *done = true;
+    held.take();
+    if let Some(on_end) = on_end.take() {
+        on_end(BodyEnd {
+            completed: failure.is_none(),
+            failure,
+            elapsed: started.elapsed(),
+        });
+    }
+}
+
+/// The last event of a stream that failed after bytes were sent, in the OpenAI error shape.
+fn sse_error_event(failure: BodyError) -> Bytes {
+    let code = match failure {
+        BodyError::Upstream => "upstream_error",
+        BodyError::Idle(_) | BodyError::Deadline => "timeout",
+    };
+    let error = serde_json::json!({"error": {
+        "message": failure.to_string(),
+        "type": "api_error",
+        "param": null,
+        "code": code,
+    }});
+    Bytes::from(format!("data: {error}\n\n"))
+}

@@ -1,0 +1,384 @@
+//! The endpoints of one profile, with per-endpoint state (in-flight count, latency EWMA,
+//! scraped upstream queue, circuit breaker), power-of-two-choices balancing, the profile's
+//! admission slots and its retry budget.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::Uri;
+use tokio::time::Instant;
+
+use super::UpstreamError;
+use crate::resilience::{Admission, Admit, Breaker, CircuitState, ResilienceConfig, RetryBudget};
+
+/// Endpoints of one profile.
+#[derive(Debug)]
+pub struct Pool {
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    pub admission: Admission,
+    budget: Mutex<RetryBudget>,
+    config: ResilienceConfig,
+    inflight: AtomicU64,
+}
+
+/// One upstream base URL (`http://host:port[/prefix]`, no trailing slash) and what the router
+/// knows about it.
+#[derive(Debug)]
+pub struct Endpoint {
+    base: String,
+    inflight: AtomicU64,
+    /// `vllm:num_requests_waiting` from the last scrape.
+    waiting: AtomicU64,
+    /// Response-header latency EWMA in microseconds (f64 bits); 0 before the first answer.
+    latency_ewma_us: AtomicU64,
+    breaker: Mutex<Breaker>,
+}
+
+/// A chosen endpoint; report the outcome with [`Pick::succeeded`] or [`Pick::failed`]. A
+/// pick dropped unreported (the client left mid-attempt) frees its half-open probe slot.
+#[derive(Debug)]
+pub struct Pick {
+    pub endpoint: Arc<Endpoint>,
+    probe: bool,
+    reported: bool,
+}
+
+/// Counts a request in flight on a pool and an endpoint until dropped.
+#[derive(Debug)]
+pub struct InflightGuard {
+    pool: Arc<Pool>,
+    endpoint: Arc<Endpoint>,
+}
+
+/// Weight of the newest sample in the latency EWMA: about the last ten requests.
+const EWMA_WEIGHT: f64 = 0.1;
+
+// === impl Pool ===
+
+impl Pool {
+    pub fn new(urls: &[String], max_concurrency: u32, config: &ResilienceConfig) -> Self {
+        let now = Instant::now();
+        let pool = Self {
+            endpoints: ArcSwap::from_pointee(Vec::new()),
+            admission: Admission::new(max_concurrency, &config.admission),
+            budget: Mutex::new(RetryBudget::new(config.budget, now)),
+            config: *config,
+            inflight: AtomicU64::new(0),
+        };
+        pool.set_urls(urls);
+        pool
+    }
+
+    /// Replaces the endpoint list (discovery, reloads). Endpoints whose URL stays keep their
+    /// state; removed ones get no new requests, and requests in flight on them finish (they
+    /// hold their endpoint).
+    pub fn set_urls(&self, urls: &[String]) {
+        let current = self.endpoints.load();
+        let now = Instant::now();
+        let next = urls
+            .iter()
+            .map(|url| {
+                let base = url.trim_end_matches('/');
+                current
+                    .iter()
+                    .find(|e| e.base == base)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(base, &self.config, now)))
+            })
+            .collect();
+        self.endpoints.store(Arc::new(next));
+    }
+
+    /// The current endpoints.
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints.load_full()
+    }
+
+    pub fn has_endpoints(&self) -> bool {
+        !self.endpoints.load().is_empty()
+    }
+
+    /// Some endpoint would take a request now (not every circuit is open).
+    pub fn available(&self, now: Instant) -> bool {
+        self.endpoints
+            .load()
+            .iter()
+            .any(|e| e.lock_breaker().would_admit(now))
+    }
+
+    /// Endpoints whose circuit is not open.
+    pub fn ready_endpoints(&self, now: Instant) -> usize {
+        self.endpoints
+            .load()
+            .iter()
+            .filter(|e| e.circuit(now) != CircuitState::Open)
+            .count()
+    }
+
+    /// Requests this router has in flight on this pool.
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting upstream (vLLM's queue) over all endpoints, as last scraped.
+    pub fn upstream_waiting(&self) -> u64 {
+        self.endpoints
+            .load()
+            .iter()
+            .map(|e| e.waiting.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Power of two choices among endpoints not yet `tried` whose circuit admits a request:
+    /// of two random candidates, the one with less load (router in-flight plus the scraped
+    /// upstream queue). Deterministic for one or two candidates.
+    pub fn pick(&self, tried: &[Arc<Endpoint>], now: Instant) -> Option<Pick> {
+        let endpoints = self.endpoints.load();
+        let untried = |e: &&Arc<Endpoint>| !tried.iter().any(|t| Arc::ptr_eq(t, e));
+        let candidates: Vec<&Arc<Endpoint>> = endpoints
+            .iter()
+            .filter(untried)
+            .filter(|e| e.lock_breaker().would_admit(now))
+            .collect();
+        let chosen = match candidates.as_slice() {
+            [] => return None,
+            [only] => *only,
+            [a, b] => lighter(a, b),
+            many => {
+                let i = fastrand::usize(..many.len());
+                let j = (i + 1 + fastrand::usize(..many.len() - 1)) % many.len();
+                lighter(many[i], many[j])
+            }
+        };
+        let probe = match chosen.lock_breaker().admit(now) {
+            Admit::Yes => false,
+            Admit::Probe => true,
+            // Raced with another request for the last probe slot.
+            Admit::No => return None,
+        };
+        Some(Pick {
+            endpoint: Arc::clone(chosen),
+            probe,
+            reported: false,
+        })
+    }
+
+    /// Counts a first attempt against the retry budget.
+    pub fn on_request(&self, now: Instant) {
+        lock(&self.budget).on_request(now);
+    }
+
+    /// Takes a retry from the budget, if any is left.
+    pub fn try_retry(&self, now: Instant) -> bool {
+        lock(&self.budget).try_retry(now)
+    }
+
+    /// Counts a request in flight on this pool and `endpoint` until the guard drops.
+    pub fn enter(self: &Arc<Self>, endpoint: &Arc<Endpoint>) -> InflightGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        endpoint.inflight.fetch_add(1, Ordering::Relaxed);
+        InflightGuard {
+            pool: Arc::clone(self),
+            endpoint: Arc::clone(endpoint),
+        }
+    }
+}
+
+fn lighter<'a>(a: &'a Arc<Endpoint>, b: &'a Arc<Endpoint>) -> &'a Arc<Endpoint> {
+    if b.load() < a.load() {
+        b
+    } else {
+        a
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The state machines never panic mid-update, so a poisoned lock's data is still sound.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// === impl Endpoint ===
+
+impl Endpoint {
+    fn new(base: &str, config: &ResilienceConfig, now: Instant) -> Self {
+        Self {
+            base: base.to_owned(),
+            inflight: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            latency_ewma_us: AtomicU64::new(0f64.to_bits()),
+            breaker: Mutex::new(Breaker::new(config.breaker, now)),
+        }
+    }
+
+    /// The full URI for an API path such as `/v1/chat/completions`.
+    pub fn uri(&self, path: &str) -> Result<Uri, UpstreamError> {
+        let mut s = String::with_capacity(self.base.len() + path.len());
+        s.push_str(&self.base);
+        s.push_str(path);
+        s.parse().map_err(|_| UpstreamError::InvalidUrl(s))
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Load for balancing: requests in flight from this router plus the upstream's queue.
+    fn load(&self) -> u64 {
+        self.inflight() + self.waiting.load(Ordering::Relaxed)
+    }
+
+    pub fn set_waiting(&self, waiting: u64) {
+        self.waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    pub fn circuit(&self, now: Instant) -> CircuitState {
+        self.lock_breaker().state(now)
+    }
+
+    /// Response-header latency EWMA, if any answer was seen.
+    pub fn latency_ewma(&self) -> Option<Duration> {
+        let us = f64::from_bits(self.latency_ewma_us.load(Ordering::Relaxed));
+        (us > 0.0).then(|| Duration::from_secs_f64(us / 1e6))
+    }
+
+    fn observe_latency(&self, latency: Duration) {
+        let sample = latency.as_secs_f64() * 1e6;
+        // Lost updates under a race only drop a sample; a CAS loop is not worth it here.
+        let old = f64::from_bits(self.latency_ewma_us.load(Ordering::Relaxed));
+        let new = if old == 0.0 {
+            sample
+        } else {
+            old + EWMA_WEIGHT * (sample - old)
+        };
+        self.latency_ewma_us.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    fn lock_breaker(&self) -> MutexGuard<'_, Breaker> {
+        lock(&self.breaker)
+    }
+}
+
+// === impl Pick ===
+
+impl Pick {
+    /// The endpoint answered (any status that is not its own failure).
+    pub fn succeeded(mut self, latency: Duration) {
+        self.reported = true;
+        self.endpoint.observe_latency(latency);
+        self.endpoint
+            .lock_breaker()
+            .on_success(Instant::now(), self.probe);
+    }
+
+    /// The endpoint failed: connection error, timeout, or a 5xx of its own.
+    pub fn failed(mut self) {
+        self.reported = true;
+        self.endpoint
+            .lock_breaker()
+            .on_failure(Instant::now(), self.probe);
+    }
+}
+
+impl Drop for Pick {
+    fn drop(&mut self) {
+        if self.probe && !self.reported {
+            self.endpoint.lock_breaker().abandon_probe();
+        }
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.pool.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.endpoint.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resilience::BreakerConfig;
+
+    fn pool(urls: &[&str]) -> Arc<Pool> {
+        let config = ResilienceConfig {
+            breaker: BreakerConfig {
+                consecutive_failures: 1,
+                ..BreakerConfig::default()
+            },
+            ..ResilienceConfig::default()
+        };
+        let urls: Vec<String> = urls.iter().map(|u| (*u).to_owned()).collect();
+        Arc::new(Pool::new(&urls, 8, &config))
+    }
+
+    #[test]
+    fn picks_the_less_loaded_and_skips_tried_and_open_endpoints() {
+        let pool = pool(&["http://a:1/", "http://b:2"]);
+        let now = Instant::now();
+        let a = pool.pick(&[], now).unwrap();
+        assert_eq!(a.endpoint.base(), "http://a:1", "ties go to the first");
+        let _busy = pool.enter(&a.endpoint);
+        let b = pool.pick(&[], now).unwrap();
+        assert_eq!(b.endpoint.base(), "http://b:2", "a has a request in flight");
+        let again = pool.pick(&[Arc::clone(&b.endpoint)], now).unwrap();
+        assert_eq!(again.endpoint.base(), "http://a:1", "b was tried");
+        let b_endpoint = Arc::clone(&b.endpoint);
+        b.failed();
+        assert_eq!(b_endpoint.circuit(now), CircuitState::Open);
+        assert_eq!(pool.ready_endpoints(now), 1);
+        let a_endpoint = Arc::clone(&a.endpoint);
+        assert!(
+            pool.pick(&[Arc::clone(&a_endpoint)], now).is_none(),
+            "b is open"
+        );
+        a.failed();
+        assert!(!pool.available(now));
+        assert!(pool.pick(&[], now).is_none());
+    }
+
+    #[test]
+    fn scraped_queue_counts_as_load() {
+        let pool = pool(&["http://a:1", "http://b:2", "http://c:3"]);
+        let now = Instant::now();
+        for e in pool.endpoints().iter().take(2) {
+            e.set_waiting(50);
+        }
+        assert_eq!(pool.upstream_waiting(), 100);
+        // Whichever two p2c samples, c wins whenever it is one of them.
+        let picks: Vec<String> = (0..200)
+            .map(|_| pool.pick(&[], now).unwrap().endpoint.base().to_owned())
+            .collect();
+        let c = picks.iter().filter(|b| b.as_str() == "http://c:3").count();
+        assert!(c > 100, "c is idle and should win most picks, got {c}/200");
+    }
+
+    #[test]
+    fn set_urls_keeps_state_of_endpoints_that_stay() {
+        let pool = pool(&["http://a:1", "http://b:2"]);
+        let a = Arc::clone(&pool.endpoints()[0]);
+        let guard = pool.enter(&a);
+        pool.set_urls(&["http://c:3".into(), "http://a:1".into()]);
+        let now = pool.endpoints();
+        assert!(Arc::ptr_eq(&now[1], &a), "a kept its state");
+        assert_eq!(now[1].inflight(), 1);
+        assert_eq!(now[0].base(), "http://c:3");
+        drop(guard);
+        assert_eq!(a.inflight(), 0);
+        assert_eq!(pool.inflight(), 0);
+    }
+
+    #[test]
+    fn endpoint_uri_joins_base_and_path() {
+        let pool = pool(&["http://127.0.0.1:8000/prefix/"]);
+        let uri = pool.endpoints()[0].uri("/v1/models").unwrap();
+        assert_eq!(uri.to_string(), "http://127.0.0.1:8000/prefix/v1/models");
+    }
+}
