@@ -45,6 +45,31 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any retry number, jitter and Retry-After: the wait stays within
+        /// [Retry-After (capped), max(cap, Retry-After cap)] and within the exponential
+        /// ceiling when no Retry-After was given.
+        #[test]
+        fn delay_stays_within_its_bounds(
+            retry in 0u32..64,
+            jitter in 0.0f64..1.0,
+            asked_ms in proptest::option::of(0u64..120_000),
+        ) {
+            let b = Backoff::default();
+            let asked = asked_ms.map(Duration::from_millis);
+            let d = b.delay(retry, jitter, asked);
+            let ceiling = b.base.saturating_mul(1u32 << retry.min(20)).min(b.cap);
+            match asked {
+                None => prop_assert!(d <= ceiling),
+                Some(asked) => {
+                    prop_assert!(d >= asked.min(b.retry_after_cap));
+                    prop_assert!(d <= ceiling.max(b.retry_after_cap));
+                }
+            }
+        }
+    }
 
     #[test]
     fn grows_exponentially_to_the_cap_and_jitter_scales_it() {
