@@ -1,7 +1,6 @@
 //! Metrics and logs. Every metric name lives here; callers use the small recording
 //! functions so names and label sets cannot drift apart (`docs/metrics.md` lists them).
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -233,12 +232,7 @@ pub fn admission_rejected(profile: &str) {
 
 /// Per-tier gauges and circuit states from the live pools (called about once a second).
 pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
-    let mut tiers: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
     for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
-        let tier = tiers.entry(profile.tier.as_str()).or_default();
-        tier.0 += pool.admission.waiting() + pool.upstream_waiting();
-        tier.1 += pool.inflight();
-        tier.2 += pool.ready_endpoints(now);
         for endpoint in pool.endpoints().iter() {
             let state = match endpoint.circuit(now) {
                 CircuitState::Closed => 0.0,
@@ -249,10 +243,10 @@ pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
                 .set(state);
         }
     }
-    for (tier, (queue, inflight, ready)) in tiers {
-        gauge!(QUEUE_DEPTH, "tier" => tier.to_owned()).set(queue as f64);
-        gauge!(INFLIGHT, "tier" => tier.to_owned()).set(inflight as f64);
-        gauge!(READY_ENDPOINTS, "tier" => tier.to_owned()).set(ready as f64);
+    for (tier, stats) in crate::keda::local_tiers(snapshot, now) {
+        gauge!(QUEUE_DEPTH, "tier" => tier.clone()).set(stats.queue_depth as f64);
+        gauge!(INFLIGHT, "tier" => tier.clone()).set(stats.inflight as f64);
+        gauge!(READY_ENDPOINTS, "tier" => tier).set(stats.ready_endpoints as f64);
     }
 }
 
