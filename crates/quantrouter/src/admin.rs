@@ -15,7 +15,7 @@ pub fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     }
     match req.uri().path() {
         "/metrics" => {
-            let mut response = text(StatusCode::OK, app.metrics.render());
+            let mut response = text(StatusCode::OK, crate::telemetry::render(&app.metrics));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -33,6 +33,8 @@ pub struct ParsedRequest<'a> {
     pub max_tokens: Option<u32>,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
+    /// The client sent `stream_options` (so the router leaves it alone).
+    pub has_stream_options: bool,
 }
 
 /// A request the router answers itself, with an OpenAI-shaped error.
@@ -91,6 +93,8 @@ struct WireRequest<'a> {
     response_format: Option<WireResponseFormat<'a>>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream_options: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +202,7 @@ impl<'a> ParsedRequest<'a> {
             max_tokens,
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
+            has_stream_options: wire.stream_options.is_some(),
         })
     }
 
@@ -213,15 +218,36 @@ impl<'a> ParsedRequest<'a> {
         }
     }
 
-    /// The body with `model` set to `model_json` (an already JSON-encoded string); every
-    /// other byte is unchanged. No copy when the model is already right.
-    pub fn rewrite_model(&self, body: &Bytes, model_json: &str) -> Bytes {
+    /// The router asks upstream for a usage chunk the client did not ask for (and strips
+    /// it from the stream): a stream without `stream_options`.
+    pub fn adds_usage(&self) -> bool {
+        self.stream && !self.has_stream_options
+    }
+
+    /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
+    /// and, for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
+    /// added first, so token counts arrive. Every other byte is unchanged; no copy when
+    /// nothing changes.
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
+        const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
         let span = self.model_span.clone();
-        if &body[span.clone()] == model_json.as_bytes() {
+        let same_model = &body[span.clone()] == model_json.as_bytes();
+        // Parsing succeeded, so the first non-space byte is the object's `{`.
+        let insert_at = match self.adds_usage() {
+            true => body.iter().position(|b| *b == b'{').map(|i| i + 1),
+            false => None,
+        };
+        if same_model && insert_at.is_none() {
             return body.clone();
         }
-        let mut out = BytesMut::with_capacity(body.len() - span.len() + model_json.len());
-        out.extend_from_slice(&body[..span.start]);
+        let mut out = BytesMut::with_capacity(body.len() + model_json.len() + USAGE.len());
+        let mut from = 0;
+        if let Some(at) = insert_at {
+            out.extend_from_slice(&body[..at]);
+            out.extend_from_slice(USAGE);
+            from = at;
+        }
+        out.extend_from_slice(&body[from..span.start]);
         out.extend_from_slice(model_json.as_bytes());
         out.extend_from_slice(&body[span.end..]);
         out.freeze()
@@ -329,6 +355,40 @@ pub fn answer_text(body: &[u8]) -> Option<String> {
         text.push_str(part.as_deref().unwrap_or_default());
     }
     Some(text)
+}
+
+/// Token counts from an upstream `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+}
+
+/// The last `"usage": {…}` object in `bytes` (the end of a completion body or stream).
+pub fn find_usage(bytes: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\":";
+    let at = bytes.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let rest = &bytes[at + KEY.len()..];
+    serde_json::Deserializer::from_slice(rest)
+        .into_iter::<Option<Usage>>()
+        .next()?
+        .ok()
+        .flatten()
+}
+
+/// An SSE event that carries only usage (`"choices":[]`), as sent for `include_usage`.
+pub fn is_usage_event(event: &[u8]) -> bool {
+    if find_usage(event).is_none() {
+        return false;
+    }
+    let key = b"\"choices\":";
+    let Some(at) = event.windows(key.len()).position(|w| w == key) else {
+        return false;
+    };
+    let rest = event[at + key.len()..].trim_ascii_start();
+    rest.starts_with(b"[]")
 }
 
 // === impl ApiError ===

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tower::ServiceBuilder;
 
 use crate::admin;
-use crate::openai::{ApiError, Endpoint, ParsedRequest};
+use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, AUTO_MODEL};
@@ -324,7 +324,7 @@ async fn proxy(
         headers: &headers,
         deadline,
     };
-    let body_for = |profile: usize| parsed.rewrite_model(&body, &snapshot.model_json[profile]);
+    let body_for = |profile: usize| parsed.upstream_body(&body, &snapshot.model_json[profile]);
     telemetry::routed(decision.complexity, started.elapsed());
     let mut answer = attempts::forward(
         &app.client,
@@ -367,6 +367,9 @@ async fn proxy(
             let Some(problem) = problem else {
                 let labels = served.labels(&snapshot, &decision);
                 telemetry::response_headers(&labels, head.status.as_u16(), started.elapsed());
+                if let Some(usage) = crate::openai::find_usage(&bytes) {
+                    Prices::new(&snapshot, profile).record(&labels, usage);
+                }
                 telemetry::finished(&labels, started.elapsed());
                 finish_head(&mut head, &snapshot, &decision, &served);
                 return Ok(Response::from_parts(head, Either::Left(Full::new(bytes))));
@@ -386,8 +389,14 @@ async fn proxy(
             });
         }
     }
+    let limits = BodyLimits {
+        idle: resilience.idle_timeout,
+        deadline,
+        sse: false,
+        strip_usage: parsed.adds_usage(),
+    };
     Ok(respond_streaming(
-        &snapshot, &decision, answer, deadline, resilience, started,
+        &snapshot, &decision, answer, limits, started,
     ))
 }
 
@@ -425,8 +434,7 @@ fn respond_streaming(
     snapshot: &Snapshot,
     decision: &RoutingDecision,
     answer: Answer,
-    deadline: Instant,
-    resilience: &ResilienceConfig,
+    mut limits: BodyLimits,
     started: Instant,
 ) -> Response<ResponseBody> {
     let Answer {
@@ -445,24 +453,63 @@ fn respond_streaming(
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16(), started.elapsed());
     let (mut head, incoming) = response.into_parts();
-    let sse = head
+    limits.sse = head
         .headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     finish_head(&mut head, snapshot, decision, &served);
+    let prices = Prices::new(snapshot, profile);
     let on_end = Box::new(move |end: BodyEnd| {
         if let Some(failure) = end.failure {
             telemetry::upstream_error(&labels.profile, failure.kind());
         }
+        if let Some(usage) = end.usage {
+            prices.record(&labels, usage);
+        }
         telemetry::finished(&labels, end.elapsed);
     });
-    let limits = BodyLimits {
-        idle: resilience.idle_timeout,
-        deadline,
-        sse,
-    };
     let body = UpstreamBody::new(incoming, held, started, limits, on_end);
     Response::from_parts(head, Either::Right(body))
+}
+
+/// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
+#[derive(Debug, Clone, Copy)]
+struct Prices {
+    actual: (f64, f64),
+    counterfactual: (f64, f64),
+}
+
+impl Prices {
+    fn new(snapshot: &Snapshot, profile: usize) -> Self {
+        let per_token = |p: &quantrouter_policy::Profile| {
+            (
+                p.cost_per_1m_input_tokens / 1e6,
+                p.cost_per_1m_output_tokens / 1e6,
+            )
+        };
+        let actual = per_token(&snapshot.set.profiles[profile]);
+        let counterfactual = snapshot
+            .set
+            .profile(&snapshot.set.default_profile)
+            .map_or(actual, per_token);
+        Self {
+            actual,
+            counterfactual,
+        }
+    }
+
+    fn record(&self, labels: &RequestLabels, usage: Usage) {
+        let cost = |(input, output): (f64, f64)| {
+            usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
+        };
+        telemetry::usage(
+            labels,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            cost(self.actual),
+            cost(self.counterfactual),
+        );
+    }
 }
 
 /// Drops hop-by-hop headers and adds the `x-quantrouter-*` ones.

@@ -1,7 +1,8 @@
 //! Metrics and logs. Every metric name lives here; callers use the small recording
 //! functions so names and label sets cannot drift apart (`docs/metrics.md` lists them).
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
@@ -40,6 +41,13 @@ pub const CIRCUIT_STATE: &str = "quantrouter_circuit_state";
 pub const QUEUE_DEPTH: &str = "quantrouter_queue_depth";
 /// Per tier: endpoints whose circuit is not open.
 pub const READY_ENDPOINTS: &str = "quantrouter_ready_endpoints";
+/// Tokens from upstream `usage`, by profile and direction (`input`, `output`).
+pub const TOKENS: &str = "quantrouter_tokens_total";
+/// Estimated cost in USD of the requests served, by profile.
+pub const COST: &str = "quantrouter_cost_usd_total";
+/// What the same requests would have cost on `default_profile`, by serving profile;
+/// savings = this − `quantrouter_cost_usd_total`.
+pub const COUNTERFACTUAL_COST: &str = "quantrouter_counterfactual_cost_usd_total";
 /// Version of the active profile set.
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
@@ -197,7 +205,7 @@ pub fn routed(complexity: f64, overhead: Duration) {
 }
 
 pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) {
-    histogram!(TIME_TO_FIRST_BYTE, "profile" => labels.profile.clone())
+    histogram!(TIME_TO_FIRST_BYTE, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
         .record(elapsed.as_secs_f64());
     counter!(
         REQUESTS,
@@ -210,7 +218,60 @@ pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) 
 }
 
 pub fn finished(labels: &RequestLabels, elapsed: Duration) {
-    histogram!(REQUEST_DURATION, "profile" => labels.profile.clone()).record(elapsed.as_secs_f64());
+    histogram!(REQUEST_DURATION, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
+        .record(elapsed.as_secs_f64());
+}
+
+pub fn usage(labels: &RequestLabels, input: u64, output: u64, cost: f64, counterfactual: f64) {
+    let profile = || labels.profile.clone();
+    counter!(TOKENS, "profile" => profile(), "direction" => "input").increment(input);
+    counter!(TOKENS, "profile" => profile(), "direction" => "output").increment(output);
+    let mut costs = lock_costs();
+    *costs.entry((COST, labels.profile.clone())).or_default() += cost;
+    *costs
+        .entry((COUNTERFACTUAL_COST, labels.profile.clone()))
+        .or_default() += counterfactual;
+}
+
+/// Dollar counters by (metric, profile). The `metrics` facade only has integer counters,
+/// and cents would round cheap requests away, so these few are kept and rendered here.
+fn lock_costs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), f64>> {
+    static COSTS: OnceLock<Mutex<BTreeMap<(&'static str, String), f64>>> = OnceLock::new();
+    COSTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The `/metrics` page: the exporter's metrics plus the dollar counters.
+pub fn render(handle: &PrometheusHandle) -> String {
+    use std::fmt::Write;
+    let mut page = handle.render();
+    let costs = lock_costs();
+    let help = [
+        (
+            COST,
+            "Estimated cost in USD of the requests served, by profile.",
+        ),
+        (
+            COUNTERFACTUAL_COST,
+            "Cost in USD the same requests would have had on default_profile, by serving profile.",
+        ),
+    ];
+    for (name, text) in help {
+        if !costs.keys().any(|(metric, _)| *metric == name) {
+            continue;
+        }
+        let _ = writeln!(page, "# HELP {name} {text}\n# TYPE {name} counter");
+        for ((_, profile), value) in costs.range((name, String::new())..) {
+            if !costs.contains_key(&(name, profile.clone())) {
+                break;
+            }
+            let _ = writeln!(page, "{name}{{profile=\"{profile}\"}} {value}");
+        }
+        let _ = writeln!(page);
+    }
+    page
 }
 
 pub fn upstream_error(profile: &str, kind: &'static str) {

@@ -44,14 +44,38 @@ fn rewrite_replaces_only_the_model_value() {
         br#"{"messages":[{"role":"user","content":"hi"}], "model" : "auto", "x":1}"#,
     );
     let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
-    let out = p.rewrite_model(&body, r#""org/model-7b""#);
+    let out = p.upstream_body(&body, r#""org/model-7b""#);
     assert_eq!(
         &out[..],
         br#"{"messages":[{"role":"user","content":"hi"}], "model" : "org/model-7b", "x":1}"#
     );
     // Same model: the original buffer is reused.
-    let same = p.rewrite_model(&body, r#""auto""#);
+    let same = p.upstream_body(&body, r#""auto""#);
     assert_eq!(same.as_ptr(), body.as_ptr());
+}
+
+#[test]
+fn streams_without_stream_options_ask_upstream_for_usage() {
+    let body = Bytes::from_static(
+        br#" {"stream":true,"model":"auto","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+    assert!(p.adds_usage());
+    let out = p.upstream_body(&body, r#""m""#);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#" {"stream_options":{"include_usage":true},"stream":true,"model":"m","messages":[{"role":"user","content":"hi"}]}"#
+    );
+    // The client's own stream_options are left alone, and so are non-streamed requests.
+    for text in [
+        r#"{"stream":true,"stream_options":{"include_usage":false},"model":"auto","messages":[{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"auto","messages":[{"role":"user","content":"hi"}]}"#,
+    ] {
+        let body = Bytes::from(text);
+        let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+        assert!(!p.adds_usage());
+        assert_eq!(p.upstream_body(&body, r#""auto""#).as_ptr(), body.as_ptr());
+    }
 }
 
 #[test]

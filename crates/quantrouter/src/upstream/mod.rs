@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
@@ -24,6 +24,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
+
+use crate::openai::{find_usage, is_usage_event, Usage};
 
 /// Why an upstream call failed before a response arrived.
 #[derive(Debug, thiserror::Error)]
@@ -125,13 +127,21 @@ pin_project_lite::pin_project! {
         last_frame: Instant,
         sse: bool,
         done: bool,
+        // The last few data frames (reference-counted, not copied) to read `usage` from
+        // at the end.
+        recent: [Bytes; 3],
+        // Usage events are cut out of the stream (the router asked for them, not the
+        // client); partial events wait here.
+        strip_usage: bool,
+        carry: BytesMut,
+        stripped: Option<Usage>,
     }
 
     impl PinnedDrop for UpstreamBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some(on_end) = this.on_end.take() {
-                on_end(BodyEnd { completed: false, failure: None, elapsed: this.started.elapsed() });
+                on_end(BodyEnd { completed: false, failure: None, usage: None, elapsed: this.started.elapsed() });
             }
         }
     }
@@ -144,6 +154,8 @@ pub struct BodyEnd {
     pub completed: bool,
     /// Why the body failed, when it did (not when the client left).
     pub failure: Option<BodyError>,
+    /// Token counts, when the upstream reported them.
+    pub usage: Option<Usage>,
     pub elapsed: Duration,
 }
 
@@ -176,6 +188,8 @@ pub struct BodyLimits {
     pub deadline: Instant,
     /// The response is an SSE stream (`text/event-stream`).
     pub sse: bool,
+    /// Cut usage-only events out of the stream (the client did not ask for them).
+    pub strip_usage: bool,
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -208,6 +222,10 @@ impl UpstreamBody {
             last_frame: now,
             sse: limits.sse,
             done: false,
+            recent: Default::default(),
+            strip_usage: limits.sse && limits.strip_usage,
+            carry: BytesMut::new(),
+            stripped: None,
         }
     }
 }
@@ -224,32 +242,62 @@ impl Body for UpstreamBody {
         if *this.done {
             return Poll::Ready(None);
         }
-        let failure = match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                // Re-arming the timer per chunk would cost a timer-wheel update per token;
-                // noting the time and re-arming lazily when it fires is enough.
-                *this.last_frame = Instant::now();
-                return Poll::Ready(Some(Ok(frame)));
+        let failure = loop {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Re-arming the timer per chunk would cost a timer-wheel update per
+                    // token; noting the time and re-arming lazily when it fires is enough.
+                    *this.last_frame = Instant::now();
+                    let frame = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(other) => return Poll::Ready(Some(Ok(other))),
+                    };
+                    this.recent.rotate_left(1);
+                    this.recent[2] = frame.clone();
+                    if !*this.strip_usage {
+                        return Poll::Ready(Some(Ok(Frame::data(frame))));
+                    }
+                    if let Some(out) = strip_usage_events(this.carry, this.stripped, frame) {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
+                Poll::Ready(None) => {
+                    let usage = match *this.strip_usage {
+                        true => *this.stripped,
+                        false => find_usage(&this.recent.concat()),
+                    };
+                    finish(
+                        this.held,
+                        this.on_end,
+                        this.done,
+                        *this.started,
+                        None,
+                        usage,
+                    );
+                    if this.carry.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(this.carry.split().freeze()))));
+                }
+                Poll::Ready(Some(Err(_))) => break BodyError::Upstream,
+                Poll::Pending => {
+                    let expired = loop {
+                        if this.timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let now = Instant::now();
+                        if now >= *this.deadline {
+                            break BodyError::Deadline;
+                        }
+                        let idle_until = *this.last_frame + *this.idle;
+                        if now >= idle_until {
+                            break BodyError::Idle(*this.idle);
+                        }
+                        this.timer.as_mut().reset(idle_until.min(*this.deadline));
+                    };
+                    break expired;
+                }
             }
-            Poll::Ready(None) => {
-                finish(this.held, this.on_end, this.done, *this.started, None);
-                return Poll::Ready(None);
-            }
-            Poll::Ready(Some(Err(_))) => BodyError::Upstream,
-            Poll::Pending => loop {
-                if this.timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                let now = Instant::now();
-                if now >= *this.deadline {
-                    break BodyError::Deadline;
-                }
-                let idle_until = *this.last_frame + *this.idle;
-                if now >= idle_until {
-                    break BodyError::Idle(*this.idle);
-                }
-                this.timer.as_mut().reset(idle_until.min(*this.deadline));
-            },
         };
         finish(
             this.held,
@@ -257,6 +305,7 @@ impl Body for UpstreamBody {
             this.done,
             *this.started,
             Some(failure),
+            None,
         );
         if *this.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(failure)))))
@@ -280,6 +329,7 @@ fn finish(
     done: &mut bool,
     started: Instant,
     failure: Option<BodyError>,
+    usage: Option<Usage>,
 ) {
     *done = true;
     held.take();
@@ -287,9 +337,35 @@ fn finish(
         on_end(BodyEnd {
             completed: failure.is_none(),
             failure,
+            usage,
             elapsed: started.elapsed(),
         });
     }
+}
+
+/// Passes SSE events through except usage-only ones, whose counts go to `stripped`.
+/// Returns what to send now, if anything. Whole events without usage pass untouched.
+fn strip_usage_events(
+    carry: &mut BytesMut,
+    stripped: &mut Option<Usage>,
+    data: Bytes,
+) -> Option<Bytes> {
+    const USAGE_KEY: &[u8] = b"\"usage\"";
+    let whole = data.ends_with(b"\n\n");
+    if carry.is_empty() && whole && !data.windows(USAGE_KEY.len()).any(|w| w == USAGE_KEY) {
+        return Some(data);
+    }
+    carry.extend_from_slice(&data);
+    let mut out = BytesMut::new();
+    while let Some(end) = carry.windows(2).position(|w| w == b"\n\n") {
+        let event = carry.split_to(end + 2);
+        if is_usage_event(&event) {
+            *stripped = find_usage(&event);
+        } else {
+            out.extend_from_slice(&event);
+        }
+    }
+    (!out.is_empty()).then(|| out.freeze())
 }
 
 /// The last event of a stream that failed after bytes were sent, in the OpenAI error shape.
