@@ -188,6 +188,10 @@ pub struct ServeArgs {
     /// Then in-flight requests and streams get this long to finish.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = 25_000)]
     pub shutdown_grace_ms: u64,
+    /// Log each request's prompt text with its routing decision (off: prompts never reach
+    /// the logs).
+    #[arg(long, env = "QUANTROUTER_LOG_PROMPTS")]
+    pub log_prompts: bool,
     /// Log format.
     #[arg(
         long,
@@ -536,6 +540,11 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         resilience,
         shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        traces: crate::traces::Traces::from_env().unwrap_or_else(|error| {
+            tracing::warn!(%error, "tracing disabled");
+            None
+        }),
+        log_prompts: args.log_prompts,
     };
     let server = Server::start(config, store)
         .await

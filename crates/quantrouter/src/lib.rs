@@ -14,4 +14,5 @@ pub mod routing;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod traces;
 pub mod upstream;

@@ -21,6 +21,16 @@ pub enum Endpoint {
     Completions,
 }
 
+impl Endpoint {
+    /// The API path, the same upstream as here.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
 /// What routing needs from a request, borrowing from the body.
 #[derive(Debug)]
 pub struct ParsedRequest<'a> {

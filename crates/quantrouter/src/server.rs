@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
+use opentelemetry::KeyValue;
 use quantrouter_policy::{check_answer, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
@@ -28,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::ServiceBuilder;
+use tracing::Instrument;
 
 use crate::admin;
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
@@ -35,6 +37,7 @@ use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
+use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient};
 
@@ -60,6 +63,10 @@ pub struct ServerConfig {
     /// How long in-flight requests and streams may then run; with the delay, within the
     /// Helm chart's terminationGracePeriodSeconds.
     pub shutdown_grace: Duration,
+    /// OpenTelemetry tracing, when configured.
+    pub traces: Option<Traces>,
+    /// Log prompt text with each routing decision.
+    pub log_prompts: bool,
 }
 
 /// Request id, from `x-request-id` or assigned; a request extension.
@@ -175,6 +182,10 @@ impl Server {
             tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
         self.scraper.abort();
+        if let Some(traces) = self.app.config.traces.clone() {
+            // Flushing joins the exporter thread; keep it off the async workers.
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
     }
 }
 
@@ -266,8 +277,24 @@ fn assign_request_id(app: &App, mut req: Request<Incoming>) -> Request<Incoming>
 }
 
 async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let started = Instant::now();
     let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    // Every log line of the request carries its id.
+    let span = tracing::info_span!(
+        "request",
+        id = id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    );
+    dispatch(app, req, id).instrument(span).await
+}
+
+async fn dispatch(
+    app: Arc<App>,
+    req: Request<Incoming>,
+    id: Option<HeaderValue>,
+) -> Response<ResponseBody> {
+    let started = Instant::now();
     let result = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat, started).await,
         (&Method::POST, "/v1/completions") => {
@@ -291,11 +318,31 @@ async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody>
     response
 }
 
+/// A generation request, in a request span when tracing is on.
 async fn proxy(
     app: &App,
     req: Request<Incoming>,
     endpoint: Endpoint,
     started: Instant,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let trace = app
+        .config
+        .traces
+        .as_ref()
+        .map(|traces| RequestTrace::start(traces, req.headers(), endpoint.path()));
+    let result = route_and_forward(app, req, endpoint, started, trace.as_ref()).await;
+    if let (Err(error), Some(trace)) = (&result, &trace) {
+        trace.fail(error.status().as_u16(), error.to_string());
+    }
+    result
+}
+
+async fn route_and_forward(
+    app: &App,
+    req: Request<Incoming>,
+    endpoint: Endpoint,
+    started: Instant,
+    trace: Option<&RequestTrace>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let (parts, body) = req.into_parts();
     app.authorize(&parts.headers)?;
@@ -309,6 +356,31 @@ async fn proxy(
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
     let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let chosen = &snapshot.set.profiles[decision.profile];
+    if app.config.log_prompts {
+        let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
+        tracing::info!(profile = %chosen.id, reason = decision.reason.as_str(),
+            complexity = decision.complexity, prompt = %prompt.join("\n"), "routed");
+    } else {
+        tracing::debug!(profile = %chosen.id, reason = decision.reason.as_str(),
+            complexity = decision.complexity, "routed");
+    }
+    if let Some(trace) = trace {
+        let profile = chosen;
+        trace.record(
+            "route",
+            vec![
+                KeyValue::new("quantrouter.profile", profile.id.clone()),
+                KeyValue::new("quantrouter.tier", profile.tier.clone()),
+                KeyValue::new("quantrouter.reason", decision.reason.as_str()),
+                KeyValue::new("quantrouter.complexity", decision.complexity),
+                KeyValue::new(
+                    "quantrouter.task_class",
+                    format!("{:?}", decision.task_class),
+                ),
+            ],
+        );
+    }
     let resilience = &app.config.resilience;
     let deadline =
         started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
@@ -317,12 +389,10 @@ async fn proxy(
         snapshot: &snapshot,
         decision: &decision,
         pinned: decision.reason == Reason::Pinned,
-        path: match endpoint {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-        },
+        path: endpoint.path(),
         headers: &headers,
         deadline,
+        trace,
     };
     let body_for = |profile: usize| parsed.upstream_body(&body, &snapshot.model_json[profile]);
     telemetry::routed(decision.complexity, started.elapsed());
@@ -367,8 +437,18 @@ async fn proxy(
             let Some(problem) = problem else {
                 let labels = served.labels(&snapshot, &decision);
                 telemetry::response_headers(&labels, head.status.as_u16(), started.elapsed());
-                if let Some(usage) = crate::openai::find_usage(&bytes) {
+                let usage = crate::openai::find_usage(&bytes);
+                if let Some(usage) = usage {
                     Prices::new(&snapshot, profile).record(&labels, usage);
+                }
+                if let Some(trace) = trace {
+                    trace.finish(span_attributes(
+                        &snapshot,
+                        &served,
+                        head.status,
+                        usage,
+                        &parsed,
+                    ));
                 }
                 telemetry::finished(&labels, started.elapsed());
                 finish_head(&mut head, &snapshot, &decision, &served);
@@ -395,8 +475,30 @@ async fn proxy(
         sse: false,
         strip_usage: parsed.adds_usage(),
     };
+    let finish_trace = trace.map(|trace| {
+        let trace = trace.clone();
+        let served = Served {
+            profile: answer.profile,
+            attempts: answer.attempts,
+            fallback: answer.fallback,
+        };
+        let status = answer.response.status();
+        let base = span_attributes(&snapshot, &served, status, None, &parsed);
+        move |usage: Option<Usage>| {
+            let mut attributes = base;
+            if let Some(usage) = usage {
+                attributes.extend(usage_attributes(usage));
+            }
+            trace.finish(attributes);
+        }
+    });
     Ok(respond_streaming(
-        &snapshot, &decision, answer, limits, started,
+        &snapshot,
+        &decision,
+        answer,
+        limits,
+        started,
+        finish_trace,
     ))
 }
 
@@ -436,6 +538,7 @@ fn respond_streaming(
     answer: Answer,
     mut limits: BodyLimits,
     started: Instant,
+    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
 ) -> Response<ResponseBody> {
     let Answer {
         response,
@@ -466,10 +569,47 @@ fn respond_streaming(
         if let Some(usage) = end.usage {
             prices.record(&labels, usage);
         }
+        if let Some(finish) = finish_trace {
+            finish(end.usage);
+        }
         telemetry::finished(&labels, end.elapsed);
     });
     let body = UpstreamBody::new(incoming, held, started, limits, on_end);
     Response::from_parts(head, Either::Right(body))
+}
+
+/// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).
+fn span_attributes(
+    snapshot: &Snapshot,
+    served: &Served,
+    status: StatusCode,
+    usage: Option<Usage>,
+    parsed: &ParsedRequest<'_>,
+) -> Vec<KeyValue> {
+    let profile = &snapshot.set.profiles[served.profile];
+    let mut attributes = vec![
+        KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
+        KeyValue::new("gen_ai.request.model", parsed.model.to_string()),
+        KeyValue::new("gen_ai.response.model", profile.model.clone()),
+        KeyValue::new("quantrouter.profile", profile.id.clone()),
+        KeyValue::new("quantrouter.tier", profile.tier.clone()),
+        KeyValue::new("quantrouter.attempts", i64::from(served.attempts)),
+    ];
+    if let Some(usage) = usage {
+        attributes.extend(usage_attributes(usage));
+    }
+    attributes
+}
+
+fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
+    let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    [
+        KeyValue::new("gen_ai.usage.input_tokens", tokens(usage.prompt_tokens)),
+        KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            tokens(usage.completion_tokens),
+        ),
+    ]
 }
 
 /// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
@@ -720,6 +860,8 @@ impl Default for ServerConfig {
             resilience: ResilienceConfig::default(),
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
+            traces: None,
+            log_prompts: false,
         }
     }
 }

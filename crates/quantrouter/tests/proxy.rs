@@ -5,15 +5,11 @@
 
 mod support;
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
+use http_body_util::BodyExt;
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use support::*;
 
@@ -123,43 +119,9 @@ async fn request_headers_override_quality_and_budget() {
     }
 }
 
-/// A one-route upstream that records the bodies it receives.
-async fn capture_upstream() -> (String, Arc<Mutex<Vec<Bytes>>>) {
-    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = Arc::clone(&seen);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let record = Arc::clone(&record);
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                    let record = Arc::clone(&record);
-                    async move {
-                        // The router also scrapes GET /metrics; only completions count.
-                        let post = req.method() == http::Method::POST;
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        if post {
-                            record.lock().unwrap().push(body);
-                        }
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                            br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#,
-                        ))))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, seen)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_is_forwarded_byte_for_byte_except_the_model() {
-    let (url, seen) = capture_upstream().await;
+    let (url, seen) = support::capture_upstream().await;
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
         p.upstream = Upstream::Static(StaticUpstream {
@@ -188,7 +150,7 @@ async fn body_is_forwarded_byte_for_byte_except_the_model() {
     let expected = body.replace("\"model\":\"auto\"", &format!("\"model\":\"{model}\""));
     let received = seen.lock().unwrap().clone();
     assert_eq!(received.len(), 1);
-    assert_eq!(std::str::from_utf8(&received[0]).unwrap(), expected);
+    assert_eq!(std::str::from_utf8(&received[0].1).unwrap(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,10 @@ use http_body_util::BodyExt;
 use quantrouter::resilience::{BreakerConfig, CircuitState, ResilienceConfig};
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
-use support::{chat, client, eventually, loopback, send, start_router, Reply, CODE, SIMPLE};
+use support::{
+    chat, client, eventually, loopback, send, sim_tiers, start_router, Reply, RouterProcess, CODE,
+    SIMPLE,
+};
 use tokio::time::Instant;
 use vllm_sim::{Faults, SimConfig, SimServer};
 
@@ -478,75 +481,21 @@ async fn a_busy_tier_raises_predicted_latency_and_traffic_shifts() {
 /// completes, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_fifty_open_streams_finish_then_exits_zero() {
-    let sims = {
-        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-        let mut sims = Vec::new();
-        for profile in &mut set.profiles {
-            let sim = SimServer::bind(
-                loopback(),
-                SimConfig {
-                    model: profile.model.clone(),
-                    itl: Duration::from_millis(40),
-                    ..SimConfig::default()
-                },
-            )
-            .await
-            .unwrap();
-            profile.upstream = Upstream::Static(StaticUpstream {
-                urls: vec![sim.url()],
-            });
-            sims.push(sim);
-        }
-        (set, sims)
-    };
-    let (set, _sims) = sims;
-    let dir = std::env::temp_dir().join(format!("qr-sigterm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let profiles = dir.join("profiles.json");
-    std::fs::write(&profiles, serde_json::to_string(&set).unwrap()).unwrap();
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
-    let (public, admin) = (free(), free());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
-        .args([
-            "serve",
-            "--log-format",
-            "text",
-            "--shutdown-delay-ms",
-            "300",
-        ])
-        .args([
-            "--listen",
-            &public.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-        ])
-        .arg("--profiles")
-        .arg(&profiles)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let http = client();
-    let readyz = format!("http://{admin}/readyz");
-    let up = eventually(Duration::from_secs(10), || async {
-        let req = http::Request::get(&readyz)
-            .body(Default::default())
-            .unwrap();
-        matches!(http.request(req).await, Ok(r) if r.status() == StatusCode::OK)
-    })
+    let (set, _sims) = sim_tiers(Duration::from_millis(40)).await;
+    let router = RouterProcess::spawn(
+        &set,
+        &["--shutdown-delay-ms", "300", "--log-format", "text"],
+        std::process::Stdio::inherit(),
+    )
     .await;
-    assert!(up, "the router came up");
+    let http = client();
 
     let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 25,
         "messages": [{"role": "user", "content": SIMPLE}]})
     .to_string();
     let mut streams = Vec::new();
     for _ in 0..50 {
-        let req = http::Request::post(format!("http://{public}/v1/chat/completions"))
+        let req = http::Request::post(router.url("/v1/chat/completions"))
             .header("content-type", "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
             .unwrap();
@@ -556,19 +505,12 @@ async fn sigterm_lets_fifty_open_streams_finish_then_exits_zero() {
             response.into_body().collect().await.unwrap().to_bytes()
         }));
     }
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let req = http::Request::get(&readyz)
-        .body(Default::default())
-        .unwrap();
-    let status = http.request(req).await.map(|r| r.status());
-    assert!(
-        matches!(status, Ok(StatusCode::SERVICE_UNAVAILABLE)),
-        "readiness fails at once: {status:?}"
+    router.terminate();
+    let status = router.get_status("/readyz").await;
+    assert_eq!(
+        status,
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "readiness fails at once"
     );
     for stream in streams {
         let bytes = stream.await.unwrap();
@@ -578,6 +520,7 @@ async fn sigterm_lets_fifty_open_streams_finish_then_exits_zero() {
             "a stream was cut: {text}"
         );
     }
+    let mut child = router.child;
     let exit = tokio::time::timeout(Duration::from_secs(15), child.wait())
         .await
         .expect("exits after the streams finish")

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use opentelemetry::KeyValue;
 use quantrouter_policy::RoutingDecision;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use crate::openai::ApiError;
 use crate::profiles::Snapshot;
 use crate::resilience::{Overloaded, ResilienceConfig};
 use crate::telemetry;
+use crate::traces::{self, RequestTrace};
 
 /// One request's way through the upstreams.
 #[derive(Debug)]
@@ -37,6 +39,8 @@ pub struct Plan<'a> {
     /// Headers for the upstream (content type, forwarded client headers, request id).
     pub headers: &'a HeaderMap,
     pub deadline: Instant,
+    /// The request span, when tracing is on; each attempt gets a child span.
+    pub trace: Option<&'a RequestTrace>,
 }
 
 /// A response with headers from some upstream.
@@ -131,13 +135,35 @@ pub async fn forward(
             };
             attempts += 1;
             endpoints_tried.push(Arc::clone(&pick.endpoint));
-            let request = build(plan, &pick.endpoint, body_for(profile))?;
+            let mut request = build(plan, &pick.endpoint, body_for(profile))?;
+            let span = plan.trace.map(|trace| {
+                let attributes = vec![
+                    KeyValue::new("server.address", pick.endpoint.base().to_owned()),
+                    KeyValue::new("quantrouter.profile", id.to_owned()),
+                    KeyValue::new("quantrouter.retry", i64::from(attempts - 1)),
+                ];
+                trace.attempt(attributes, request.headers_mut())
+            });
             let guard = pool.enter(&pick.endpoint);
             let sent_at = Instant::now();
             let timeout = client
                 .header_timeout
                 .min(plan.deadline.saturating_duration_since(sent_at));
-            match client.send(&pick.endpoint, request, timeout).await {
+            let result = client.send(&pick.endpoint, request, timeout).await;
+            if let Some(span) = &span {
+                let (attributes, error) = match &result {
+                    Ok(r) => (
+                        vec![KeyValue::new(
+                            "http.response.status_code",
+                            i64::from(r.status().as_u16()),
+                        )],
+                        None,
+                    ),
+                    Err(e) => (Vec::new(), Some(e.to_string())),
+                };
+                traces::end(span, attributes, error);
+            }
+            match result {
                 Ok(response) if retryable(response.status()) => {
                     let status = response.status();
                     // 429 is a live server asking for patience, not a broken one.

@@ -59,24 +59,7 @@ impl Reply {
 impl Harness {
     /// Sims with the given per-token latency; the router with `config` tweaks.
     pub async fn start_with(itl: Duration, tweak: impl FnOnce(&mut ServerConfig)) -> Self {
-        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-        let mut sims = Vec::new();
-        for profile in &mut set.profiles {
-            let sim = SimServer::bind(
-                loopback(),
-                SimConfig {
-                    model: profile.model.clone(),
-                    itl,
-                    ..SimConfig::default()
-                },
-            )
-            .await
-            .unwrap();
-            profile.upstream = Upstream::Static(StaticUpstream {
-                urls: vec![sim.url()],
-            });
-            sims.push(sim);
-        }
+        let (set, sims) = sim_tiers(itl).await;
         let router = start_router(set.clone(), tweak).await;
         Self {
             router,
@@ -128,6 +111,98 @@ impl Harness {
             .body(Full::new(Bytes::from(body.to_owned())))
             .unwrap();
         self.client.request(req).await.unwrap()
+    }
+}
+
+/// The embedded profile set with each profile's upstream replaced by a fresh simulator
+/// with the given per-token latency.
+pub async fn sim_tiers(itl: Duration) -> (ProfileSet, Vec<SimServer>) {
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let mut sims = Vec::new();
+    for profile in &mut set.profiles {
+        let config = SimConfig {
+            model: profile.model.clone(),
+            itl,
+            ..SimConfig::default()
+        };
+        let sim = SimServer::bind(loopback(), config).await.unwrap();
+        profile.upstream = Upstream::Static(StaticUpstream {
+            urls: vec![sim.url()],
+        });
+        sims.push(sim);
+    }
+    (set, sims)
+}
+
+/// The real `quantrouter serve` binary on free loopback ports, serving `set` from a file.
+pub struct RouterProcess {
+    pub child: tokio::process::Child,
+    pub public: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl RouterProcess {
+    /// Starts the binary with `args` added and waits until `/readyz` answers 200.
+    pub async fn spawn(set: &ProfileSet, args: &[&str], stderr: std::process::Stdio) -> Self {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        let (public, admin) = (free(), free());
+        let path = std::env::temp_dir().join(format!(
+            "qr-process-{}-{}.json",
+            std::process::id(),
+            public.port()
+        ));
+        std::fs::write(&path, serde_json::to_string(set).unwrap()).unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+            .arg("serve")
+            .args([
+                "--listen",
+                &public.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+            ])
+            .arg("--profiles")
+            .arg(&path)
+            .args(args)
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let process = Self {
+            child,
+            public,
+            admin,
+        };
+        let up = eventually(Duration::from_secs(10), || async {
+            process.get_status("/readyz").await == Some(StatusCode::OK)
+        })
+        .await;
+        assert!(up, "the router process came up");
+        process
+    }
+
+    pub async fn get_status(&self, path: &str) -> Option<StatusCode> {
+        let req = Request::get(format!("http://{}{path}", self.admin))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        client().request(req).await.ok().map(|r| r.status())
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.public)
+    }
+
+    pub fn terminate(&self) {
+        let pid = self.child.id().unwrap().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success());
     }
 }
 
@@ -225,4 +300,44 @@ pub fn chat(model: &str, content: &str) -> String {
 
 pub fn keys(list: &[&str]) -> Option<HashSet<String>> {
     Some(list.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// What a [`capture_upstream`] received: each completion request's headers and body.
+pub type Captured = Arc<std::sync::Mutex<Vec<(HeaderMap, Bytes)>>>;
+
+/// A one-route upstream that records the completion requests it receives (not the router's
+/// `/metrics` scrapes) and answers each with a short chat completion.
+pub async fn capture_upstream() -> (String, Captured) {
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Captured = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let record = Arc::clone(&record);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let record = Arc::clone(&record);
+                    async move {
+                        let post = req.method() == http::Method::POST;
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await.unwrap().to_bytes();
+                        if post {
+                            record.lock().unwrap().push((parts.headers, body));
+                        }
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(
+                                br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}"#,
+                            ),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
 }
