@@ -12,71 +12,14 @@ use std::time::Duration;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use quantrouter::resilience::{BreakerConfig, CircuitState, ResilienceConfig};
-use quantrouter::server::{Server, ServerConfig};
-use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
-use support::{
-    chat, client, eventually, loopback, send, sim_tiers, start_router, Reply, RouterProcess, CODE,
-    SIMPLE,
-};
+use quantrouter::server::ServerConfig;
+use support::{chat, client, eventually, send, sim_tiers, RouterProcess, Tiers, CODE, SIMPLE};
 use tokio::time::Instant;
-use vllm_sim::{Faults, SimConfig, SimServer};
+use vllm_sim::{Faults, SimConfig};
 
 /// Profile indices of the embedded set.
 const FP8: usize = 1;
 const INT4: usize = 2;
-
-/// A router over `counts[i]` sims for each profile of the embedded set.
-struct Tiers {
-    router: Server,
-    sims: Vec<Vec<SimServer>>,
-    set: ProfileSet,
-}
-
-impl Tiers {
-    async fn start(
-        counts: [usize; 3],
-        sim: impl Fn(usize) -> SimConfig,
-        edit: impl FnOnce(&mut ProfileSet),
-        tweak: impl FnOnce(&mut ServerConfig),
-    ) -> Self {
-        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-        let mut sims = Vec::new();
-        for (i, profile) in set.profiles.iter_mut().enumerate() {
-            let mut tier = Vec::new();
-            for _ in 0..counts[i] {
-                let config = SimConfig {
-                    model: profile.model.clone(),
-                    ..sim(i)
-                };
-                tier.push(SimServer::bind(loopback(), config).await.unwrap());
-            }
-            profile.upstream = Upstream::Static(StaticUpstream {
-                urls: tier.iter().map(SimServer::url).collect(),
-            });
-            sims.push(tier);
-        }
-        edit(&mut set);
-        let router = start_router(set.clone(), tweak).await;
-        Self { router, sims, set }
-    }
-
-    async fn post(&self, body: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut all = vec![("content-type", "application/json")];
-        all.extend_from_slice(headers);
-        let url = format!("http://{}/v1/chat/completions", self.router.public_addr());
-        send(&client(), "POST", &url, body, &all).await
-    }
-
-    fn requests(&self, profile: usize) -> u64 {
-        self.sims[profile].iter().map(|s| s.stats().requests).sum()
-    }
-
-    fn circuit(&self, profile: usize, endpoint: usize) -> CircuitState {
-        let snapshot = self.router.app.store.load();
-        let endpoints = snapshot.pools[profile].endpoints();
-        endpoints[endpoint].circuit(Instant::now())
-    }
-}
 
 fn fails(status: u16) -> Faults {
     Faults {

@@ -254,18 +254,36 @@ impl Body for UpstreamBody {
                     };
                     this.recent.rotate_left(1);
                     this.recent[2] = frame.clone();
-                    if !*this.strip_usage {
-                        return Poll::Ready(Some(Ok(Frame::data(frame))));
+                    let out = match *this.strip_usage {
+                        true => strip_usage_events(this.carry, this.stripped, frame),
+                        false => Some(frame),
+                    };
+                    // hyper stops polling a body that reports its end (a sized body after
+                    // its last byte), so the end is handled together with the last frame.
+                    if !this.inner.is_end_stream() {
+                        match out {
+                            Some(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                            None => continue,
+                        }
                     }
-                    if let Some(out) = strip_usage_events(this.carry, this.stripped, frame) {
-                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    let mut last = BytesMut::from(out.unwrap_or_default());
+                    last.extend_from_slice(&this.carry.split());
+                    let usage = body_usage(*this.strip_usage, *this.stripped, this.recent);
+                    finish(
+                        this.held,
+                        this.on_end,
+                        this.done,
+                        *this.started,
+                        None,
+                        usage,
+                    );
+                    if last.is_empty() {
+                        return Poll::Ready(None);
                     }
+                    return Poll::Ready(Some(Ok(Frame::data(last.freeze()))));
                 }
                 Poll::Ready(None) => {
-                    let usage = match *this.strip_usage {
-                        true => *this.stripped,
-                        false => find_usage(&this.recent.concat()),
-                    };
+                    let usage = body_usage(*this.strip_usage, *this.stripped, this.recent);
                     finish(
                         this.held,
                         this.on_end,
@@ -340,6 +358,14 @@ fn finish(
             usage,
             elapsed: started.elapsed(),
         });
+    }
+}
+
+/// Usage of a finished body: the stripped usage event, or the last `usage` in its tail.
+fn body_usage(stripped_mode: bool, stripped: Option<Usage>, recent: &[Bytes; 3]) -> Option<Usage> {
+    match stripped_mode {
+        true => stripped,
+        false => find_usage(&recent.concat()),
     }
 }
 

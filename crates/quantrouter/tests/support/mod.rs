@@ -19,6 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use quantrouter::profiles::{ProfileStore, SourceKind};
+use quantrouter::resilience::CircuitState;
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use vllm_sim::{SimConfig, SimServer};
@@ -203,6 +204,59 @@ impl RouterProcess {
             .status()
             .unwrap();
         assert!(killed.success());
+    }
+}
+
+/// A router over `counts[i]` sims for each profile of the embedded set.
+pub struct Tiers {
+    pub router: Server,
+    pub sims: Vec<Vec<SimServer>>,
+    pub set: ProfileSet,
+}
+
+impl Tiers {
+    pub async fn start(
+        counts: [usize; 3],
+        sim: impl Fn(usize) -> SimConfig,
+        edit: impl FnOnce(&mut ProfileSet),
+        tweak: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
+        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        let mut sims = Vec::new();
+        for (i, profile) in set.profiles.iter_mut().enumerate() {
+            let mut tier = Vec::new();
+            for _ in 0..counts[i] {
+                let config = SimConfig {
+                    model: profile.model.clone(),
+                    ..sim(i)
+                };
+                tier.push(SimServer::bind(loopback(), config).await.unwrap());
+            }
+            profile.upstream = Upstream::Static(StaticUpstream {
+                urls: tier.iter().map(SimServer::url).collect(),
+            });
+            sims.push(tier);
+        }
+        edit(&mut set);
+        let router = start_router(set.clone(), tweak).await;
+        Self { router, sims, set }
+    }
+
+    pub async fn post(&self, body: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        let url = format!("http://{}/v1/chat/completions", self.router.public_addr());
+        send(&client(), "POST", &url, body, &all).await
+    }
+
+    pub fn requests(&self, profile: usize) -> u64 {
+        self.sims[profile].iter().map(|s| s.stats().requests).sum()
+    }
+
+    pub fn circuit(&self, profile: usize, endpoint: usize) -> CircuitState {
+        let snapshot = self.router.app.store.load();
+        let endpoints = snapshot.pools[profile].endpoints();
+        endpoints[endpoint].circuit(tokio::time::Instant::now())
     }
 }
 

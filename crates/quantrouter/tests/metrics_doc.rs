@@ -1,0 +1,128 @@
+//! `docs/metrics.md` lists exactly the metrics `/metrics` exports: traffic here touches every
+//! documented metric, then the two name sets must be equal.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use quantrouter::profiles::{self, FileSource};
+use support::{chat, eventually, Tiers, SIMPLE};
+use vllm_sim::{Faults, SimConfig};
+
+const INT4: usize = 2;
+const FP16: usize = 0;
+
+fn documented() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/metrics.md"
+    ))
+    .unwrap();
+    doc.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|name| name.starts_with("quantrouter_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn exported(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|name| name.starts_with("quantrouter_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_list_exactly_the_exported_metrics() {
+    let t = Tiers::start(
+        [1, 1, 2],
+        |i| SimConfig {
+            itl: Duration::from_millis(if i == FP16 { 30 } else { 0 }),
+            ..SimConfig::default()
+        },
+        |set| set.profiles[FP16].max_concurrency = 1,
+        |c| {
+            c.resilience.scrape_interval = Duration::from_millis(50);
+            c.resilience.admission.queue_timeout = Duration::from_millis(50);
+        },
+    )
+    .await;
+    // Retries and upstream errors: one int4 endpoint fails; quality fallback: the other
+    // answers degenerately.
+    t.sims[INT4][0].set_faults(Faults {
+        error_rate: 1.0,
+        ..Faults::default()
+    });
+    t.sims[INT4][1].set_faults(Faults {
+        degenerate: true,
+        ..Faults::default()
+    });
+    let r = t.post(&chat("auto", SIMPLE), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-quantrouter-reason"), "fallback_quality");
+    // A router error.
+    let r = t.post("{\"model\": 1}", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // Admission: one slot on fp16, concurrent pinned requests.
+    let t = Arc::new(t);
+    let pinned = chat("llama8b-fp16", SIMPLE).replace("\"max_tokens\":8", "\"max_tokens\":20");
+    let burst: Vec<_> = (0..6)
+        .map(|_| {
+            let (t, body) = (Arc::clone(&t), pinned.clone());
+            tokio::spawn(async move { t.post(&body, &[]).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in burst {
+        statuses.push(task.await.unwrap());
+    }
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    // A profile reload (rejected) from a watched file.
+    let path = std::env::temp_dir().join(format!("qr-metrics-doc-{}.json", std::process::id()));
+    std::fs::write(&path, quantrouter_policy::DEFAULT_PROFILE_SET).unwrap();
+    let watched = profiles::start(vec![Arc::new(FileSource {
+        path: path.clone(),
+        interval: Duration::from_millis(20),
+    })])
+    .await
+    .unwrap();
+    std::fs::write(&path, "{\"version\": 2}").unwrap();
+
+    let url = format!("http://{}/metrics", t.router.admin_addr());
+    let want = documented();
+    let page = || async {
+        let reply = support::send(&support::client(), "GET", &url, "", &[]).await;
+        String::from_utf8_lossy(&reply.body).into_owned()
+    };
+    let complete = eventually(Duration::from_secs(5), || async {
+        want.is_subset(&exported(&page().await))
+    })
+    .await;
+    let page = page().await;
+    let got = exported(&page);
+    assert!(
+        complete,
+        "documented but never exported: {:?}",
+        want.difference(&got).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        got,
+        want,
+        "exported but not documented: {:?}",
+        got.difference(&want).collect::<Vec<_>>()
+    );
+    for task in watched.tasks {
+        task.abort();
+    }
+}
