@@ -122,6 +122,10 @@ pub struct Profile {
     /// Characters per token for estimates; ~4 for English with Llama-family tokenizers.
     #[serde(default = "default_chars_per_token")]
     pub chars_per_token: f64,
+    /// Scale from zero: how long a request may wait for this profile's first endpoint when
+    /// it has none (KEDA scaled it to zero) and no warm profile fits. 0 = never wait.
+    #[serde(default)]
+    pub cold_start_timeout_ms: u64,
     #[serde(default = "default_enabled")]
     pub enabled: bool,
 }

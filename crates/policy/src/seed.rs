@@ -88,6 +88,7 @@ pub fn from_seed_list(
                 max_context_tokens: SEED_CONTEXT_TOKENS,
                 max_concurrency: 256,
                 chars_per_token: 4.0,
+                cold_start_timeout_ms: 0,
                 enabled: true,
             }
         })

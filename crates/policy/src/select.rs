@@ -57,6 +57,8 @@ pub enum Reason {
     FallbackError,
     /// The chosen profile's answer was degenerate and a better one was tried.
     FallbackQuality,
+    /// The preferred profile is scaled to zero; a warm one within budget serves instead.
+    ColdStartAvoided,
 }
 
 /// Why a candidate is not feasible.
@@ -408,6 +410,7 @@ impl Reason {
             Reason::CanaryControl => "canary_control",
             Reason::FallbackError => "fallback_error",
             Reason::FallbackQuality => "fallback_quality",
+            Reason::ColdStartAvoided => "cold_start_avoided",
         }
     }
 }

@@ -2,9 +2,11 @@
 //! `model` field, the live load of each profile, and the policy call itself. No I/O.
 
 use http::HeaderMap;
+use std::time::Duration;
+
 use quantrouter_policy::{
-    decide, FeatureError, Features, Overrides, ProfileLoad, ProfileSet, RouteError, RouteRequest,
-    RoutingDecision,
+    decide, FeatureError, Features, Overrides, ProfileLoad, ProfileSet, Reason, RouteError,
+    RouteRequest, RoutingDecision,
 };
 
 use crate::openai::{ApiError, ParsedRequest};
@@ -33,7 +35,7 @@ pub fn route(
     headers: &HeaderMap,
     aliases: &[String],
     request_key: &str,
-) -> Result<RoutingDecision, ApiError> {
+) -> Result<Routed, ApiError> {
     let set = &snapshot.set;
     let pinned = match header_str(headers, PROFILE_HEADER)? {
         Some(id) => Some(id),
@@ -58,9 +60,99 @@ pub fn route(
         overrides,
         routing_key: parsed.user.as_deref().unwrap_or(request_key),
     };
-    decide(set, &request, &load).map_err(|e| match e {
-        RouteError::UnknownProfile(id) => ApiError::ModelNotFound(id),
-        RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
+    let warm = decide(set, &request, &load);
+    let cold = cold_start(snapshot, &request, &load, &warm);
+    let wait_for = match &cold {
+        Some(ColdStart::Wait {
+            profile, timeout, ..
+        }) => Some((*profile, *timeout)),
+        _ => None,
+    };
+    let decision = match (warm, cold) {
+        (_, Some(ColdStart::Wait { decision, .. })) => decision,
+        (Ok(mut warm), Some(ColdStart::Avoided)) => {
+            warm.reason = Reason::ColdStartAvoided;
+            warm
+        }
+        (warm, _) => warm.map_err(|e| match e {
+            RouteError::UnknownProfile(id) => ApiError::ModelNotFound(id),
+            RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
+        })?,
+    };
+    Ok(Routed { decision, wait_for })
+}
+
+/// A routing decision, and the scaled-to-zero profile it must wait for, if any.
+#[derive(Debug)]
+pub struct Routed {
+    pub decision: RoutingDecision,
+    /// Wait up to this long for the profile's first endpoint before sending.
+    pub wait_for: Option<(usize, Duration)>,
+}
+
+/// Scale from zero: a profile with no endpoint (scaled to zero) and a cold-start allowance
+/// is scored as if it were up, with its allowance as queue wait.
+enum ColdStart {
+    /// It would win, but a warm profile meets the constraints: serve there instead.
+    Avoided,
+    /// It would win and nothing warm fits: wait for it.
+    Wait {
+        decision: RoutingDecision,
+        profile: usize,
+        timeout: Duration,
+    },
+}
+
+fn cold_start(
+    snapshot: &Snapshot,
+    request: &RouteRequest<'_>,
+    load: &[ProfileLoad],
+    warm: &Result<RoutingDecision, RouteError>,
+) -> Option<ColdStart> {
+    let profiles = &snapshot.set.profiles;
+    let cold = |i: usize| {
+        profiles[i].enabled
+            && profiles[i].cold_start_timeout_ms > 0
+            && !snapshot.pools[i].has_endpoints()
+    };
+    if !(0..profiles.len()).any(cold) {
+        return None;
+    }
+    // A pinned cold profile waits whatever else is warm.
+    if let Some(pinned) = warm.as_ref().ok().filter(|d| d.reason == Reason::Pinned) {
+        let profile = pinned.profile;
+        return cold(profile).then(|| ColdStart::Wait {
+            decision: pinned.clone(),
+            profile,
+            timeout: Duration::from_millis(profiles[profile].cold_start_timeout_ms),
+        });
+    }
+    let hopeful: Vec<ProfileLoad> = load
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match cold(i) {
+            true => ProfileLoad {
+                available: true,
+                queue_wait_ms: profiles[i].cold_start_timeout_ms as f64,
+            },
+            false => *l,
+        })
+        .collect();
+    let preferred = decide(&snapshot.set, request, &hopeful).ok()?;
+    if !cold(preferred.profile) {
+        return None;
+    }
+    let warm_fits = warm
+        .as_ref()
+        .is_ok_and(|d| d.reason != Reason::ConstraintsUnmet);
+    if warm_fits {
+        return Some(ColdStart::Avoided);
+    }
+    let profile = preferred.profile;
+    Some(ColdStart::Wait {
+        decision: preferred,
+        profile,
+        timeout: Duration::from_millis(profiles[profile].cold_start_timeout_ms),
     })
 }
 

@@ -355,7 +355,22 @@ async fn route_and_forward(
         .unwrap_or_default();
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
-    let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let routed = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let decision = routed.decision;
+    let resilience = &app.config.resilience;
+    let deadline =
+        started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
+    if let Some((cold, timeout)) = routed.wait_for {
+        // Scale from zero: wait (counted in the tier's queue depth, which activates KEDA)
+        // for the preferred tier's first endpoint.
+        let timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        if !snapshot.pools[cold].wait_for_endpoints(timeout).await {
+            let id = &snapshot.set.profiles[cold].id;
+            return Err(ApiError::Unavailable(format!(
+                "profile {id} is scaled to zero and got no endpoint within {timeout:?}"
+            )));
+        }
+    }
     let chosen = &snapshot.set.profiles[decision.profile];
     if app.config.log_prompts {
         let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
@@ -381,9 +396,6 @@ async fn route_and_forward(
             ],
         );
     }
-    let resilience = &app.config.resilience;
-    let deadline =
-        started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
     let headers = upstream_headers(&parts.headers, request_id.as_ref());
     let plan = Plan {
         snapshot: &snapshot,
@@ -820,7 +832,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         .unwrap_or_default();
     let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
-    let explain = crate::routing::explain(&snapshot.set, &decision, decision_us);
+    let explain = crate::routing::explain(&snapshot.set, &decision.decision, decision_us);
     Ok(json_response(StatusCode::OK, &explain))
 }
 

@@ -21,7 +21,8 @@ pub fn local_tiers(snapshot: &Snapshot, now: Instant) -> BTreeMap<String, TierSt
     let mut tiers: BTreeMap<String, TierStats> = BTreeMap::new();
     for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
         let tier = tiers.entry(profile.tier.clone()).or_default();
-        tier.queue_depth += pool.admission.waiting() + pool.upstream_waiting();
+        tier.queue_depth +=
+            pool.admission.waiting() + pool.cold_waiting() + pool.upstream_waiting();
         tier.inflight += pool.inflight();
         tier.ready_endpoints += pool.ready_endpoints(now) as u64;
     }

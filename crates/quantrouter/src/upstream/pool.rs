@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::Uri;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::UpstreamError;
@@ -21,6 +22,9 @@ pub struct Pool {
     budget: Mutex<RetryBudget>,
     config: ResilienceConfig,
     inflight: AtomicU64,
+    /// Wakes requests waiting for a first endpoint (scale from zero).
+    changed: Notify,
+    cold_waiting: AtomicU64,
 }
 
 /// One upstream base URL (`http://host:port[/prefix]`, no trailing slash) and what the router
@@ -66,6 +70,8 @@ impl Pool {
             budget: Mutex::new(RetryBudget::new(config.budget, now)),
             config: *config,
             inflight: AtomicU64::new(0),
+            changed: Notify::new(),
+            cold_waiting: AtomicU64::new(0),
         };
         pool.set_urls(urls);
         pool
@@ -89,6 +95,31 @@ impl Pool {
             })
             .collect();
         self.endpoints.store(Arc::new(next));
+        self.changed.notify_waiters();
+    }
+
+    /// Waits up to `timeout` for the pool to have an endpoint (a tier scaled to zero coming
+    /// up). Waiting requests count in the tier's queue depth.
+    pub async fn wait_for_endpoints(&self, timeout: Duration) -> bool {
+        self.cold_waiting.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + timeout;
+        let ready = loop {
+            // Register before checking, so an update in between is not missed.
+            let changed = self.changed.notified();
+            if self.has_endpoints() {
+                break true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break self.has_endpoints();
+            }
+        };
+        self.cold_waiting.fetch_sub(1, Ordering::Relaxed);
+        ready
+    }
+
+    /// Requests waiting for this pool's first endpoint.
+    pub fn cold_waiting(&self) -> u64 {
+        self.cold_waiting.load(Ordering::Relaxed)
     }
 
     /// The current endpoints.
