@@ -329,7 +329,7 @@ async fn proxy(
     };
     telemetry::routed(&labels, decision.complexity, started.elapsed());
     let guard = pool.enter();
-    let upstream = match app.client.send(target, request).await {
+    let upstream = match app.client.send(&target, request).await {
         Ok(response) => response,
         Err(error) => {
             let kind = match &error {

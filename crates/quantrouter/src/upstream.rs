@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -19,11 +20,16 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 /// Endpoints of one profile, balanced round-robin.
+///
+/// The endpoint list can be replaced while requests run ([`Pool::set_urls`], fed by
+/// Kubernetes discovery): a request holds the endpoint it picked by `Arc`, so dropping an
+/// endpoint from the list stops new requests to it while in-flight ones finish.
 #[derive(Debug)]
 pub struct Pool {
-    /// The URLs this pool was built from, to reuse it across profile reloads.
+    /// The URLs this pool was built from (the profile's configured upstream), to reuse it
+    /// across profile reloads; not changed by [`Pool::set_urls`].
     pub urls: Vec<String>,
-    endpoints: Vec<Endpoint>,
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     next: AtomicUsize,
     inflight: AtomicU64,
 }
@@ -72,31 +78,53 @@ pub struct ClientConfig {
 impl Pool {
     /// A pool over base URLs (validated by the profile set).
     pub fn new(urls: Vec<String>) -> Self {
-        let endpoints = urls
-            .iter()
-            .map(|u| Endpoint {
-                base: u.trim_end_matches('/').to_owned(),
-            })
-            .collect();
+        let endpoints = urls.iter().map(|u| Arc::new(Endpoint::new(u))).collect();
         Self {
             urls,
-            endpoints,
+            endpoints: ArcSwap::from_pointee(endpoints),
             next: AtomicUsize::new(0),
             inflight: AtomicU64::new(0),
         }
     }
 
+    /// Replaces the endpoint list, keeping the `Endpoint` (and its state) of every URL that
+    /// stays. Requests already sent to a removed endpoint are not affected.
+    pub fn set_urls(&self, urls: Vec<String>) {
+        let current = self.endpoints.load();
+        let endpoints = urls
+            .iter()
+            .map(|u| {
+                let base = u.trim_end_matches('/');
+                current
+                    .iter()
+                    .find(|e| e.base == base)
+                    .map_or_else(|| Arc::new(Endpoint::new(base)), Arc::clone)
+            })
+            .collect();
+        self.endpoints.store(Arc::new(endpoints));
+    }
+
+    /// The base URLs requests are balanced over now.
+    pub fn endpoint_urls(&self) -> Vec<String> {
+        self.endpoints
+            .load()
+            .iter()
+            .map(|e| e.base.clone())
+            .collect()
+    }
+
     /// The next endpoint in round-robin order, if the pool has any.
-    pub fn pick(&self) -> Option<&Endpoint> {
-        if self.endpoints.is_empty() {
+    pub fn pick(&self) -> Option<Arc<Endpoint>> {
+        let endpoints = self.endpoints.load();
+        if endpoints.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len();
-        self.endpoints.get(i)
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
+        endpoints.get(i).cloned()
     }
 
     pub fn has_endpoints(&self) -> bool {
-        !self.endpoints.is_empty()
+        !self.endpoints.load().is_empty()
     }
 
     /// Requests this router has in flight on this pool.
@@ -116,6 +144,12 @@ impl Pool {
 // === impl Endpoint ===
 
 impl Endpoint {
+    fn new(base: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+        }
+    }
+
     /// The full URI for an API path such as `/v1/chat/completions`.
     pub fn uri(&self, path: &str) -> Result<Uri, UpstreamError> {
         let mut s = String::with_capacity(self.base.len() + path.len());
@@ -284,12 +318,34 @@ mod tests {
     #[test]
     fn round_robin_cycles_through_endpoints() {
         let pool = Pool::new(vec!["http://a:1/".into(), "http://b:2".into()]);
-        let picks: Vec<&str> = (0..4).map(|_| pool.pick().unwrap().base()).collect();
+        let picks: Vec<String> = (0..4)
+            .map(|_| pool.pick().unwrap().base().to_owned())
+            .collect();
         assert_eq!(
             picks,
             ["http://a:1", "http://b:2", "http://a:1", "http://b:2"]
         );
         assert!(Pool::new(vec![]).pick().is_none());
+    }
+
+    #[test]
+    fn set_urls_keeps_unchanged_endpoints_and_in_flight_picks() {
+        let pool = Pool::new(vec!["http://a:1".into(), "http://b:2".into()]);
+        let held = pool.pick().unwrap();
+        let b = pool.pick().unwrap();
+        pool.set_urls(vec!["http://b:2/".into(), "http://c:3".into()]);
+        assert_eq!(pool.endpoint_urls(), ["http://b:2", "http://c:3"]);
+        // The removed endpoint lives on for the request holding it.
+        assert_eq!(held.base(), "http://a:1");
+        // An unchanged URL keeps its Endpoint (and whatever state it carries).
+        assert!(pool.endpoint_urls().contains(&b.base().to_owned()));
+        let same = (0..2)
+            .map(|_| pool.pick().unwrap())
+            .find(|e| e.base() == "http://b:2");
+        assert!(Arc::ptr_eq(&b, &same.unwrap()));
+        pool.set_urls(vec![]);
+        assert!(!pool.has_endpoints() && pool.pick().is_none());
+        assert_eq!(pool.urls, ["http://a:1", "http://b:2"]);
     }
 
     #[test]
