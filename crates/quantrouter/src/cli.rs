@@ -19,6 +19,7 @@ use quantrouter_policy::{
     StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
 
+use crate::discovery::{self, Discovery, DiscoveryConfig};
 use crate::profiles::{self, ProfileStore, SourceKind};
 use crate::server::{Server, ServerConfig};
 use crate::telemetry::{self, LogFormat};
@@ -155,6 +156,12 @@ pub struct ServeArgs {
     /// Upstream time-to-response-headers timeout.
     #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
     pub header_timeout_ms: u64,
+    /// How `{service, namespace, port}` upstreams are reached: `dns` sends to the service's
+    /// cluster DNS name (kube-proxy balances); `kubernetes` watches the service's
+    /// EndpointSlices and balances across its ready pods (needs get/list/watch on
+    /// endpointslices; see docs/operations.md).
+    #[arg(long, env = "QUANTROUTER_DISCOVERY", value_enum, default_value = "dns")]
+    pub discovery: DiscoveryMode,
     /// Time in-flight requests get to finish after SIGTERM.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_S", default_value_t = 25)]
     pub shutdown_grace_s: u64,
@@ -166,6 +173,15 @@ pub struct ServeArgs {
         default_value = "json"
     )]
     pub log_format: LogFormat,
+}
+
+/// How service upstreams are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiscoveryMode {
+    /// The service's cluster DNS name.
+    Dns,
+    /// The service's ready pods, from its EndpointSlices.
+    Kubernetes,
 }
 
 #[derive(Debug, Args)]
@@ -492,6 +508,17 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         ?source,
         "profile set loaded"
     );
+    // Held until shutdown: dropping it stops the watches.
+    let _discovery = match args.discovery {
+        DiscoveryMode::Dns => None,
+        DiscoveryMode::Kubernetes => {
+            let client = discovery::kube_client()
+                .await
+                .map_err(|e| CliError::Io(e.to_string()))?;
+            let config = DiscoveryConfig::default();
+            Some(Discovery::start(Arc::clone(&store), client, config))
+        }
+    };
     if let Some(path) = &args.profiles {
         let interval = Duration::from_millis(args.profiles_poll_ms.max(10));
         profiles::watch_file(Arc::clone(&store), path.clone(), interval);
@@ -751,6 +778,19 @@ mod tests {
         assert_eq!(args.model_alias, vec!["gpt-4o", "smart"]);
         assert_eq!(args.header_timeout_ms, 1234);
         assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.discovery, DiscoveryMode::Dns);
+    }
+
+    #[test]
+    fn discovery_mode_comes_from_the_flag_or_the_config_file() {
+        let args =
+            serve_args(parse_with_config(argv(&["serve", "--discovery", "kubernetes"])).unwrap());
+        assert_eq!(args.discovery, DiscoveryMode::Kubernetes);
+        let path = std::env::temp_dir().join(format!("qr-cli-disc-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"discovery": "kubernetes"}"#).unwrap();
+        let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(serve_args(cli).discovery, DiscoveryMode::Kubernetes);
+        assert!(parse_with_config(argv(&["serve", "--discovery", "consul"])).is_err());
     }
 
     #[test]

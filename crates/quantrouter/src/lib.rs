@@ -6,9 +6,11 @@
 
 pub mod admin;
 pub mod cli;
+pub mod discovery;
 pub mod openai;
 pub mod profiles;
 pub mod routing;
 pub mod server;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;

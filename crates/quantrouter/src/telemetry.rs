@@ -28,6 +28,9 @@ pub const INFLIGHT: &str = "quantrouter_inflight";
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
 pub const PROFILE_RELOADS: &str = "quantrouter_profile_reloads_total";
+/// Kubernetes discovery events: `updated` (a service's endpoint list changed), `error`
+/// (a list or watch failed; the last known endpoints stay).
+pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -106,6 +109,10 @@ fn describe() {
         PROFILE_RELOADS,
         "Profile-set reloads, by source and result."
     );
+    metrics::describe_counter!(
+        DISCOVERY_EVENTS,
+        "Kubernetes discovery endpoint updates and errors, by result."
+    );
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` overrides the default `info` level.
@@ -130,6 +137,11 @@ pub fn profile_set_applied(set: &ProfileSet) {
 pub fn profile_reload(source: &'static str, ok: bool) {
     let result = if ok { "applied" } else { "rejected" };
     counter!(PROFILE_RELOADS, "source" => source, "result" => result).increment(1);
+}
+
+/// `result`: `updated` or `error`.
+pub fn discovery_event(result: &'static str) {
+    counter!(DISCOVERY_EVENTS, "result" => result).increment(1);
 }
 
 /// Labels of one routed request.
