@@ -233,20 +233,26 @@ async fn watch_service(shared: Arc<Shared>, key: ServiceKey, stopped: Arc<Atomic
                 Err(error) => {
                     telemetry::discovery_event("error");
                     tracing::warn!(service = %key, %error, "EndpointSlice list/watch failed; keeping the last known endpoints");
-                    if is_gone_at_watch_start(&error) {
+                    if is_gone(&error) {
                         break;
                     }
                 }
             }
         }
-        // kube's watcher retries a watch refused with HTTP 410 at the same (expired)
-        // resourceVersion forever; a new watcher relists instead.
+        // kube's watcher relists after a 410 ERROR event, but answers an HTTP 410 to a watch
+        // request by retrying the same expired resourceVersion forever; a new watcher relists.
         tokio::time::sleep(shared.config.min_backoff).await;
     }
 }
 
-fn is_gone_at_watch_start(error: &watcher::Error) -> bool {
-    matches!(error, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
+/// An HTTP 410 Gone answering a watch request (the ERROR event kind is `WatchError`).
+fn is_gone(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            | watcher::Error::WatchFailed(kube::Error::Api(status))
+            if status.code == 410
+    )
 }
 
 // === impl ServiceKey ===
