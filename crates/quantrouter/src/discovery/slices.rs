@@ -155,19 +155,14 @@ mod tests {
     fn port_prefers_the_service_port_then_the_only_port_then_http() {
         let metrics = port(Some("metrics"), 9090, None);
         let http = port(Some("http"), 8000, Some("TCP"));
+        let grpc = port(Some("grpc"), 50051, None);
         assert_eq!(
             resolve_port(&[metrics.clone(), http.clone()], 9090),
             Some(9090)
         );
-        assert_eq!(resolve_port(&[http.clone()], 80), Some(8000));
-        assert_eq!(
-            resolve_port(&[metrics.clone(), http.clone()], 80),
-            Some(8000)
-        );
-        assert_eq!(
-            resolve_port(&[metrics.clone(), port(Some("grpc"), 50051, None)], 80),
-            None
-        );
+        assert_eq!(resolve_port(std::slice::from_ref(&http), 80), Some(8000));
+        assert_eq!(resolve_port(&[metrics.clone(), http], 80), Some(8000));
+        assert_eq!(resolve_port(&[metrics, grpc], 80), None);
         assert_eq!(resolve_port(&[], 80), None);
     }
 
