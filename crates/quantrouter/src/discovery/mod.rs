@@ -138,7 +138,7 @@ pub async fn kube_client() -> Result<kube::Client, DiscoveryError> {
 // === impl Discovery ===
 
 impl Discovery {
-    /// Starts following `store`'s profile set on the current runtime.
+    /// Starts following `store`'s profile set; spawns on the current tokio runtime.
     pub fn start(store: Arc<ProfileStore>, client: kube::Client, config: DiscoveryConfig) -> Self {
         let known = Arc::new(KnownEndpoints::default());
         if !store.use_discovered_endpoints(Arc::clone(&known) as Arc<dyn DiscoveredEndpoints>) {
@@ -211,7 +211,7 @@ async fn watch_service(shared: Arc<Shared>, key: ServiceKey, stopped: Arc<Atomic
     let api: Api<EndpointSlice> = Api::namespaced(shared.client.clone(), &key.namespace);
     let selector = format!("{SERVICE_NAME_LABEL}={}", key.service);
     // Kept across watcher restarts: it holds the last complete state until a relist is done.
-    let (slices, mut writer) = reflector::store::<EndpointSlice>();
+    let (reflected, mut writer) = reflector::store::<EndpointSlice>();
     loop {
         let events = watcher(api.clone(), watcher::Config::default().labels(&selector))
             .backoff(shared.config.backoff());
@@ -225,7 +225,7 @@ async fn watch_service(shared: Arc<Shared>, key: ServiceKey, stopped: Arc<Atomic
                     | watcher::Event::Delete(_)
                     | watcher::Event::InitDone = event
                     {
-                        let state = slices.state();
+                        let state = reflected.state();
                         let urls = slices::ready_urls(state.iter().map(AsRef::as_ref), key.port);
                         shared.known.update(&shared.store, &key, urls, &stopped);
                     }
@@ -245,7 +245,8 @@ async fn watch_service(shared: Arc<Shared>, key: ServiceKey, stopped: Arc<Atomic
     }
 }
 
-/// An HTTP 410 Gone answering a watch request (the ERROR event kind is `WatchError`).
+/// An HTTP 410 Gone answering a watch request. (A 410 ERROR event inside a watch stream is
+/// `WatchError`, which kube's watcher handles itself by relisting.)
 fn is_gone(error: &watcher::Error) -> bool {
     matches!(
         error,
@@ -268,7 +269,7 @@ impl From<&ServiceUpstream> for ServiceKey {
 }
 
 impl ServiceKey {
-    fn names(&self, s: &ServiceUpstream) -> bool {
+    fn is_for(&self, s: &ServiceUpstream) -> bool {
         self.port == s.port && self.service == s.service && self.namespace == s.namespace
     }
 }
@@ -322,7 +323,7 @@ impl KnownEndpoints {
 
 fn apply(snapshot: &Snapshot, key: &ServiceKey, urls: &[String]) {
     for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
-        if matches!(&profile.upstream, Upstream::Service(s) if key.names(s)) {
+        if matches!(&profile.upstream, Upstream::Service(s) if key.is_for(s)) {
             pool.set_urls(urls.to_vec());
         }
     }
