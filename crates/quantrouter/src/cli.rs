@@ -19,6 +19,7 @@ use quantrouter_policy::{
     StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
 
+use crate::discovery::{self, Discovery, DiscoveryConfig};
 use crate::profiles::{self, ProfileStore, SourceKind};
 use crate::resilience::ResilienceConfig;
 use crate::server::{Server, ServerConfig};
@@ -192,6 +193,12 @@ pub struct ServeArgs {
     /// the logs).
     #[arg(long, env = "QUANTROUTER_LOG_PROMPTS")]
     pub log_prompts: bool,
+    /// How `{service, namespace, port}` upstreams are reached: `dns` sends to the service's
+    /// cluster DNS name (kube-proxy balances); `kubernetes` watches the service's
+    /// EndpointSlices and balances across its ready pods (needs get/list/watch on
+    /// endpointslices; see docs/operations.md).
+    #[arg(long, env = "QUANTROUTER_DISCOVERY", value_enum, default_value = "dns")]
+    pub discovery: DiscoveryMode,
     /// Log format.
     #[arg(
         long,
@@ -200,6 +207,15 @@ pub struct ServeArgs {
         default_value = "json"
     )]
     pub log_format: LogFormat,
+}
+
+/// How service upstreams are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiscoveryMode {
+    /// The service's cluster DNS name.
+    Dns,
+    /// The service's ready pods, from its EndpointSlices.
+    Kubernetes,
 }
 
 #[derive(Debug, Args)]
@@ -520,6 +536,17 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
     let store = start_profiles(&args).await?;
+    // Held until shutdown: dropping it stops the watches.
+    let _discovery = match args.discovery {
+        DiscoveryMode::Dns => None,
+        DiscoveryMode::Kubernetes => {
+            let client = discovery::kube_client()
+                .await
+                .map_err(|e| CliError::Io(e.to_string()))?;
+            let config = DiscoveryConfig::default();
+            Some(Discovery::start(Arc::clone(&store), client, config))
+        }
+    };
     let api_keys = args
         .api_keys_file
         .as_deref()
@@ -817,6 +844,19 @@ mod tests {
         assert_eq!(args.model_alias, vec!["gpt-4o", "smart"]);
         assert_eq!(args.header_timeout_ms, 1234);
         assert_eq!(args.log_format, LogFormat::Json);
+        assert_eq!(args.discovery, DiscoveryMode::Dns);
+    }
+
+    #[test]
+    fn discovery_mode_comes_from_the_flag_or_the_config_file() {
+        let args =
+            serve_args(parse_with_config(argv(&["serve", "--discovery", "kubernetes"])).unwrap());
+        assert_eq!(args.discovery, DiscoveryMode::Kubernetes);
+        let path = std::env::temp_dir().join(format!("qr-cli-disc-{}.json", std::process::id()));
+        std::fs::write(&path, r#"{"discovery": "kubernetes"}"#).unwrap();
+        let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(serve_args(cli).discovery, DiscoveryMode::Kubernetes);
+        assert!(parse_with_config(argv(&["serve", "--discovery", "consul"])).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod discovery;
 pub mod keda;
 pub mod openai;
 pub mod profiles;

@@ -52,6 +52,9 @@ pub const COUNTERFACTUAL_COST: &str = "quantrouter_counterfactual_cost_usd_total
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
 pub const PROFILE_RELOADS: &str = "quantrouter_profile_reloads_total";
+/// Kubernetes discovery events: `updated` (a service's endpoint list changed), `error`
+/// (a list or watch failed; the last known endpoints stay).
+pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -151,6 +154,10 @@ fn describe() {
         PROFILE_RELOADS,
         "Profile-set reloads, by source and result."
     );
+    metrics::describe_counter!(
+        DISCOVERY_EVENTS,
+        "Kubernetes discovery endpoint updates and errors, by result."
+    );
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` overrides the default `info` level.
@@ -189,6 +196,11 @@ pub fn profile_reload(source: &'static str, result: ReloadResult) {
         ReloadResult::Ignored => "ignored",
     };
     counter!(PROFILE_RELOADS, "source" => source, "result" => result).increment(1);
+}
+
+/// `result`: `updated` or `error`.
+pub fn discovery_event(result: &'static str) {
+    counter!(DISCOVERY_EVENTS, "result" => result).increment(1);
 }
 
 /// Labels of one routed request.

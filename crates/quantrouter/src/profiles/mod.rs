@@ -3,14 +3,19 @@
 //! The active configuration is one immutable [`Snapshot`] behind an `ArcSwap`: a request
 //! loads it once and keeps it to the end, a reload builds a complete new snapshot and swaps
 //! it in, and a document that does not validate never replaces the last good one.
+//! Every swap bumps a generation counter ([`ProfileStore::subscribe`]) so background tasks
+//! (Kubernetes discovery) can follow the profile set without polling.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use quantrouter_policy::{Profile, ProfileSet, ProfileSetError, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{
+    Profile, ProfileSet, ProfileSetError, ServiceUpstream, Upstream, DEFAULT_PROFILE_SET,
+};
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::resilience::ResilienceConfig;
 use crate::telemetry;
@@ -52,6 +57,16 @@ pub struct ProfileStore {
     current: ArcSwap<Snapshot>,
     /// Settings for the pools of every snapshot.
     resilience: ArcSwap<ResilienceConfig>,
+    /// Bumped after every swap.
+    generation: watch::Sender<u64>,
+    /// Where a new pool for a service upstream finds its endpoints (discovery on).
+    discovered: OnceLock<Arc<dyn DiscoveredEndpoints>>,
+}
+
+/// The last known endpoints of Kubernetes services, as discovery found them.
+pub trait DiscoveredEndpoints: Send + Sync + std::fmt::Debug {
+    /// Base URLs of the ready endpoints of `service`; `None` until it was first listed.
+    fn last_known(&self, service: &ServiceUpstream) -> Option<Vec<String>>;
 }
 
 /// Why a new document was not applied.
@@ -91,12 +106,15 @@ impl SourceKind {
 impl Snapshot {
     /// Builds pools for `set`, reusing `previous` pools whose profile id, upstream and
     /// concurrency limit are unchanged, so endpoint state (in-flight counts, circuits) and
-    /// admission queues carry over a reload.
+    /// admission queues carry over a reload. With `discovered`, a new service pool starts
+    /// from the endpoints discovery last saw for that service (not its DNS name), so a
+    /// reload never empties it.
     pub fn build(
         set: ProfileSet,
         source: SourceKind,
         previous: Option<&Snapshot>,
         config: &ResilienceConfig,
+        discovered: Option<&dyn DiscoveredEndpoints>,
     ) -> Self {
         let reusable = |p: &Profile| {
             let previous = previous?;
@@ -117,11 +135,14 @@ impl Snapshot {
             .iter()
             .map(|p| {
                 reusable(p).unwrap_or_else(|| {
-                    Arc::new(Pool::new(
-                        &p.upstream.base_urls(),
-                        p.max_concurrency,
-                        config,
-                    ))
+                    let found = match (discovered, &p.upstream) {
+                        (Some(discovered), Upstream::Service(service)) => {
+                            discovered.last_known(service)
+                        }
+                        _ => None,
+                    };
+                    let urls = found.unwrap_or_else(|| p.upstream.base_urls());
+                    Arc::new(Pool::new(&urls, p.max_concurrency, config))
                 })
             })
             .collect();
@@ -155,20 +176,39 @@ impl Snapshot {
 impl ProfileStore {
     pub fn new(set: ProfileSet, source: SourceKind) -> Self {
         let config = ResilienceConfig::default();
-        let snapshot = Snapshot::build(set, source, None, &config);
+        let snapshot = Snapshot::build(set, source, None, &config, None);
         telemetry::profile_set_applied(&snapshot.set);
         Self {
             current: ArcSwap::from_pointee(snapshot),
             resilience: ArcSwap::from_pointee(config),
+            generation: watch::Sender::new(0),
+            discovered: OnceLock::new(),
         }
+    }
+
+    /// A receiver that changes after every snapshot swap.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Seeds new service pools from `discovered` from now on (set once: a second call is
+    /// ignored and returns false).
+    pub fn use_discovered_endpoints(&self, discovered: Arc<dyn DiscoveredEndpoints>) -> bool {
+        self.discovered.set(discovered).is_ok()
+    }
+
+    fn discovered(&self) -> Option<&dyn DiscoveredEndpoints> {
+        self.discovered.get().map(|d| d.as_ref())
     }
 
     /// Rebuilds every pool with new resilience settings (at server start, before traffic).
     pub fn configure(&self, config: ResilienceConfig) {
         self.resilience.store(Arc::new(config));
         let active = self.current.load();
-        let next = Snapshot::build(active.set.clone(), active.source, None, &config);
+        let discovered = self.discovered();
+        let next = Snapshot::build(active.set.clone(), active.source, None, &config, discovered);
         self.current.store(Arc::new(next));
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// The active snapshot; hold it for the whole request.
@@ -206,9 +246,11 @@ impl ProfileStore {
                 active: active.set.version,
             });
         }
-        let next = Snapshot::build(set, source, Some(&active), &self.resilience.load());
+        let config = self.resilience.load();
+        let next = Snapshot::build(set, source, Some(&active), &config, self.discovered());
         telemetry::profile_set_applied(&next.set);
         self.current.store(Arc::new(next));
+        self.generation.send_modify(|g| *g += 1);
         Ok(())
     }
 }
@@ -221,5 +263,74 @@ pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), Relo
             ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
             SourceKind::Embedded,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Discovery that knows one service.
+    #[derive(Debug)]
+    struct KnowsFp16(Vec<String>);
+
+    impl DiscoveredEndpoints for KnowsFp16 {
+        fn last_known(&self, service: &ServiceUpstream) -> Option<Vec<String>> {
+            (service.service == "vllm-fp16").then(|| self.0.clone())
+        }
+    }
+
+    fn default_set(version: u64) -> ProfileSet {
+        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        set.version = version;
+        set
+    }
+
+    #[test]
+    fn new_service_pools_start_from_discovered_endpoints_and_reused_pools_stay() {
+        let store = ProfileStore::new(default_set(1), SourceKind::Embedded);
+        let before = store.load();
+        assert_eq!(
+            before.pools[0].endpoint_urls(),
+            ["http://vllm-fp16.llm.svc:8000"]
+        );
+        let pods = vec!["http://10.0.0.1:8000".to_owned()];
+        assert!(store.use_discovered_endpoints(Arc::new(KnowsFp16(pods.clone()))));
+
+        // Same profiles: pools carry over untouched.
+        store
+            .apply(default_set(2), SourceKind::Embedded, false)
+            .unwrap();
+        assert!(Arc::ptr_eq(&before.pools[0], &store.load().pools[0]));
+
+        // A renamed profile gets a new pool, seeded from discovery; an unknown service
+        // keeps its DNS name.
+        let mut set = default_set(3);
+        set.profiles[0].id = "llama8b-fp16-b".into();
+        set.default_profile = "llama8b-fp16-b".into();
+        set.profiles[1].id = "llama8b-fp8-b".into();
+        store.apply(set, SourceKind::Embedded, false).unwrap();
+        let after = store.load();
+        assert_eq!(after.pools[0].endpoint_urls(), pods);
+        assert_eq!(
+            after.pools[1].endpoint_urls(),
+            ["http://vllm-fp8.llm.svc:8000"]
+        );
+    }
+
+    #[test]
+    fn every_swap_bumps_the_generation() {
+        let store = ProfileStore::new(default_set(1), SourceKind::Embedded);
+        let mut changes = store.subscribe();
+        assert!(!changes.has_changed().unwrap());
+        store
+            .apply(default_set(2), SourceKind::Embedded, false)
+            .unwrap();
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(*changes.borrow_and_update(), 1);
+        assert!(store
+            .apply(default_set(2), SourceKind::Embedded, false)
+            .is_err());
+        assert!(!changes.has_changed().unwrap());
     }
 }

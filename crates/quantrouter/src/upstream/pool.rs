@@ -122,6 +122,15 @@ impl Pool {
         self.cold_waiting.load(Ordering::Relaxed)
     }
 
+    /// The base URLs requests are balanced over now.
+    pub fn endpoint_urls(&self) -> Vec<String> {
+        self.endpoints
+            .load()
+            .iter()
+            .map(|e| e.base.clone())
+            .collect()
+    }
+
     /// The current endpoints.
     pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
         self.endpoints.load_full()
