@@ -103,6 +103,18 @@ async fn a_failing_tier_falls_back_and_all_tiers_failing_is_a_quick_503() {
         "{fallback}"
     );
     assert_ne!(r.header("x-quantrouter-tier"), "int4");
+    // Once int4's only circuit is open the tier is ineligible: requests go straight to
+    // another tier, without a failed attempt first.
+    for _ in 0..5 {
+        t.post(&chat("auto", SIMPLE), &[]).await;
+    }
+    assert_eq!(t.circuit(INT4, 0), CircuitState::Open);
+    let before = t.requests(INT4);
+    let r = t.post(&chat("auto", SIMPLE), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-quantrouter-attempts"), "1");
+    assert_eq!(r.header("x-quantrouter-reason"), "utility");
+    assert_eq!(t.requests(INT4), before, "no attempt on the open tier");
 
     for tier in &t.sims {
         tier[0].set_faults(fails(503));
@@ -267,6 +279,42 @@ async fn a_reset_mid_stream_ends_with_an_sse_error_event_and_is_not_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_goes_silent_ends_with_a_timeout_event() {
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            itl: Duration::from_secs(5),
+            ..SimConfig::default()
+        },
+        |_| {},
+        resilience(|r| r.idle_timeout = Duration::from_millis(300)),
+    )
+    .await;
+    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 5,
+        "messages": [{"role": "user", "content": SIMPLE}]})
+    .to_string();
+    let started = Instant::now();
+    let r = t.post(&body, &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&r.body);
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let event: serde_json::Value =
+        serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(event["error"]["code"], "timeout", "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cut at the idle timeout"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            t.sims[INT4][0].stats().cancelled == 1
+        })
+        .await,
+        "the silent upstream request is cancelled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_degenerate_cheap_answer_is_rerun_on_a_better_tier_but_streams_never_are() {
     let t = Tiers::start([1, 1, 1], |_| SimConfig::default(), |_| {}, |_| {}).await;
     t.sims[INT4][0].set_faults(Faults {
@@ -332,6 +380,14 @@ async fn overload_beyond_the_queue_gets_429_and_admitted_requests_complete() {
             tokio::spawn(async move { t.post(&body, &[]).await })
         })
         .collect();
+    // The wait queue never holds more than one request per slot: memory stays bounded.
+    let mut deepest = 0;
+    while tasks.iter().any(|task| !task.is_finished()) {
+        let pool = &t.router.app.store.load().pools[INT4];
+        deepest = deepest.max(pool.admission.waiting());
+        tokio::task::yield_now().await;
+    }
+    assert!(deepest <= 2, "queue depth {deepest} over its cap of 2");
     let mut ok = 0;
     let mut limited = 0;
     for task in tasks {
