@@ -44,6 +44,8 @@ pub const READY_ENDPOINTS: &str = "quantrouter_ready_endpoints";
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
 pub const PROFILE_RELOADS: &str = "quantrouter_profile_reloads_total";
+/// 1 while this replica's tier numbers reach Redis (the last publish succeeded), else 0.
+pub const REDIS_UP: &str = "quantrouter_redis_up";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -143,6 +145,10 @@ fn describe() {
         PROFILE_RELOADS,
         "Profile-set reloads, by source and result."
     );
+    metrics::describe_gauge!(
+        REDIS_UP,
+        "1 while the last publish of tier numbers to Redis succeeded, else 0."
+    );
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` overrides the default `info` level.
@@ -181,6 +187,11 @@ pub fn profile_reload(source: &'static str, result: ReloadResult) {
         ReloadResult::Ignored => "ignored",
     };
     counter!(PROFILE_RELOADS, "source" => source, "result" => result).increment(1);
+}
+
+/// Whether the last publish of tier numbers to Redis succeeded.
+pub fn redis_up(up: bool) {
+    gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
 }
 
 /// Labels of one routed request.
