@@ -1,5 +1,6 @@
-//! The admin port: metrics, liveness, readiness and the active profile set. Separate from
-//! the public port so a sidecar can keep it private.
+//! The admin port: metrics, liveness, readiness, the active profile set and the tier numbers
+//! for KEDA's metrics-api trigger. Separate from the public port so a sidecar can keep it
+//! private.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -9,7 +10,7 @@ use hyper::body::Incoming;
 use crate::server::App;
 
 /// Answers one admin request.
-pub fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
+pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
@@ -39,15 +40,50 @@ pub fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 "loaded_at_unix": loaded_at,
                 "profile_set": snapshot.set,
             });
-            let mut response = text(StatusCode::OK, body.to_string());
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            response
+            json(StatusCode::OK, &body)
         }
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        path => match path.strip_prefix("/keda/tiers/") {
+            Some(tier) => keda_tier(app, tier).await,
+            None => text(StatusCode::NOT_FOUND, "not found\n"),
+        },
     }
+}
+
+/// `GET /keda/tiers/{tier}`: the tier's numbers, cluster-wide when Redis answers.
+async fn keda_tier(app: &App, tier: &str) -> Response<Full<Bytes>> {
+    let snapshot = app.store.load();
+    match app.keda.tier(&snapshot, tier).await {
+        Some(report) => match serde_json::to_value(&report) {
+            Ok(body) => json(StatusCode::OK, &body),
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        None => {
+            let mut tiers: Vec<&str> = snapshot
+                .set
+                .profiles
+                .iter()
+                .map(|p| p.tier.as_str())
+                .collect();
+            tiers.sort_unstable();
+            tiers.dedup();
+            let body = serde_json::json!({"error": {
+                "message": format!("no tier `{tier}` in the active profile set (tiers: {})", tiers.join(", ")),
+                "type": "not_found_error",
+                "param": "tier",
+                "code": "unknown_tier",
+            }});
+            json(StatusCode::NOT_FOUND, &body)
+        }
+    }
+}
+
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut response = text(status, body.to_string());
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -20,6 +20,8 @@ use quantrouter_policy::{
 };
 
 use crate::discovery::{self, Discovery, DiscoveryConfig};
+use crate::keda::publish::RedisTarget;
+use crate::keda::KedaConfig;
 use crate::profiles::{self, ProfileStore, SourceKind};
 use crate::resilience::ResilienceConfig;
 use crate::server::{Server, ServerConfig};
@@ -118,6 +120,18 @@ pub struct ServeArgs {
     /// Admin address (metrics, health, profiles).
     #[arg(long, env = "QUANTROUTER_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     pub admin_listen: SocketAddr,
+    /// KEDA external scaler (gRPC) address; `off` serves none.
+    #[arg(
+        long,
+        env = "QUANTROUTER_KEDA_SCALER_LISTEN",
+        default_value = "0.0.0.0:9091",
+        value_parser = parse_optional_listen
+    )]
+    pub keda_scaler_listen: OptionalListen,
+    /// This replica's name in the tier numbers shared through Redis (default: $HOSTNAME,
+    /// the pod name in Kubernetes; else a random id).
+    #[arg(long, env = "QUANTROUTER_REPLICA_ID")]
+    pub replica_id: Option<String>,
     /// Profile-set file, watched for changes; without it the embedded default is used.
     #[arg(long, env = "QUANTROUTER_PROFILES")]
     pub profiles: Option<PathBuf>,
@@ -216,6 +230,28 @@ pub enum DiscoveryMode {
     Dns,
     /// The service's ready pods, from its EndpointSlices.
     Kubernetes,
+}
+
+/// A listen address that can be switched off (`off`, or empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalListen(pub Option<SocketAddr>);
+
+fn parse_optional_listen(value: &str) -> Result<OptionalListen, String> {
+    match value.trim() {
+        "" | "off" => Ok(OptionalListen(None)),
+        addr => addr
+            .parse()
+            .map(|a| OptionalListen(Some(a)))
+            .map_err(|e| format!("`{addr}`: {e} (an address like 0.0.0.0:9091, or `off`)")),
+    }
+}
+
+/// The replica id: the flag, else the host name (the pod name in Kubernetes), else random.
+fn replica_id(flag: Option<String>, hostname: Option<String>) -> String {
+    flag.or(hostname)
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(crate::keda::random_replica_id)
 }
 
 #[derive(Debug, Args)]
@@ -553,9 +589,11 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .map(read_api_keys)
         .transpose()?;
     let resilience = resilience_config(&args);
+    let keda = keda_config(&args)?;
     let config = ServerConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
+        scaler_listen: args.keda_scaler_listen.0,
         body_limit: args.body_limit_bytes,
         api_keys,
         aliases: args.model_alias,
@@ -572,6 +610,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
             None
         }),
         log_prompts: args.log_prompts,
+        keda,
     };
     let server = Server::start(config, store)
         .await
@@ -580,6 +619,23 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())
+}
+
+/// With `--redis-url`, replicas share their tier numbers through the profile Redis.
+fn keda_config(args: &ServeArgs) -> Result<KedaConfig, CliError> {
+    let redis = match &args.redis_url {
+        Some(url) => Some(RedisTarget {
+            client: profiles::redis_store::client(url, args.redis_ca_file.as_deref())
+                .map_err(|e| CliError::Invalid(e.to_string()))?,
+            prefix: args.redis_prefix.clone(),
+        }),
+        None => None,
+    };
+    Ok(KedaConfig {
+        redis,
+        replica_id: replica_id(args.replica_id.clone(), std::env::var("HOSTNAME").ok()),
+        ..KedaConfig::default()
+    })
 }
 
 fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
@@ -857,6 +913,35 @@ mod tests {
         let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(serve_args(cli).discovery, DiscoveryMode::Kubernetes);
         assert!(parse_with_config(argv(&["serve", "--discovery", "consul"])).is_err());
+    }
+
+    #[test]
+    fn the_keda_scaler_listens_on_9091_unless_switched_off() {
+        let args = serve_args(parse_with_config(argv(&["serve"])).unwrap());
+        assert_eq!(
+            args.keda_scaler_listen,
+            OptionalListen(Some("0.0.0.0:9091".parse().unwrap()))
+        );
+        for off in ["off", ""] {
+            let cli = parse_with_config(argv(&["serve", "--keda-scaler-listen", off])).unwrap();
+            assert_eq!(serve_args(cli).keda_scaler_listen, OptionalListen(None));
+        }
+        let cli = parse_with_config(argv(&["serve", "--keda-scaler-listen", "127.0.0.1:7"]));
+        assert_eq!(
+            serve_args(cli.unwrap()).keda_scaler_listen,
+            OptionalListen(Some("127.0.0.1:7".parse().unwrap()))
+        );
+        assert!(parse_with_config(argv(&["serve", "--keda-scaler-listen", "nope"])).is_err());
+    }
+
+    #[test]
+    fn the_replica_id_is_the_flag_else_the_host_name_else_random() {
+        let host = || Some("router-7f9c-abcde".to_owned());
+        assert_eq!(replica_id(Some("pod-a".into()), host()), "pod-a");
+        assert_eq!(replica_id(None, host()), "router-7f9c-abcde");
+        let random = replica_id(None, Some(" ".into()));
+        assert!(random.starts_with("qr-"), "{random}");
+        assert_ne!(random, replica_id(None, None));
     }
 
     #[test]

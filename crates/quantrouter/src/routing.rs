@@ -62,6 +62,10 @@ pub fn route(
     };
     let warm = decide(set, &request, &load);
     let cold = cold_start(snapshot, &request, &load, &warm);
+    let cold_preferred = match &cold {
+        Some(ColdStart::Avoided { preferred }) => Some(*preferred),
+        _ => None,
+    };
     let wait_for = match &cold {
         Some(ColdStart::Wait {
             profile, timeout, ..
@@ -70,7 +74,7 @@ pub fn route(
     };
     let decision = match (warm, cold) {
         (_, Some(ColdStart::Wait { decision, .. })) => decision,
-        (Ok(mut warm), Some(ColdStart::Avoided)) => {
+        (Ok(mut warm), Some(ColdStart::Avoided { .. })) => {
             warm.reason = Reason::ColdStartAvoided;
             warm
         }
@@ -79,7 +83,11 @@ pub fn route(
             RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
         })?,
     };
-    Ok(Routed { decision, wait_for })
+    Ok(Routed {
+        decision,
+        wait_for,
+        cold_preferred,
+    })
 }
 
 /// A routing decision, and the scaled-to-zero profile it must wait for, if any.
@@ -88,13 +96,16 @@ pub struct Routed {
     pub decision: RoutingDecision,
     /// Wait up to this long for the profile's first endpoint before sending.
     pub wait_for: Option<(usize, Duration)>,
+    /// A scaled-to-zero profile that would have won; a warm one serves instead, but the
+    /// demand should still wake the cold tier.
+    pub cold_preferred: Option<usize>,
 }
 
 /// Scale from zero: a profile with no endpoint (scaled to zero) and a cold-start allowance
 /// is scored as if it were up, with its allowance as queue wait.
 enum ColdStart {
     /// It would win, but a warm profile meets the constraints: serve there instead.
-    Avoided,
+    Avoided { preferred: usize },
     /// It would win and nothing warm fits: wait for it.
     Wait {
         decision: RoutingDecision,
@@ -146,7 +157,9 @@ fn cold_start(
         .as_ref()
         .is_ok_and(|d| d.reason != Reason::ConstraintsUnmet);
     if warm_fits {
-        return Some(ColdStart::Avoided);
+        return Some(ColdStart::Avoided {
+            preferred: preferred.profile,
+        });
     }
     let profile = preferred.profile;
     Some(ColdStart::Wait {

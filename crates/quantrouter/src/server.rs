@@ -17,7 +17,7 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -32,6 +32,9 @@ use tower::ServiceBuilder;
 use tracing::Instrument;
 
 use crate::admin;
+use crate::keda::publish::Publisher;
+use crate::keda::scaler::Scaler;
+use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
@@ -49,6 +52,8 @@ pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// KEDA's external scaler (gRPC); `None` serves none.
+    pub scaler_listen: Option<SocketAddr>,
     /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
     pub body_limit: usize,
     /// Accepted bearer keys; `None` disables authentication.
@@ -67,6 +72,8 @@ pub struct ServerConfig {
     pub traces: Option<Traces>,
     /// Log prompt text with each routing decision.
     pub log_prompts: bool,
+    /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
+    pub keda: KedaConfig,
 }
 
 /// Request id, from `x-request-id` or assigned; a request extension.
@@ -79,6 +86,8 @@ pub struct App {
     pub store: Arc<ProfileStore>,
     pub config: ServerConfig,
     pub metrics: PrometheusHandle,
+    /// Tier numbers for KEDA and the demand hook of the request path.
+    pub keda: Arc<Keda>,
     client: UpstreamClient,
     shutting_down: AtomicBool,
     next_id: AtomicU64,
@@ -91,9 +100,11 @@ pub struct Server {
     pub app: Arc<App>,
     public_addr: SocketAddr,
     admin_addr: SocketAddr,
+    scaler_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
+    publisher: Option<Publisher>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -121,7 +132,12 @@ impl Server {
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
         let public = TcpListener::bind(config.listen).await?;
         let admin = TcpListener::bind(config.admin_listen).await?;
+        let scaler = match config.scaler_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
         let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
+        let scaler_addr = scaler.as_ref().map(TcpListener::local_addr).transpose()?;
         store.configure(config.resilience);
         let client = UpstreamClient::new(config.client);
         let scraper = scrape::spawn(
@@ -130,7 +146,13 @@ impl Server {
             config.resilience.scrape_interval,
             config.resilience.scrape_timeout,
         );
+        let publisher = config
+            .keda
+            .redis
+            .clone()
+            .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let app = Arc::new(App {
+            keda: Arc::new(Keda::new(config.keda.clone())),
             store,
             client,
             metrics: telemetry::metrics_handle(),
@@ -147,17 +169,34 @@ impl Server {
             move |stream, watcher| serve_public(Arc::clone(&public_app), stream, watcher),
         ));
         let admin_app = Arc::clone(&app);
-        let admin_task = tokio::spawn(accept_loop(admin, stopped, move |stream, watcher| {
-            serve_admin(Arc::clone(&admin_app), stream, watcher)
-        }));
-        tracing::info!(%public_addr, %admin_addr, "quantrouter listening");
+        let admin_task = tokio::spawn(accept_loop(
+            admin,
+            stopped.clone(),
+            move |stream, watcher| serve_admin(Arc::clone(&admin_app), stream, watcher),
+        ));
+        let mut tasks = vec![public_task, admin_task];
+        if let Some(listener) = scaler {
+            let scaler = Scaler::new(
+                Arc::clone(&app.store),
+                Arc::clone(&app.keda),
+                stopped.clone(),
+            );
+            tasks.push(tokio::spawn(accept_loop(
+                listener,
+                stopped,
+                move |stream, watcher| serve_scaler(scaler.clone(), stream, watcher),
+            )));
+        }
+        tracing::info!(%public_addr, %admin_addr, ?scaler_addr, "quantrouter listening");
         Ok(Self {
             app,
             public_addr,
             admin_addr,
+            scaler_addr,
             stop,
-            tasks: vec![public_task, admin_task],
+            tasks,
             scraper,
+            publisher,
         })
     }
 
@@ -167,6 +206,11 @@ impl Server {
 
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// The KEDA external scaler's address, when it is served.
+    pub fn scaler_addr(&self) -> Option<SocketAddr> {
+        self.scaler_addr
     }
 
     /// Graceful stop: readiness turns false at once; connections are still accepted for
@@ -182,6 +226,10 @@ impl Server {
             tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
         self.scraper.abort();
+        // Last: until the requests above drained they were load KEDA had to see.
+        if let Some(publisher) = self.publisher {
+            publisher.stop().await;
+        }
         if let Some(traces) = self.app.config.traces.clone() {
             // Flushing joins the exporter thread; keep it off the async workers.
             let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
@@ -231,13 +279,25 @@ fn serve_public(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFutu
 fn serve_admin(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
     let service = hyper::service::service_fn(move |req| {
         let app = Arc::clone(&app);
-        async move { Ok::<_, Infallible>(admin::handle(&app, req)) }
+        async move { Ok::<_, Infallible>(admin::handle(&app, req).await) }
     });
     Box::pin(async move {
         let conn = hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(stream), service);
         if let Err(error) = watcher.watch(conn).await {
             tracing::debug!(%error, "admin connection ended with an error");
+        }
+    })
+}
+
+fn serve_scaler(scaler: Scaler, stream: TcpStream, watcher: Watcher) -> ServeFuture {
+    // gRPC is HTTP/2 only; KEDA connects with prior knowledge (no TLS here).
+    let service = TowerToHyperService::new(scaler.into_service());
+    Box::pin(async move {
+        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(stream), service);
+        if let Err(error) = watcher.watch(conn).await {
+            tracing::debug!(%error, "scaler connection ended with an error");
         }
     })
 }
@@ -357,6 +417,10 @@ async fn route_and_forward(
     let snapshot = app.store.load();
     let routed = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
     let decision = routed.decision;
+    app.keda.on_route(&snapshot, decision.profile);
+    if let Some(cold) = routed.cold_preferred {
+        app.keda.on_route(&snapshot, cold);
+    }
     let resilience = &app.config.resilience;
     let deadline =
         started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
@@ -865,6 +929,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            scaler_listen: None,
             body_limit: 4 * 1024 * 1024,
             api_keys: None,
             aliases: Vec::new(),
@@ -874,6 +939,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(25),
             traces: None,
             log_prompts: false,
+            keda: KedaConfig::default(),
         }
     }
 }

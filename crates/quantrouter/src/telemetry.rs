@@ -55,6 +55,8 @@ pub const PROFILE_RELOADS: &str = "quantrouter_profile_reloads_total";
 /// Kubernetes discovery events: `updated` (a service's endpoint list changed), `error`
 /// (a list or watch failed; the last known endpoints stay).
 pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
+/// 1 while this replica's tier numbers reach Redis (the last publish succeeded), else 0.
+pub const REDIS_UP: &str = "quantrouter_redis_up";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -158,6 +160,10 @@ fn describe() {
         DISCOVERY_EVENTS,
         "Kubernetes discovery endpoint updates and errors, by result."
     );
+    metrics::describe_gauge!(
+        REDIS_UP,
+        "1 while the last publish of tier numbers to Redis succeeded, else 0."
+    );
 }
 
 /// Sets up `tracing` output on stderr; `RUST_LOG` overrides the default `info` level.
@@ -201,6 +207,11 @@ pub fn profile_reload(source: &'static str, result: ReloadResult) {
 /// `result`: `updated` or `error`.
 pub fn discovery_event(result: &'static str) {
     counter!(DISCOVERY_EVENTS, "result" => result).increment(1);
+}
+
+/// Whether the last publish of tier numbers to Redis succeeded.
+pub fn redis_up(up: bool) {
+    gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
 }
 
 /// Labels of one routed request.

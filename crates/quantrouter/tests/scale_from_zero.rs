@@ -49,6 +49,8 @@ async fn a_request_waits_for_a_cold_tier_and_counts_in_its_queue_depth() {
     })
     .await;
     assert!(queued, "the waiting request is in int4's queue depth");
+    let demand = &t.router.app.keda.demand;
+    assert!(demand.recent("int4", Duration::from_secs(60), Instant::now()));
     assert!(!request.is_finished());
     // The tier comes up.
     let url = t.sims[INT4][0].url();
@@ -91,6 +93,12 @@ async fn a_warm_tier_within_budget_serves_instead_and_says_why() {
         started.elapsed() < Duration::from_secs(5),
         "no cold-start wait"
     );
+    let demand = &t.router.app.keda.demand;
+    assert!(
+        demand.recent("int4", Duration::from_secs(60), Instant::now()),
+        "the cold tier is still woken for KEDA"
+    );
+    assert!(!demand.recent("fp8", Duration::from_secs(60), Instant::now()));
     // An allowance beyond the budget, or none, makes the cold tier simply unavailable.
     let t = tiers(10_000).await;
     scale_to_zero(&t, &[INT4]);

@@ -275,6 +275,11 @@ impl Endpoint {
         self.inflight() + self.waiting.load(Ordering::Relaxed)
     }
 
+    /// `vllm:num_requests_waiting` as last scraped.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     pub fn set_waiting(&self, waiting: u64) {
         self.waiting.store(waiting, Ordering::Relaxed);
     }
