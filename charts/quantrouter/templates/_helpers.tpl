@@ -175,7 +175,7 @@ env:
   {{- . | trim | nindent 2 }}
   {{- end }}
   {{- if include "quantrouter.externalScaler" $ }}
-  - name: QUANTROUTER_KEDA_LISTEN
+  - name: QUANTROUTER_KEDA_SCALER_LISTEN
     value: "0.0.0.0:{{ $v.keda.external.port }}"
   {{- end }}
   {{- with $v.router.extraEnv }}

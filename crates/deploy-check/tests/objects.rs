@@ -293,6 +293,40 @@ fn millis_to_seconds_ceil(ms: &str) -> i64 {
     (ms.parse::<i64>().unwrap() + 999) / 1000
 }
 
+/// The router container's args and `QUANTROUTER_*` variables are ones the router's own CLI
+/// accepts: a renamed or misspelt flag in the chart fails here, not at pod start.
+#[test]
+fn router_args_and_env_parse_with_the_router_cli() {
+    use clap::CommandFactory;
+    let Some(renders) = all_renders() else { return };
+    let command = quantrouter::cli::Cli::command();
+    let serve = command.find_subcommand("serve").unwrap();
+    let known_env: Vec<String> = serve
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    let mut checked = 0;
+    for render in &renders {
+        for (_, container) in router_containers(render) {
+            checked += 1;
+            let src = &render.source;
+            let mut argv: Vec<std::ffi::OsString> = vec!["quantrouter".into(), "serve".into()];
+            argv.extend(args(&container).into_iter().map(Into::into));
+            if let Err(e) = quantrouter::cli::parse_with_config(argv) {
+                panic!("{src}: the router CLI rejects the chart's args: {e}");
+            }
+            for env in container["env"].as_array().into_iter().flatten() {
+                let name = env["name"].as_str().unwrap();
+                if name.starts_with("QUANTROUTER_") {
+                    assert!(known_env.iter().any(|k| k == name), "{src}: unknown {name}");
+                }
+            }
+        }
+    }
+    assert!(checked > 0, "no router container found");
+}
+
 #[test]
 fn router_follows_the_flag_probe_shutdown_and_security_contract() {
     let Some(renders) = all_renders() else { return };
