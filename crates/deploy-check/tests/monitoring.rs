@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The monitoring files: the dashboard is well-formed, the dashboard and the alerts use only
 //! metric names the router exports, every dashboard query parses as PromQL, the plain rules
-//! file and the chart's copies are the PrometheusRule's spec, and every alert has a test.
+//! file (and the chart, which links it) is the PrometheusRule's spec, and every alert has a test.
 
 #[allow(dead_code)]
 mod support;

@@ -286,10 +286,7 @@ pub fn render(handle: &PrometheusHandle) -> String {
             continue;
         }
         let _ = writeln!(page, "# HELP {name} {text}\n# TYPE {name} counter");
-        for ((_, profile), value) in costs.range((name, String::new())..) {
-            if !costs.contains_key(&(name, profile.clone())) {
-                break;
-            }
+        for ((_, profile), value) in costs.iter().filter(|((metric, _), _)| *metric == name) {
             let _ = writeln!(page, "{name}{{profile=\"{profile}\"}} {value}");
         }
         let _ = writeln!(page);

@@ -96,4 +96,12 @@ async fn usage_is_counted_and_the_extra_usage_chunk_never_reaches_the_client() {
     );
     assert!((counterfactual - expect(fp16)).abs() < 1e-12);
     assert!(counterfactual > cost, "routing to int4 saved money");
+    // Every series appears once (a duplicate would make sums wrong).
+    let series: Vec<&str> = after
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    let unique: std::collections::HashSet<&str> = series.iter().copied().collect();
+    assert_eq!(unique.len(), series.len(), "duplicate series on /metrics");
 }
