@@ -30,7 +30,10 @@ const ITERATIONS: usize = 1000;
 
 fn body(kind: &str) -> Bytes {
     let (prompt, stream) = match kind {
-        "chat-short" => ("What is the capital of France? Answer in one word.".to_owned(), false),
+        "chat-short" => (
+            "What is the capital of France? Answer in one word.".to_owned(),
+            false,
+        ),
         "chat-4k" => {
             let unit = "Summarise the quarterly report: revenue grew 12% to $4.2M while costs \
                         fell. Then write a Python function `def growth(a, b): return (b - a) / a` \
