@@ -6,9 +6,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::compare::compare;
+use crate::markdown;
 use crate::report::RunReport;
 use crate::run::{run, LoadMode, RunConfig, DEFAULT_MAX_OUTSTANDING};
-use crate::workload::{resolve_prompts, shuffle, Endpoint};
+use crate::scenario::Scenario;
+use crate::workload::{resolve_prompts, shuffle, Endpoint, TokenMix};
 
 /// Open- and closed-loop load generator for OpenAI-compatible endpoints.
 #[derive(Debug, Parser)]
@@ -29,6 +31,8 @@ pub enum Command {
     Run(RunArgs),
     /// Print the latency a subject run adds over a baseline run.
     Compare(CompareArgs),
+    /// Print a Markdown table of runs with ratios to the first (the baseline).
+    Table(TableArgs),
 }
 
 /// `loadtest run`.
@@ -60,12 +64,20 @@ pub struct RunArgs {
     /// Shuffle the prompts with this seed instead of sending them in file order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Share of streamed requests, 0.0..=1.0.
-    #[arg(long, default_value_t = 0.0)]
-    pub stream_share: f64,
-    /// `max_tokens` of every request.
-    #[arg(long, default_value_t = 16)]
-    pub max_tokens: u32,
+    /// Scenario preset for the request shape (stream share, `max_tokens` mix, answer
+    /// checks); explicit flags win.
+    #[arg(long, value_enum)]
+    pub preset: Option<Scenario>,
+    /// Share of streamed requests, 0.0..=1.0 (default 0, or the preset's).
+    #[arg(long)]
+    pub stream_share: Option<f64>,
+    /// `max_tokens`: one value (`16`) or a weighted mix (`16:60,64:30,256:10`); default 16,
+    /// or the preset's.
+    #[arg(long)]
+    pub max_tokens: Option<String>,
+    /// Check that every non-streamed 200 is a completion (error bodies are always checked).
+    #[arg(long)]
+    pub check_answers: bool,
     /// `model` of every request (`auto` lets quantrouter choose).
     #[arg(long, default_value = "auto")]
     pub model: String,
@@ -103,6 +115,20 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
+/// `loadtest table`.
+#[derive(Debug, Args)]
+pub struct TableArgs {
+    /// Result files; the first is the baseline the ratios refer to.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Add per-tier rows (tier mix, p99 TTFT per tier).
+    #[arg(long)]
+    pub tiers: bool,
+    /// Add the lost-request accounting columns.
+    #[arg(long)]
+    pub answers: bool,
+}
+
 /// A multi-threaded runtime with `threads` workers (tokio's default when `None`).
 pub fn build_runtime(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -119,6 +145,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run_command(args).await,
         Command::Compare(args) => compare_command(&args),
+        Command::Table(args) => table_command(&args),
     }
 }
 
@@ -145,6 +172,17 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         shuffle(&mut prompts, seed);
     }
     eprintln!("loadtest: {} prompts from {source}", prompts.len());
+    let preset = args.preset.map(Scenario::preset);
+    let stream_share = args
+        .stream_share
+        .or(preset.as_ref().map(|p| p.stream_share))
+        .unwrap_or(0.0);
+    let max_tokens = match (&args.max_tokens, &preset) {
+        (Some(text), _) => TokenMix::parse(text).map_err(|e| e.context("--max-tokens"))?,
+        (None, Some(preset)) => preset.max_tokens.clone(),
+        (None, None) => TokenMix::fixed(16),
+    };
+    let check_answers = args.check_answers || preset.as_ref().is_some_and(|p| p.check_answers);
     let label = args.label.clone().unwrap_or_else(|| match mode {
         LoadMode::Rate(rate) => format!("rate{rate} {}", args.url),
         LoadMode::Concurrency(workers) => format!("c{workers} {}", args.url),
@@ -155,8 +193,9 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         duration: seconds("--duration-s", args.duration_s)?,
         warmup: seconds("--warmup-s", args.warmup_s)?,
         prompts,
-        stream_share: args.stream_share,
-        max_tokens: args.max_tokens,
+        stream_share,
+        max_tokens,
+        check_answers,
         model: args.model.clone(),
         endpoint: args.endpoint,
         label,
@@ -174,6 +213,24 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&comparison)?);
     } else {
         print!("{}", comparison.render_table());
+    }
+    Ok(())
+}
+
+fn table_command(args: &TableArgs) -> anyhow::Result<()> {
+    let reports = args
+        .runs
+        .iter()
+        .map(|path| RunReport::read_json(path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    print!("{}", markdown::runs_table(&reports));
+    if args.answers {
+        println!();
+        print!("{}", markdown::answers_table(&reports));
+    }
+    if args.tiers {
+        println!();
+        print!("{}", markdown::tiers_table(&reports));
     }
     Ok(())
 }
@@ -234,12 +291,62 @@ mod tests {
             panic!("not run");
         };
         let config = run_config(&args).unwrap();
+        assert_eq!(config.stream_share, 1.0);
+        assert_eq!(config.max_tokens, TokenMix::fixed(16));
+        assert!(!config.check_answers);
         assert_eq!(config.mode, LoadMode::Rate(200.0));
         assert_eq!(config.duration, Duration::from_secs(15));
         assert_eq!(config.warmup, Duration::from_secs(2));
         assert_eq!(config.endpoint, Endpoint::Completions);
         assert_eq!(config.label, "direct");
         assert!(!config.prompts.is_empty());
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let mut all = vec!["run", "--rate", "10", "--duration-s", "1"];
+        all.extend_from_slice(args);
+        match parse(&all).unwrap().command {
+            Command::Run(args) => args,
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_preset_sets_the_request_shape_and_flags_override_it() {
+        let config = run_config(&run_args(&["--preset", "mixed"])).unwrap();
+        assert_eq!(config.stream_share, 0.1);
+        assert_eq!(
+            config.max_tokens,
+            TokenMix::parse(crate::scenario::MIXED_TOKENS).unwrap()
+        );
+        let config = run_config(&run_args(&[
+            "--preset",
+            "mixed",
+            "--stream-share",
+            "0.5",
+            "--max-tokens",
+            "8:1,9:1",
+        ]))
+        .unwrap();
+        assert_eq!(config.stream_share, 0.5);
+        assert_eq!(config.max_tokens.values().collect::<Vec<_>>(), [8, 9]);
+        assert!(
+            run_config(&run_args(&["--preset", "chaos"]))
+                .unwrap()
+                .check_answers
+        );
+        assert!(parse(&[
+            "run",
+            "--rate",
+            "1",
+            "--duration-s",
+            "1",
+            "--preset",
+            "nope"
+        ])
+        .is_err());
+        let error = run_config(&run_args(&["--max-tokens", "16:x"])).unwrap_err();
+        assert!(format!("{error:#}").contains("--max-tokens"), "{error:#}");
     }
 
     #[test]

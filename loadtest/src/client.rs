@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_TYPE};
-use http::{HeaderValue, Method, Request, Uri};
+use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -25,6 +25,14 @@ pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 pub const TIER_HEADER: &str = "x-quantrouter-tier";
 /// Router response header naming the chosen profile.
 pub const PROFILE_HEADER: &str = "x-quantrouter-profile";
+/// Router response header with the reason for the decision.
+pub const REASON_HEADER: &str = "x-quantrouter-reason";
+/// Router response header present when the request moved to another profile.
+pub const FALLBACK_HEADER: &str = "x-quantrouter-fallback";
+
+/// Error and checked bodies are read up to this size; an OpenAI error or a short completion
+/// is far smaller, and a bound keeps a misbehaving server from filling the client's memory.
+const CHECKED_BODY_LIMIT: usize = 1 << 20;
 
 /// Idle keep-alive connections are closed after this long; longer than any gap in a run, so
 /// the pool never reconnects mid-run.
@@ -43,6 +51,8 @@ pub struct Exchange<'a> {
     pub origin: Instant,
     /// The whole exchange, from the actual send, must finish within this.
     pub timeout: Duration,
+    /// Check that a non-streamed 200 body is a completion (error bodies are always checked).
+    pub check_answers: bool,
 }
 
 /// A keep-alive pooled client with `TCP_NODELAY`.
@@ -64,25 +74,13 @@ pub async fn send(client: &HttpClient, exchange: Exchange<'_>) -> Outcome {
     let deadline = Instant::now() + exchange.timeout;
     match tokio::time::timeout_at(deadline, send_inner(client, exchange)).await {
         Ok(outcome) => outcome,
-        Err(_elapsed) => Outcome {
-            latency: origin.elapsed(),
-            ttft: None,
-            result: Err(ErrorKind::Timeout),
-            tier: None,
-            profile: None,
-        },
+        Err(_elapsed) => Outcome::failed(origin, ErrorKind::Timeout),
     }
 }
 
 async fn send_inner(client: &HttpClient, exchange: Exchange<'_>) -> Outcome {
     let origin = exchange.origin;
-    let failed = |kind| Outcome {
-        latency: origin.elapsed(),
-        ttft: None,
-        result: Err(kind),
-        tier: None,
-        profile: None,
-    };
+    let failed = |kind| Outcome::failed(origin, kind);
     let accept = if exchange.stream {
         HeaderValue::from_static("text/event-stream")
     } else {
@@ -103,21 +101,72 @@ async fn send_inner(client: &HttpClient, exchange: Exchange<'_>) -> Outcome {
         Err(_) => return failed(ErrorKind::Request),
     };
     let status = response.status();
-    let tier = response.headers().get(TIER_HEADER).cloned();
-    let profile = response.headers().get(PROFILE_HEADER).cloned();
-    let read = read_body(response.into_body(), exchange.stream, origin).await;
-    let result = if !status.is_success() {
-        Err(ErrorKind::from_status(status))
+    let headers = response.headers();
+    let tier = headers.get(TIER_HEADER).cloned();
+    let profile = headers.get(PROFILE_HEADER).cloned();
+    let reason = headers.get(REASON_HEADER).cloned();
+    let fallback = headers.contains_key(FALLBACK_HEADER);
+    let retry_after = status == StatusCode::TOO_MANY_REQUESTS && headers.contains_key(RETRY_AFTER);
+    let body = response.into_body();
+    let (ttft, result) = if !status.is_success() {
+        // An error answer counts as answered only when it is an OpenAI error object.
+        let result = match read_checked(body).await {
+            Some(bytes) if is_openai_error(&bytes) => Err(ErrorKind::from_status(status)),
+            _ => Err(ErrorKind::Malformed),
+        };
+        (None, result)
+    } else if exchange.check_answers && !exchange.stream {
+        match read_checked(body).await {
+            Some(bytes) if is_completion(&bytes) => (Some(origin.elapsed()), Ok(())),
+            Some(_) => (None, Err(ErrorKind::Malformed)),
+            None => (None, Err(ErrorKind::Body)),
+        }
     } else {
-        read.result
+        let read = read_body(body, exchange.stream, origin).await;
+        (read.ttft, read.result)
     };
     Outcome {
         latency: origin.elapsed(),
-        ttft: read.ttft,
+        ttft,
         result,
         tier,
         profile,
+        reason,
+        fallback,
+        retry_after,
     }
+}
+
+/// The whole body up to [`CHECKED_BODY_LIMIT`], or `None` when it broke off or is larger.
+async fn read_checked(body: hyper::body::Incoming) -> Option<Bytes> {
+    let limited = http_body_util::Limited::new(body, CHECKED_BODY_LIMIT);
+    limited
+        .collect()
+        .await
+        .ok()
+        .map(|collected| collected.to_bytes())
+}
+
+/// An OpenAI error body: `{"error": {"message": "...", ...}}`.
+pub fn is_openai_error(body: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    value
+        .get("error")
+        .and_then(|error| error.get("message"))
+        .is_some_and(serde_json::Value::is_string)
+}
+
+/// A non-streamed completion body: a JSON object with a non-empty `choices` array.
+pub fn is_completion(body: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    value
+        .get("choices")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|choices| !choices.is_empty())
 }
 
 struct BodyRead {
@@ -160,4 +209,28 @@ async fn read_body(mut body: hyper::body::Incoming, stream: bool, origin: Instan
         _ => Ok(()),
     };
     BodyRead { ttft, result }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_errors_need_an_error_object_with_a_message() {
+        assert!(is_openai_error(
+            br#"{"error":{"message":"slow down","type":"rate_limit_error","code":"tier_overloaded"}}"#
+        ));
+        assert!(!is_openai_error(b"upstream connect error"));
+        assert!(!is_openai_error(br#"{"detail":"Not Found"}"#));
+        assert!(!is_openai_error(br#"{"error":"plain string"}"#));
+    }
+
+    #[test]
+    fn completions_need_choices() {
+        assert!(is_completion(
+            br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#
+        ));
+        assert!(!is_completion(br#"{"id":"x","choices":[]}"#));
+        assert!(!is_completion(b"{\"id\":"));
+    }
 }

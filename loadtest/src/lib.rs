@@ -11,9 +11,11 @@
 pub mod cli;
 pub mod client;
 pub mod compare;
+pub mod markdown;
 pub mod outcome;
 pub mod report;
 pub mod run;
+pub mod scenario;
 pub mod schedule;
 pub mod sse;
 pub mod stats;
@@ -22,4 +24,5 @@ pub mod workload;
 pub use compare::{compare, Comparison};
 pub use report::{Mode, RunReport};
 pub use run::{run, LoadMode, RunConfig};
-pub use workload::Endpoint;
+pub use scenario::Scenario;
+pub use workload::{Endpoint, TokenMix};

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use crate::stats::Summary;
+use crate::stats::{Accounting, Summary, TierSummary};
 
 /// How load was generated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,9 +43,12 @@ pub struct RunReport {
     /// `chat` or `completions`.
     #[serde(default)]
     pub endpoint: String,
-    /// `max_tokens` sent in every request.
+    /// `max_tokens` sent (the mean, rounded, when a mix was sent).
     #[serde(default)]
     pub max_tokens: u32,
+    /// The `max_tokens` mix, e.g. `16:50,64:30,256:20`.
+    #[serde(default)]
+    pub max_tokens_mix: String,
     /// Share of streamed requests.
     #[serde(default)]
     pub stream_share: f64,
@@ -67,6 +70,21 @@ pub struct RunReport {
     /// `x-quantrouter-profile` response header values.
     #[serde(default)]
     pub profiles: BTreeMap<String, u64>,
+    /// `x-quantrouter-reason` response header values.
+    #[serde(default)]
+    pub reasons: BTreeMap<String, u64>,
+    /// Latency and TTFT of successful requests by `x-quantrouter-tier`.
+    #[serde(default)]
+    pub per_tier: BTreeMap<String, TierSummary>,
+    /// Answers with `x-quantrouter-fallback`.
+    #[serde(default)]
+    pub fallbacks: u64,
+    /// 429 answers that carried `Retry-After`.
+    #[serde(default)]
+    pub retry_after_429: u64,
+    /// Lost-request accounting: did every request get one well-formed answer?
+    #[serde(default)]
+    pub accounting: Accounting,
 }
 
 // === impl RunReport ===
@@ -126,15 +144,33 @@ impl RunReport {
                 summary.p50, summary.p90, summary.p99, summary.p999, summary.max, summary.mean
             );
         }
+        for (name, tier) in &self.per_tier {
+            let _ = writeln!(
+                out,
+                "tier {name:<5} {:>10} {:>10} {:>10}   ttft p50 {} p99 {}",
+                tier.latency_us.count,
+                tier.latency_us.p50,
+                tier.latency_us.p99,
+                tier.ttft_us.p50,
+                tier.ttft_us.p99
+            );
+        }
         for (title, counts) in [
             ("errors", &self.errors),
             ("tiers", &self.tiers),
             ("profiles", &self.profiles),
+            ("reasons", &self.reasons),
         ] {
             if !counts.is_empty() {
                 let _ = writeln!(out, "{title}: {}", render_counts(counts));
             }
         }
+        let a = &self.accounting;
+        let _ = writeln!(
+            out,
+            "answers: sent {} ok {} well-formed errors {} lost {} not sent {}  fallbacks {}  429 with Retry-After {}",
+            a.sent, a.ok, a.well_formed_errors, a.lost, a.not_sent, self.fallbacks, self.retry_after_429
+        );
         out
     }
 }
@@ -188,6 +224,12 @@ pub(crate) mod tests {
             },
             tiers: BTreeMap::from([("fp16".to_owned(), 2999)]),
             profiles: BTreeMap::new(),
+            max_tokens_mix: "16".to_owned(),
+            reasons: BTreeMap::new(),
+            per_tier: BTreeMap::new(),
+            fallbacks: 0,
+            retry_after_429: 0,
+            accounting: Accounting::default(),
         }
     }
 

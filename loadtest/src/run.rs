@@ -14,7 +14,7 @@ use crate::outcome::{ErrorKind, Outcome};
 use crate::report::{Mode, RunReport};
 use crate::schedule::{scheduled_offset, OpenLoopPlan};
 use crate::stats::Recorder;
-use crate::workload::{BodyParams, Endpoint, Workload};
+use crate::workload::{BodyParams, Endpoint, TokenMix, Workload};
 
 /// Default cap on outstanding open-loop requests: far above what a healthy run needs, low
 /// enough that a dead server cannot make the client exhaust sockets or memory.
@@ -44,8 +44,10 @@ pub struct RunConfig {
     pub prompts: Vec<String>,
     /// Share of streamed requests, 0..=1.
     pub stream_share: f64,
-    /// `max_tokens` of every request.
-    pub max_tokens: u32,
+    /// `max_tokens` of each request, drawn from this mix.
+    pub max_tokens: TokenMix,
+    /// Check that every non-streamed 200 is a completion.
+    pub check_answers: bool,
     /// `model` of every request.
     pub model: String,
     /// Chat or completions.
@@ -67,6 +69,7 @@ struct Shared {
     uri: Uri,
     workload: Workload,
     request_timeout: Duration,
+    check_answers: bool,
     measured: Mutex<Measured>,
 }
 
@@ -88,6 +91,7 @@ impl Shared {
             stream,
             origin,
             timeout: self.request_timeout,
+            check_answers: self.check_answers,
         };
         client::send(&self.client, exchange).await
     }
@@ -123,13 +127,19 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
     let params = BodyParams {
         endpoint: config.endpoint,
         model: &config.model,
-        max_tokens: config.max_tokens,
+        max_tokens: 1,
     };
     let shared = Arc::new(Shared {
         client: client::build_client(config.connect_timeout),
         uri,
-        workload: Workload::prepare(&config.prompts, &params, config.stream_share)?,
+        workload: Workload::prepare_mix(
+            &config.prompts,
+            &params,
+            config.stream_share,
+            &config.max_tokens,
+        )?,
         request_timeout: config.request_timeout,
+        check_answers: config.check_answers,
         measured: Mutex::new(Measured {
             recorder: Recorder::new()?,
             last_completion: None,
@@ -167,7 +177,8 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
         warmup_s: config.warmup.as_secs_f64(),
         model: config.model.clone(),
         endpoint: config.endpoint.as_str().to_owned(),
-        max_tokens: config.max_tokens,
+        max_tokens: config.max_tokens.mean().round() as u32,
+        max_tokens_mix: config.max_tokens.to_string(),
         stream_share: config.stream_share,
         requests: totals.requests,
         ok: totals.ok,
@@ -177,6 +188,11 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
         ttft_us: totals.ttft_us,
         tiers: totals.tiers,
         profiles: totals.profiles,
+        reasons: totals.reasons,
+        per_tier: totals.per_tier,
+        fallbacks: totals.fallbacks,
+        retry_after_429: totals.retry_after_429,
+        accounting: totals.accounting,
     })
 }
 

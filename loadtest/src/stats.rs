@@ -7,7 +7,7 @@ use hdrhistogram::Histogram;
 use http::HeaderValue;
 use serde::{Deserialize, Serialize};
 
-use crate::outcome::{ErrorKind, Outcome};
+use crate::outcome::{Answer, ErrorKind, Outcome};
 
 /// Largest latency the histograms hold: one hour, far beyond any request timeout.
 const MAX_TRACKED_US: u64 = 3_600_000_000;
@@ -34,6 +34,38 @@ pub struct Summary {
     pub mean: f64,
 }
 
+/// Latency and TTFT of the successful requests one tier served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierSummary {
+    /// End-to-end latency.
+    pub latency_us: Summary,
+    /// Time to first token.
+    pub ttft_us: Summary,
+}
+
+/// Did every request get exactly one well-formed answer?
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accounting {
+    /// Requests sent in the measured window.
+    pub sent: u64,
+    /// 2xx answers read to the end.
+    pub ok: u64,
+    /// Well-formed error answers (an OpenAI error body, or an SSE error event).
+    pub well_formed_errors: u64,
+    /// Requests with no well-formed answer: connection failures, timeouts, cut-off bodies,
+    /// streams without `[DONE]` or an error event, garbled bodies.
+    pub lost: u64,
+    /// Requests the client never sent (open-loop overflow); not part of `sent`.
+    pub not_sent: u64,
+}
+
+/// Per-tier histograms.
+#[derive(Debug)]
+struct TierHistograms {
+    latency: Histogram<u64>,
+    ttft: Histogram<u64>,
+}
+
 /// Everything measured in a run's recorded window.
 #[derive(Debug)]
 pub struct Recorder {
@@ -44,6 +76,11 @@ pub struct Recorder {
     errors: BTreeMap<ErrorKind, u64>,
     tiers: BTreeMap<String, u64>,
     profiles: BTreeMap<String, u64>,
+    reasons: BTreeMap<String, u64>,
+    per_tier: BTreeMap<String, TierHistograms>,
+    fallbacks: u64,
+    retry_after_429: u64,
+    accounting: Accounting,
 }
 
 /// The recorder's counts, ready for a report.
@@ -63,6 +100,16 @@ pub struct Totals {
     pub tiers: BTreeMap<String, u64>,
     /// `x-quantrouter-profile` values.
     pub profiles: BTreeMap<String, u64>,
+    /// `x-quantrouter-reason` values.
+    pub reasons: BTreeMap<String, u64>,
+    /// Successful-request latency and TTFT by `x-quantrouter-tier`.
+    pub per_tier: BTreeMap<String, TierSummary>,
+    /// Answers carrying `x-quantrouter-fallback`.
+    pub fallbacks: u64,
+    /// 429 answers with `Retry-After`.
+    pub retry_after_429: u64,
+    /// Lost-request accounting.
+    pub accounting: Accounting,
 }
 
 // === impl Recorder ===
@@ -82,6 +129,11 @@ impl Recorder {
             errors: BTreeMap::new(),
             tiers: BTreeMap::new(),
             profiles: BTreeMap::new(),
+            reasons: BTreeMap::new(),
+            per_tier: BTreeMap::new(),
+            fallbacks: 0,
+            retry_after_429: 0,
+            accounting: Accounting::default(),
         })
     }
 
@@ -91,12 +143,24 @@ impl Recorder {
         self.requests += 1;
         count_header(&mut self.tiers, outcome.tier.as_ref());
         count_header(&mut self.profiles, outcome.profile.as_ref());
+        count_header(&mut self.reasons, outcome.reason.as_ref());
+        self.fallbacks += u64::from(outcome.fallback);
+        self.retry_after_429 += u64::from(outcome.retry_after);
+        self.account(outcome.answer());
         match outcome.result {
             Ok(()) => {
                 self.ok += 1;
-                self.latency.saturating_record(micros(outcome.latency));
-                if let Some(ttft) = outcome.ttft {
-                    self.ttft.saturating_record(micros(ttft));
+                let latency = micros(outcome.latency);
+                let ttft = outcome.ttft.map(micros);
+                self.latency.saturating_record(latency);
+                if let Some(ttft) = ttft {
+                    self.ttft.saturating_record(ttft);
+                }
+                if let Some(tier) = self.tier_histograms(outcome.tier.as_ref()) {
+                    tier.latency.saturating_record(latency);
+                    if let Some(ttft) = ttft {
+                        tier.ttft.saturating_record(ttft);
+                    }
                 }
             }
             Err(kind) => self.record_error(kind),
@@ -106,7 +170,36 @@ impl Recorder {
     /// Records a request that never produced an outcome (a client overflow).
     pub fn record_dropped(&mut self, kind: ErrorKind) {
         self.requests += 1;
+        self.account(kind.answer());
         self.record_error(kind);
+    }
+
+    fn account(&mut self, answer: Answer) {
+        let accounting = &mut self.accounting;
+        match answer {
+            Answer::Ok => accounting.ok += 1,
+            Answer::WellFormedError => accounting.well_formed_errors += 1,
+            Answer::Lost => accounting.lost += 1,
+            Answer::NotSent => accounting.not_sent += 1,
+        }
+        if answer != Answer::NotSent {
+            accounting.sent += 1;
+        }
+    }
+
+    /// The histograms of the tier named by `tier`, created on first sight; `None` when there
+    /// is no tier header or a histogram cannot be made.
+    fn tier_histograms(&mut self, tier: Option<&HeaderValue>) -> Option<&mut TierHistograms> {
+        let name = tier?.to_str().unwrap_or("<non-ascii>");
+        if !self.per_tier.contains_key(name) {
+            let histogram = || Histogram::new_with_bounds(1, MAX_TRACKED_US, SIGNIFICANT_DIGITS);
+            let histograms = TierHistograms {
+                latency: histogram().ok()?,
+                ttft: histogram().ok()?,
+            };
+            self.per_tier.insert(name.to_owned(), histograms);
+        }
+        self.per_tier.get_mut(name)
     }
 
     /// Counts so far.
@@ -123,6 +216,21 @@ impl Recorder {
             ttft_us: summarize(&self.ttft),
             tiers: self.tiers.clone(),
             profiles: self.profiles.clone(),
+            reasons: self.reasons.clone(),
+            per_tier: self
+                .per_tier
+                .iter()
+                .map(|(name, tier)| {
+                    let summary = TierSummary {
+                        latency_us: summarize(&tier.latency),
+                        ttft_us: summarize(&tier.ttft),
+                    };
+                    (name.clone(), summary)
+                })
+                .collect(),
+            fallbacks: self.fallbacks,
+            retry_after_429: self.retry_after_429,
+            accounting: self.accounting,
         }
     }
 
@@ -177,6 +285,22 @@ mod tests {
             result: Ok(()),
             tier: tier.map(HeaderValue::from_static),
             profile: None,
+            reason: None,
+            fallback: false,
+            retry_after: false,
+        }
+    }
+
+    fn failed(kind: ErrorKind) -> Outcome {
+        Outcome {
+            latency: Duration::from_millis(5),
+            ttft: None,
+            result: Err(kind),
+            tier: None,
+            profile: None,
+            reason: None,
+            fallback: false,
+            retry_after: kind == ErrorKind::Http429,
         }
     }
 
@@ -206,10 +330,7 @@ mod tests {
         recorder.record(&ok(300, 10, Some("int4")));
         recorder.record(&Outcome {
             latency: Duration::from_secs(30),
-            ttft: None,
-            result: Err(ErrorKind::Timeout),
-            tier: None,
-            profile: None,
+            ..failed(ErrorKind::Timeout)
         });
         recorder.record_dropped(ErrorKind::ClientOverflow);
         let totals = recorder.totals();
@@ -220,6 +341,60 @@ mod tests {
         assert_eq!(totals.errors["client_overflow"], 1);
         assert_eq!(totals.tiers["fp16"], 2);
         assert_eq!(totals.tiers["int4"], 1);
+    }
+
+    #[test]
+    fn tier_mix_and_per_tier_percentiles_count_each_tier_apart() {
+        let mut recorder = Recorder::new().unwrap();
+        for value in 1..=100 {
+            recorder.record(&ok(value * 10, value, Some("int4")));
+        }
+        for value in 1..=10 {
+            recorder.record(&ok(value * 1000, value * 100, Some("fp16")));
+        }
+        // An error with a tier header counts in the mix but not in the tier's percentiles.
+        recorder.record(&Outcome {
+            tier: Some(HeaderValue::from_static("fp16")),
+            reason: Some(HeaderValue::from_static("fallback_error")),
+            fallback: true,
+            ..failed(ErrorKind::Http5xx)
+        });
+        let totals = recorder.totals();
+        assert_eq!(totals.tiers["int4"], 100);
+        assert_eq!(totals.tiers["fp16"], 11);
+        assert_eq!(totals.per_tier["int4"].ttft_us.count, 100);
+        assert_eq!(totals.per_tier["int4"].ttft_us.p99, 99);
+        assert_eq!(totals.per_tier["fp16"].latency_us.count, 10);
+        assert_eq!(totals.per_tier["fp16"].ttft_us.max, 1000);
+        assert_eq!(totals.reasons["fallback_error"], 1);
+        assert_eq!(totals.fallbacks, 1);
+    }
+
+    #[test]
+    fn accounting_separates_answers_errors_lost_and_unsent() {
+        let mut recorder = Recorder::new().unwrap();
+        recorder.record(&ok(100, 10, None));
+        recorder.record(&ok(100, 10, None));
+        recorder.record(&failed(ErrorKind::Http429));
+        recorder.record(&failed(ErrorKind::StreamError));
+        recorder.record(&failed(ErrorKind::Http5xx));
+        recorder.record(&failed(ErrorKind::StreamIncomplete));
+        recorder.record(&failed(ErrorKind::Malformed));
+        recorder.record(&failed(ErrorKind::Connect));
+        recorder.record_dropped(ErrorKind::ClientOverflow);
+        let totals = recorder.totals();
+        assert_eq!(
+            totals.accounting,
+            Accounting {
+                sent: 8,
+                ok: 2,
+                well_formed_errors: 3,
+                lost: 3,
+                not_sent: 1,
+            }
+        );
+        assert_eq!(totals.retry_after_429, 1);
+        assert_eq!(totals.requests, 9);
     }
 
     #[test]

@@ -32,9 +32,11 @@ pub enum Endpoint {
 /// Pre-serialized request bodies, indexed by request number.
 #[derive(Debug, Clone)]
 pub struct Workload {
-    plain: Vec<Bytes>,
-    streamed: Vec<Bytes>,
+    /// `plain[choice][prompt]`, one list per `max_tokens` choice of the mix.
+    plain: Vec<Vec<Bytes>>,
+    streamed: Vec<Vec<Bytes>>,
     stream_share: f64,
+    tokens: TokenMix,
 }
 
 /// What the body builder needs besides the prompt.
@@ -47,6 +49,98 @@ pub struct BodyParams<'a> {
     /// `max_tokens` field.
     pub max_tokens: u32,
 }
+
+/// A weighted choice of `max_tokens` values, written `16` (always 16) or
+/// `16:60,64:30,256:10` (16 with weight 60, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenMix {
+    choices: Vec<(u32, u32)>,
+    total_weight: u64,
+}
+
+// === impl TokenMix ===
+
+impl TokenMix {
+    /// Always `max_tokens`.
+    pub fn fixed(max_tokens: u32) -> Self {
+        Self {
+            choices: vec![(max_tokens, 1)],
+            total_weight: 1,
+        }
+    }
+
+    /// Parses `N` or `N:W,N:W,...`; every `N` and the weights' sum must be positive.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let mut choices = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            let (tokens, weight) = match part.split_once(':') {
+                Some((tokens, weight)) => (tokens.trim(), weight.trim()),
+                None => (part, "1"),
+            };
+            let tokens: u32 = tokens
+                .parse()
+                .with_context(|| format!("max_tokens {tokens:?} in {text:?} is not a number"))?;
+            let weight: u32 = weight
+                .parse()
+                .with_context(|| format!("weight {weight:?} in {text:?} is not a number"))?;
+            anyhow::ensure!(tokens > 0, "max_tokens must be at least 1 in {text:?}");
+            choices.push((tokens, weight));
+        }
+        let total_weight = choices.iter().map(|(_, w)| u64::from(*w)).sum();
+        anyhow::ensure!(total_weight > 0, "the weights in {text:?} add up to 0");
+        Ok(Self {
+            choices,
+            total_weight,
+        })
+    }
+
+    /// The `max_tokens` values, in the order given.
+    pub fn values(&self) -> impl Iterator<Item = u32> + '_ {
+        self.choices.iter().map(|(tokens, _)| *tokens)
+    }
+
+    /// Weighted mean of `max_tokens`.
+    pub fn mean(&self) -> f64 {
+        let sum: u64 = self
+            .choices
+            .iter()
+            .map(|(tokens, weight)| u64::from(*tokens) * u64::from(*weight))
+            .sum();
+        sum as f64 / self.total_weight as f64
+    }
+
+    /// Index of the choice for request `index`: a hash of the index, so the choice lines up
+    /// with neither the prompt order nor the stream choice.
+    pub fn pick(&self, index: u64) -> usize {
+        let point =
+            (unit_interval(mix64(index ^ TOKEN_MIX_SALT)) * self.total_weight as f64) as u64;
+        let mut upto = 0;
+        for (position, (_, weight)) in self.choices.iter().enumerate() {
+            upto += u64::from(*weight);
+            if point < upto {
+                return position;
+            }
+        }
+        self.choices.len().saturating_sub(1)
+    }
+}
+
+impl std::fmt::Display for TokenMix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let [(tokens, _)] = self.choices.as_slice() {
+            return write!(f, "{tokens}");
+        }
+        let parts: Vec<String> = self
+            .choices
+            .iter()
+            .map(|(tokens, weight)| format!("{tokens}:{weight}"))
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// Decorrelates the `max_tokens` choice from the stream choice, which hashes the bare index.
+const TOKEN_MIX_SALT: u64 = 0x5DEE_CE66_D1CE_5EED;
 
 // === impl Endpoint ===
 
@@ -71,21 +165,47 @@ impl Endpoint {
 // === impl Workload ===
 
 impl Workload {
-    /// Serializes every prompt once, in the variants `stream_share` needs.
+    /// Serializes every prompt once with `params.max_tokens`, in the variants
+    /// `stream_share` needs.
     pub fn prepare(
         prompts: &[String],
         params: &BodyParams<'_>,
         stream_share: f64,
+    ) -> anyhow::Result<Self> {
+        Self::prepare_mix(
+            prompts,
+            params,
+            stream_share,
+            &TokenMix::fixed(params.max_tokens),
+        )
+    }
+
+    /// Serializes every prompt once per `max_tokens` value of `tokens` (which overrides
+    /// `params.max_tokens`), in the variants `stream_share` needs.
+    pub fn prepare_mix(
+        prompts: &[String],
+        params: &BodyParams<'_>,
+        stream_share: f64,
+        tokens: &TokenMix,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(!prompts.is_empty(), "no prompts to send");
         anyhow::ensure!(
             (0.0..=1.0).contains(&stream_share),
             "--stream-share must be within 0.0..=1.0, got {stream_share}"
         );
-        let variant = |stream: bool| -> anyhow::Result<Vec<Bytes>> {
-            prompts
-                .iter()
-                .map(|prompt| Ok(Bytes::from(request_body(prompt, params, stream)?)))
+        let variant = |stream: bool| -> anyhow::Result<Vec<Vec<Bytes>>> {
+            tokens
+                .values()
+                .map(|max_tokens| {
+                    let params = BodyParams {
+                        max_tokens,
+                        ..params.clone()
+                    };
+                    prompts
+                        .iter()
+                        .map(|prompt| Ok(Bytes::from(request_body(prompt, &params, stream)?)))
+                        .collect()
+                })
                 .collect()
         };
         let plain = if stream_share < 1.0 {
@@ -102,16 +222,21 @@ impl Workload {
             plain,
             streamed,
             stream_share,
+            tokens: tokens.clone(),
         })
     }
 
     /// Body for request `index` and whether it streams. Prompts go round-robin; the stream
-    /// choice is a hash of the index so it does not line up with the prompt order.
+    /// and `max_tokens` choices are hashes of the index so they do not line up with the
+    /// prompt order.
     pub fn request(&self, index: u64) -> (Bytes, bool) {
         let stream = is_streamed(index, self.stream_share);
-        let bodies = if stream { &self.streamed } else { &self.plain };
-        // `prepare` fills the variant whenever the share can select it; the modulo keeps an
-        // empty list (impossible) from panicking.
+        let variants = if stream { &self.streamed } else { &self.plain };
+        // `prepare` fills every variant the share and the mix can select; the fallbacks keep
+        // an empty list (impossible) from panicking.
+        let Some(bodies) = variants.get(self.tokens.pick(index)) else {
+            return (Bytes::new(), stream);
+        };
         let len = bodies.len().max(1) as u64;
         let body = bodies
             .get((index % len) as usize)
@@ -288,6 +413,47 @@ mod tests {
         assert_ne!(first, original);
         first.sort_by_key(|s| s.parse::<u32>().unwrap());
         assert_eq!(first, original);
+    }
+
+    #[test]
+    fn token_mix_parses_single_values_and_weighted_lists() {
+        assert_eq!(TokenMix::parse("16").unwrap(), TokenMix::fixed(16));
+        let mix = TokenMix::parse("16:60, 64:30,256:10").unwrap();
+        assert_eq!(mix.values().collect::<Vec<_>>(), [16, 64, 256]);
+        assert!((mix.mean() - (16.0 * 0.6 + 64.0 * 0.3 + 25.6)).abs() < 1e-9);
+        assert_eq!(mix.to_string(), "16:60,64:30,256:10");
+        assert_eq!(TokenMix::fixed(16).to_string(), "16");
+        for bad in ["", "0", "16:x", "x:1", "16:0", "16:1,,32:1", "-4:1"] {
+            assert!(TokenMix::parse(bad).is_err(), "{bad:?}");
+        }
+        // A zero weight is allowed as long as another is positive; it is never picked.
+        let never_64 = TokenMix::parse("16:1,64:0").unwrap();
+        assert!((0..1000).all(|i| never_64.pick(i) == 0));
+    }
+
+    #[test]
+    fn token_mix_picks_in_proportion_to_the_weights() {
+        let mix = TokenMix::parse("16:60,64:30,256:10").unwrap();
+        let mut counts = [0usize; 3];
+        for index in 0..10_000 {
+            counts[mix.pick(index)] += 1;
+        }
+        assert!((5700..6300).contains(&counts[0]), "{counts:?}");
+        assert!((2700..3300).contains(&counts[1]), "{counts:?}");
+        assert!((800..1200).contains(&counts[2]), "{counts:?}");
+    }
+
+    #[test]
+    fn request_bodies_carry_the_picked_max_tokens() {
+        let mix = TokenMix::parse("16:1,64:1").unwrap();
+        let workload = Workload::prepare_mix(&["a".to_owned()], &PARAMS, 0.5, &mix).unwrap();
+        for index in 0..200 {
+            let (body, stream) = workload.request(index);
+            let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let expected = [16, 64][mix.pick(index)];
+            assert_eq!(value["max_tokens"], expected);
+            assert_eq!(value["stream"], stream);
+        }
     }
 
     #[test]

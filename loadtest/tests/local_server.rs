@@ -16,7 +16,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use loadtest::{run, Endpoint, LoadMode, Mode, RunConfig};
+use loadtest::{run, Endpoint, LoadMode, Mode, RunConfig, TokenMix};
 use tokio::net::TcpListener;
 
 const COMPLETION: &str = r#"{"id":"cmpl-1","object":"chat.completion","created":0,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
@@ -80,7 +80,8 @@ fn config(addr: SocketAddr, mode: LoadMode) -> RunConfig {
         warmup: Duration::ZERO,
         prompts: vec!["Say hello.".to_owned(), "Add 2 and 2.".to_owned()],
         stream_share: 0.0,
-        max_tokens: 16,
+        max_tokens: TokenMix::fixed(16),
+        check_answers: true,
         model: "sim-model".to_owned(),
         endpoint: Endpoint::Chat,
         label: "local".to_owned(),
@@ -166,4 +167,64 @@ async fn unreachable_server_counts_connect_errors() {
     assert_eq!(report.ok, 0);
     assert_eq!(report.errors.get("connect"), Some(&5));
     assert_eq!(report.throughput_rps, 0.0);
+}
+
+/// Answers in a cycle of four: a 429 OpenAI error with `Retry-After`, a 503 whose body is not
+/// an OpenAI error, a completion, and a 200 whose body is not a completion.
+async fn start_cycling_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let next = Arc::new(AtomicU64::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let next = Arc::clone(&next);
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let turn = next.fetch_add(1, Ordering::Relaxed) % 4;
+                    async move {
+                        let _ = request.into_body().collect().await;
+                        let builder = Response::builder().header("x-quantrouter-tier", "int4");
+                        let response = match turn {
+                            0 => builder
+                                .status(429)
+                                .header("retry-after", "1")
+                                .body(r#"{"error":{"message":"busy","type":"rate_limit_error"}}"#),
+                            1 => builder.status(503).body("upstream connect error"),
+                            2 => builder.body(COMPLETION),
+                            _ => builder.body("<html>"),
+                        };
+                        Ok::<_, Infallible>(response.unwrap().map(|b| Full::new(Bytes::from(b))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_classified_as_ok_well_formed_errors_or_lost() {
+    let addr = start_cycling_server().await;
+    // One worker, so the server's cycle lines up with the requests.
+    let mut config = config(addr, LoadMode::Concurrency(1));
+    config.duration = Duration::from_millis(300);
+    let report = run(&config).await.unwrap();
+    let a = report.accounting;
+    assert!(a.sent >= 8, "{a:?}");
+    assert_eq!(a.sent, a.ok + a.well_formed_errors + a.lost, "{a:?}");
+    // Per cycle: one ok, one 429 (well formed), two lost (garbage 503, garbage 200).
+    let cycles = a.sent / 4;
+    assert!(a.ok >= cycles && a.ok <= cycles + 1, "{a:?}");
+    assert!(a.lost >= 2 * cycles, "{a:?}");
+    assert_eq!(report.retry_after_429, a.well_formed_errors, "{report:?}");
+    assert_eq!(report.errors.get("http_429"), Some(&a.well_formed_errors));
+    assert_eq!(report.errors.get("malformed"), Some(&a.lost));
+    assert_eq!(report.tiers.get("int4"), Some(&a.sent));
+    assert_eq!(report.per_tier["int4"].latency_us.count, a.ok);
 }

@@ -158,8 +158,14 @@ impl<'a> ParsedRequest<'a> {
                 param: None,
             });
         }
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let wire: WireRequest<'a> = serde_path_to_error::deserialize(de).map_err(wire_error)?;
+        // The plain deserializer first; only a failure pays for tracking the JSON path.
+        let wire = match WireRequest::deserialize(&mut serde_json::Deserializer::from_slice(body)) {
+            Ok(wire) => wire,
+            Err(_) => {
+                let de = &mut serde_json::Deserializer::from_slice(body);
+                serde_path_to_error::deserialize::<_, WireRequest<'a>>(de).map_err(wire_error)?
+            }
+        };
         let raw_model = wire
             .model
             .ok_or_else(|| invalid("you must provide a model parameter", "model"))?;

@@ -1,7 +1,7 @@
 //! Glue from a parsed request to a policy decision: request controls from headers and the
 //! `model` field, the live load of each profile, and the policy call itself. No I/O.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use std::time::Duration;
 
 use quantrouter_policy::{
@@ -13,14 +13,15 @@ use crate::openai::{ApiError, ParsedRequest};
 use crate::profiles::Snapshot;
 
 /// Header: latency budget for this request, in milliseconds.
-pub const LATENCY_BUDGET_HEADER: &str = "x-quantrouter-latency-budget-ms";
+pub const LATENCY_BUDGET_HEADER: HeaderName =
+    HeaderName::from_static("x-quantrouter-latency-budget-ms");
 /// Header: minimum quality in [0,1] for this request.
-pub const MIN_QUALITY_HEADER: &str = "x-quantrouter-min-quality";
+pub const MIN_QUALITY_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-min-quality");
 /// Header: pin this request to a profile id.
-pub const PROFILE_HEADER: &str = "x-quantrouter-profile";
+pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-profile");
 
 /// Header: overall deadline for this request, in milliseconds.
-pub const TIMEOUT_HEADER: &str = "x-quantrouter-timeout-ms";
+pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-timeout-ms");
 
 /// The model name that asks for adaptive routing.
 pub const AUTO_MODEL: &str = "auto";
@@ -225,13 +226,14 @@ fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
         .collect()
 }
 
-fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&'h str>, ApiError> {
+/// Header names are constants, so a lookup does not re-parse and lowercase the name.
+fn header_str(headers: &HeaderMap, name: HeaderName) -> Result<Option<&str>, ApiError> {
     headers
-        .get(name)
+        .get(&name)
         .map(|v| {
             v.to_str().map_err(|_| ApiError::InvalidRequest {
                 message: format!("header {name} must be visible ASCII"),
-                param: Some(name.into()),
+                param: Some(name.as_str().into()),
             })
         })
         .transpose()
@@ -239,17 +241,17 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&
 
 fn header_number(
     headers: &HeaderMap,
-    name: &'static str,
+    name: HeaderName,
     valid: impl Fn(f64) -> bool,
 ) -> Result<Option<f64>, ApiError> {
-    let Some(raw) = header_str(headers, name)? else {
+    let Some(raw) = header_str(headers, name.clone())? else {
         return Ok(None);
     };
     match raw.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && valid(v) => Ok(Some(v)),
         _ => Err(ApiError::InvalidRequest {
             message: format!("header {name} has an invalid value `{raw}`"),
-            param: Some(name.into()),
+            param: Some(name.as_str().into()),
         }),
     }
 }

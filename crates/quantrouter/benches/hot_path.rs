@@ -1,0 +1,85 @@
+//! Instruction counts of the proxy's per-request work that is not I/O: parse the body, decide,
+//! rewrite `model` into the upstream body. Stable on a noisy machine, so a regression shows
+//! up as a number.
+//!
+//! ```sh
+//! cargo bench -p quantrouter --bench hot_path --no-run
+//! valgrind --tool=callgrind --callgrind-out-file=hot_path.out \
+//!     target/release/deps/hot_path-<hash> chat-short
+//! callgrind_annotate hot_path.out | head -40
+//! ```
+//!
+//! Run directly it just executes `ITERATIONS` requests of the named kind (`chat-short`: a
+//! 60-byte chat prompt; `chat-4k`: a 4 KB one; `stream`: a short streamed chat request without
+//! `stream_options`, which the router rewrites twice) and prints the total instructions'
+//! denominator, so callgrind's total / ITERATIONS is the cost of one request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use quantrouter::openai::{Endpoint, ParsedRequest};
+use quantrouter::profiles::{Snapshot, SourceKind};
+use quantrouter::resilience::ResilienceConfig;
+use quantrouter::routing::route;
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+
+const ITERATIONS: usize = 1000;
+
+fn body(kind: &str) -> Bytes {
+    let (prompt, stream) = match kind {
+        "chat-short" => (
+            "What is the capital of France? Answer in one word.".to_owned(),
+            false,
+        ),
+        "chat-4k" => {
+            let unit = "Summarise the quarterly report: revenue grew 12% to $4.2M while costs \
+                        fell. Then write a Python function `def growth(a, b): return (b - a) / a` \
+                        and explain it. ";
+            (unit.repeat(4096 / unit.len() + 1)[..4096].to_owned(), false)
+        }
+        "stream" => ("Write a haiku about routers.".to_owned(), true),
+        other => panic!("unknown kind {other}: chat-short, chat-4k or stream"),
+    };
+    let value = serde_json::json!({
+        "model": "auto",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": prompt},
+        ],
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "stream": stream,
+    });
+    Bytes::from(serde_json::to_vec(&value).unwrap())
+}
+
+/// One request's non-I/O work, as the server does it.
+fn handle(snapshot: &Snapshot, headers: &HeaderMap, body: &Bytes) -> Bytes {
+    let parsed = ParsedRequest::parse(body, Endpoint::Chat).unwrap();
+    let routed = route(snapshot, &parsed, headers, &[], "bench-request").unwrap();
+    let profile = routed.decision.profile;
+    parsed.upstream_body(body, &snapshot.model_json[profile])
+}
+
+fn main() {
+    let kind = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "chat-short".to_owned());
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let snapshot = Snapshot::build(
+        set,
+        SourceKind::Embedded,
+        None,
+        &ResilienceConfig::default(),
+        None,
+    );
+    let headers = HeaderMap::new();
+    let body = body(&kind);
+    for _ in 0..ITERATIONS {
+        black_box(handle(&snapshot, black_box(&headers), black_box(&body)));
+    }
+    println!("{kind}: {ITERATIONS} requests");
+}
