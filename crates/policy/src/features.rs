@@ -52,7 +52,7 @@ pub enum TaskClass {
 /// Features of one prompt; every score is in [0,1].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Features {
-    /// Shannon entropy of the window's bytes, mapped from 3..5.5 bits to 0..1.
+    /// Shannon entropy of the first kilobyte of the window, mapped from 3..5.5 bits to 0..1.
     pub entropy: f64,
     /// Share of words that are content words (not function words).
     pub lexical: f64,
@@ -153,9 +153,6 @@ fn truncate_at_char(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Code symbols: each of these bytes counts, and so does `==`.
-const CODE_SYMBOLS: &[u8] = b"{}[];<>|&#_";
-
 /// Turns the counts of the scoring window into the feature scores (`docs/routing.md`).
 fn scores(
     c: &Counts,
@@ -166,13 +163,11 @@ fn scores(
     segments: usize,
 ) -> Features {
     let cue = |kind: Cue| c.cues[kind as usize];
-    let byte = |b: u8| c.byte_counts[usize::from(b)];
     let function_words = cue(Cue::Function);
-    let math_words = byte(b'$') + byte(b'%') + cue(Cue::Math) + cue(Cue::QuantityMath);
+    let math_words = c.money + cue(Cue::Math) + cue(Cue::QuantityMath);
     let quantities = c.numbers + cue(Cue::Quantity) + cue(Cue::QuantityMath);
-    let code_symbols = CODE_SYMBOLS.iter().map(|&b| byte(b)).sum::<u32>() + c.double_equals;
     let words = f64::from(c.words.max(1));
-    let entropy = scale(shannon_entropy(&c.byte_counts, c.bytes), 3.0, 5.5);
+    let entropy = scale(shannon_entropy(&c.byte_counts, c.sampled_bytes), 3.0, 5.5);
     let lexical = if c.words == 0 {
         0.0
     } else {
@@ -183,7 +178,7 @@ fn scores(
             + 0.2 * f64::from(cue(Cue::CodeKeyword).min(4))
             + 0.25 * f64::from(cue(Cue::CodeIntent).min(2))
             + 0.1 * f64::from(c.indented_lines.min(5))
-            + 4.0 * f64::from(code_symbols) / c.bytes.max(1) as f64,
+            + 4.0 * f64::from(c.code_symbols) / c.bytes.max(1) as f64,
     );
     let word_problem = if quantities >= 2 {
         0.2 * f64::from(math_words.min(3)) + 0.4 * f64::from(cue(Cue::ManyMuch).min(1))

@@ -5,15 +5,21 @@
 //! it stays portable and free of `unsafe`. Words are then walked with bit operations and
 //! counted in registers, without a branch per byte or per word kind. Of the specials, only a
 //! few carry meaning that depends on their neighbours (newline, backtick, operators, `{`,
-//! `\`); they are rare and handled one at a time. What depends only on *which* bytes occur
-//! (code symbols, `$`, `%`) is read off the byte histogram the entropy needs anyway.
+//! `\`); they are rare and handled one at a time, the others are only counted.
+//!
+//! The byte histogram for the entropy covers the first `ENTROPY_SAMPLE_BYTES` of the window
+//! only: one memory increment per byte is the one cost that vector code cannot take off, and
+//! a kilobyte already tells prose from dense code.
 
 use super::cues::{self, Cue, CUE_KINDS, HOW};
 
 /// What the feature scores are computed from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Counts {
+    /// Byte frequencies of the first `ENTROPY_SAMPLE_BYTES` of the window.
     pub byte_counts: [u32; 256],
+    /// Bytes in `byte_counts`.
+    pub sampled_bytes: usize,
     pub bytes: usize,
     /// Maximal runs of word bytes: ASCII letters and digits and every non-ASCII byte (so
     /// words in any script stay whole).
@@ -25,8 +31,10 @@ pub(super) struct Counts {
     pub cues: [u32; CUE_KINDS],
     /// Words (not numbers) right after a backslash: LaTeX commands.
     pub latex: u32,
-    /// `=` directly followed by `=` (the single-byte code symbols come from the histogram).
-    pub double_equals: u32,
+    /// Bytes of `{}[];<>|&#_`, and `==` pairs.
+    pub code_symbols: u32,
+    /// `$` and `%`: money and percentages, word-problem vocabulary.
+    pub money: u32,
     /// `{` directly followed by `"`: an inline JSON object.
     pub json_braces: u32,
     /// Operators with an operand on each side (see `Scanner::operator`).
@@ -47,8 +55,10 @@ pub(super) struct Scanner {
     leading: u32,
     /// Backticks in the current run; the third makes a fence.
     backticks: u32,
-    /// A symbol or newline came after the last backtick: the run is over.
-    backtick_run_broken: bool,
+    /// Run-breaking specials (symbols and newlines) seen so far, and how many had been
+    /// seen at the last backtick: when the two differ, the run is over.
+    breaks: u64,
+    breaks_at_backtick: u64,
 }
 
 /// Counter lanes for cue kinds: 8 bits each in a `u64`, so counting a word is one add in a
@@ -57,29 +67,33 @@ pub(super) struct Scanner {
 const LANE_BITS: u32 = 8;
 const FLUSH_BLOCKS: usize = 4;
 const _: () = assert!((CUE_KINDS - 1) as u32 * LANE_BITS <= 64);
-static LANES: [u64; CUE_KINDS] = {
-    let mut lanes = [0u64; CUE_KINDS];
+/// Lane increments by [previous word is "how"][cue]: "many"/"much" count only after "how".
+static LANES: [[u64; CUE_KINDS]; 2] = {
+    let mut lanes = [[0u64; CUE_KINDS]; 2];
     let mut cue = 1;
     while cue < CUE_KINDS {
-        lanes[cue] = 1 << (LANE_BITS * (cue as u32 - 1));
+        let lane = 1 << (LANE_BITS * (cue as u32 - 1));
+        lanes[1][cue] = lane;
+        if cue != Cue::ManyMuch as usize {
+            lanes[0][cue] = lane;
+        }
         cue += 1;
     }
     lanes
 };
 
-/// What a special means beyond its byte count (which the histogram has): whether it
-/// ends a run of backticks, and whether it needs a look at its neighbours.
-const BREAKS_BACKTICKS: u8 = 1;
-const NEEDS_CONTEXT: u8 = 2;
-static SPECIAL: [u8; 256] = {
-    let mut table = [BREAKS_BACKTICKS; 256];
-    let mut b = 0;
-    while b < 256 {
-        if is_word_byte(b as u8) {
-            table[b] = 0;
-        }
-        b += 1;
-    }
+/// The entropy's sample: the first kilobyte of the window.
+pub(super) const ENTROPY_SAMPLE_BYTES: usize = 1024;
+
+/// What a special counts as, in 16-bit lanes added up per block: a code symbol, money,
+/// the end of a backtick run (any symbol or newline); bit 63 marks the specials that need
+/// a look at their neighbours.
+const CODE_LANE: u32 = 0;
+const MONEY_LANE: u32 = 16;
+const BREAKS_LANE: u32 = 32;
+const NEEDS_CONTEXT: u64 = 1 << 63;
+static SPECIAL_LANES: [u64; 256] = {
+    let mut table = [1 << BREAKS_LANE; 256];
     table[b' ' as usize] = 0;
     table[b'\t' as usize] = 0;
     table[b'\r' as usize] = 0;
@@ -90,8 +104,20 @@ static SPECIAL: [u8; 256] = {
         table[context[i] as usize] |= NEEDS_CONTEXT;
         i += 1;
     }
+    let code = b"{}[];<>|&#_";
+    let mut i = 0;
+    while i < code.len() {
+        table[code[i] as usize] |= 1 << CODE_LANE;
+        i += 1;
+    }
+    table[b'$' as usize] |= 1 << MONEY_LANE;
+    table[b'%' as usize] |= 1 << MONEY_LANE;
     table
 };
+
+fn special_lane(lanes: u64, lane: u32) -> u64 {
+    (lanes >> lane) & 0xffff
+}
 
 /// Word bytes: ASCII letters and digits and every non-ASCII byte.
 static WORD_BYTE: [bool; 256] = {
@@ -113,12 +139,14 @@ impl Default for Scanner {
         Self {
             counts: Counts {
                 byte_counts: [0; 256],
+                sampled_bytes: 0,
                 bytes: 0,
                 words: 0,
                 numbers: 0,
                 cues: [0; CUE_KINDS],
                 latex: 0,
-                double_equals: 0,
+                code_symbols: 0,
+                money: 0,
                 json_braces: 0,
                 math_ops: 0,
                 fences: 0,
@@ -127,7 +155,8 @@ impl Default for Scanner {
             prev_key: 0,
             leading: 0,
             backticks: 0,
-            backtick_run_broken: false,
+            breaks: 0,
+            breaks_at_backtick: 0,
         }
     }
 }
@@ -138,7 +167,11 @@ impl Scanner {
     /// line carry over.
     pub(super) fn feed(&mut self, text: &[u8]) {
         self.counts.bytes += text.len();
-        histogram(&mut self.counts.byte_counts, text);
+        let sample = text
+            .get(..ENTROPY_SAMPLE_BYTES - self.counts.sampled_bytes)
+            .unwrap_or(text);
+        self.counts.sampled_bytes += sample.len();
+        histogram(&mut self.counts.byte_counts, sample);
         self.line_start(text, 0);
 
         let mut lanes = 0u64;
@@ -152,7 +185,11 @@ impl Scanner {
             let starts = words & !((words << 1) | carry);
             carry = words >> 63;
             self.counts.words += starts.count_ones();
-            lanes += self.words(text, base, starts, words, next_words);
+            let (block_lanes, numbers, prev_key) =
+                count_words(text, base, starts, words, next_words, self.prev_key);
+            lanes += block_lanes;
+            self.counts.numbers += numbers;
+            self.prev_key = prev_key;
             self.specials(text, base, specials);
             block += 1;
             if block % FLUSH_BLOCKS == 0 {
@@ -169,40 +206,6 @@ impl Scanner {
         self.counts
     }
 
-    /// Counts the words starting at the set bits of `starts` in the block at `base`
-    /// (`words`, `next_words`: word-byte masks of this block and the next); returns the cue
-    /// lanes to add.
-    fn words(&mut self, text: &[u8], base: usize, starts: u64, words: u64, next_words: u64) -> u64 {
-        let mut lanes = 0u64;
-        let mut numbers = 0;
-        let mut prev_key = self.prev_key;
-        let mut starts = starts;
-        while starts != 0 {
-            let s = starts.trailing_zeros();
-            starts &= starts - 1;
-            let at = base + s as usize;
-            // Word bytes from `at` on, continuing into the next block.
-            let run = (words >> s) | ((next_words << 1) << (63 - s));
-            let len8 = (!run).trailing_zeros().min(8);
-            let x = load8(text, at);
-            let keep = u64::MAX >> (64 - 8 * len8);
-            // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
-            // past the word are masked off, so short words are zero padded like `cues::key`.
-            let key = (x | splat(0x20)) & keep;
-            if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, at, x, keep) {
-                numbers += 1;
-            } else {
-                let cue = cues::lookup(key);
-                let counted = cue != Cue::ManyMuch as u8 || prev_key == HOW;
-                lanes += LANES[usize::from(cue) * usize::from(counted)];
-            }
-            prev_key = key;
-        }
-        self.prev_key = prev_key;
-        self.counts.numbers += numbers;
-        lanes
-    }
-
     fn flush(&mut self, lanes: u64) {
         for (cue, count) in self.counts.cues.iter_mut().enumerate().skip(1) {
             *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & 0xff) as u32;
@@ -212,19 +215,25 @@ impl Scanner {
     /// Handles the specials at the set bits of `specials` in the block at `base`.
     fn specials(&mut self, text: &[u8], base: usize, specials: u64) {
         let mut specials = specials;
+        let mut lanes = 0u64;
         while specials != 0 {
             let at = base + specials.trailing_zeros() as usize;
             specials &= specials - 1;
             let b = text.get(at).copied().unwrap_or(b' ');
-            let meaning = SPECIAL[usize::from(b)];
-            self.backtick_run_broken |= meaning & BREAKS_BACKTICKS != 0;
-            if meaning & NEEDS_CONTEXT != 0 {
-                self.special_in_context(text, at, b);
+            let entry = SPECIAL_LANES[usize::from(b)];
+            // Bit 63 of the sum is junk; the lanes below it cannot overflow in a block.
+            lanes = lanes.wrapping_add(entry);
+            if entry & NEEDS_CONTEXT != 0 {
+                let breaks = self.breaks + special_lane(lanes, BREAKS_LANE);
+                self.special_in_context(text, at, b, breaks);
             }
         }
+        self.counts.code_symbols += special_lane(lanes, CODE_LANE) as u32;
+        self.counts.money += special_lane(lanes, MONEY_LANE) as u32;
+        self.breaks += special_lane(lanes, BREAKS_LANE);
     }
 
-    fn special_in_context(&mut self, text: &[u8], at: usize, b: u8) {
+    fn special_in_context(&mut self, text: &[u8], at: usize, b: u8, breaks: u64) {
         let next = text.get(at + 1).copied().unwrap_or(0);
         match b {
             b'\n' => {
@@ -233,13 +242,13 @@ impl Scanner {
                 self.leading = 0;
                 self.line_start(text, at + 1);
             }
-            b'`' => self.backtick(),
+            b'`' => self.backtick(breaks),
             b'{' => self.counts.json_braces += u32::from(next == b'"'),
             b'\\' => {
                 self.counts.latex += u32::from(is_word(next) && !word_is_number(text, at + 1));
             }
             _ => {
-                self.counts.double_equals += u32::from(b == b'=' && next == b'=');
+                self.counts.code_symbols += u32::from(b == b'=' && next == b'=');
                 self.operator(text, at, b);
             }
         }
@@ -267,10 +276,10 @@ impl Scanner {
 
     /// A fence is three backticks with nothing but words and blanks between them: any
     /// other symbol or a newline ends the run (even across messages).
-    fn backtick(&mut self) {
-        if self.backtick_run_broken {
+    fn backtick(&mut self, breaks: u64) {
+        if breaks != self.breaks_at_backtick {
             self.backticks = 0;
-            self.backtick_run_broken = false;
+            self.breaks_at_backtick = breaks;
         }
         self.backticks += 1;
         self.counts.fences += u32::from(self.backticks == 3);
@@ -310,6 +319,56 @@ impl Scanner {
             }
         }
     }
+}
+
+/// Counts the words starting at the set bits of `starts` in the block `window` begins
+/// with (`words`, `next_words`: word-byte masks of this block and the next); returns the cue
+/// lanes to add, the number words and the key of the last word. A free function with few
+/// live values, so that everything stays in registers.
+fn count_words(
+    text: &[u8],
+    base: usize,
+    starts: u64,
+    words: u64,
+    next_words: u64,
+    prev_key: u64,
+) -> (u64, u32, u64) {
+    let window = window(text, base);
+    let mut lanes = 0u64;
+    let mut numbers = 0;
+    let mut prev_key = prev_key;
+    let mut starts = starts;
+    while starts != 0 {
+        let s = starts.trailing_zeros() & 63;
+        starts &= starts - 1;
+        // Word bytes from the start on, continuing into the next block.
+        let run = (words >> s) | ((next_words << 1) << (63 - s));
+        let len8 = (!run).trailing_zeros().min(8);
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(&window[s as usize..s as usize + 8]);
+        let x = u64::from_le_bytes(buf);
+        let keep = u64::MAX >> (64 - 8 * len8);
+        // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
+        // past the word are masked off, so short words are zero padded like `cues::key`.
+        let key = (x | splat(0x20)) & keep;
+        if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s as usize, x, keep) {
+            numbers += 1;
+        } else {
+            lanes += LANES[usize::from(prev_key == HOW)][usize::from(cues::lookup(key))];
+        }
+        prev_key = key;
+    }
+    (lanes, numbers, prev_key)
+}
+
+/// The 72 bytes at `base`: a block and the 8 bytes after it, which a word starting at the
+/// block's end may need; spaces past the end of `text`.
+fn window(text: &[u8], base: usize) -> [u8; 72] {
+    let mut window = [b' '; 72];
+    let bytes = text.get(base..).unwrap_or_default();
+    let n = bytes.len().min(72);
+    window[..n].copy_from_slice(&bytes[..n]);
+    window
 }
 
 /// Byte frequencies for the entropy.
@@ -369,19 +428,6 @@ fn movemask(high_bits: u64) -> u64 {
 
 const fn splat(b: u8) -> u64 {
     0x0101_0101_0101_0101 * b as u64
-}
-
-/// The 8 bytes at `at`, zero padded past the end of `text`.
-fn load8(text: &[u8], at: usize) -> u64 {
-    let mut buf = [0u8; 8];
-    match text.get(at..at + 8) {
-        Some(chunk) => buf.copy_from_slice(chunk),
-        None => {
-            let tail = text.get(at..).unwrap_or_default();
-            buf[..tail.len()].copy_from_slice(tail);
-        }
-    }
-    u64::from_le_bytes(buf)
 }
 
 /// Whether the word at `at` (first 8 bytes `x`, of which `keep` masks the word's) is made

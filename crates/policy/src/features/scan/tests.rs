@@ -44,7 +44,10 @@ impl Reference {
     fn feed(&mut self, text: &[u8]) {
         self.counts.bytes += text.len();
         for &b in text {
-            self.counts.byte_counts[usize::from(b)] += 1;
+            if self.counts.sampled_bytes < ENTROPY_SAMPLE_BYTES {
+                self.counts.byte_counts[usize::from(b)] += 1;
+                self.counts.sampled_bytes += 1;
+            }
         }
         let mut i = 0;
         while i < text.len() {
@@ -128,13 +131,19 @@ impl Reference {
             self.backticks = 0;
         }
         match b {
-            b'{' if next == Some(b'"') => self.counts.json_braces += 1,
+            b'{' | b'}' | b'[' | b']' | b';' | b'<' | b'>' | b'|' | b'&' | b'#' | b'_' => {
+                self.counts.code_symbols += 1;
+                if b == b'{' && next == Some(b'"') {
+                    self.counts.json_braces += 1;
+                }
+            }
+            b'$' | b'%' => self.counts.money += 1,
             b'+' | b'-' | b'*' | b'/' | b'=' | b'^' => {
                 if matches!(self.last, Last::Number | Last::Word | Last::Close) {
                     self.pending_op = Some((b, self.last == Last::Number));
                 }
                 if b == b'=' && next == Some(b'=') {
-                    self.counts.double_equals += 1;
+                    self.counts.code_symbols += 1;
                 }
                 self.last = Last::Other;
                 return;
