@@ -68,8 +68,9 @@ const LANE_BITS: u32 = 8;
 const FLUSH_BLOCKS: usize = 4;
 const _: () = assert!((CUE_KINDS - 1) as u32 * LANE_BITS <= 64);
 /// Lane increments by [previous word is "how"][cue]: "many"/"much" count only after "how".
-static LANES: [[u64; CUE_KINDS]; 2] = {
-    let mut lanes = [[0u64; CUE_KINDS]; 2];
+/// 16 columns, so that indexing with any 4-bit value needs no bounds check.
+static LANES: [[u64; 16]; 2] = {
+    let mut lanes = [[0u64; 16]; 2];
     let mut cue = 1;
     while cue < CUE_KINDS {
         let lane = 1 << (LANE_BITS * (cue as u32 - 1));
@@ -354,7 +355,8 @@ fn count_words(
         if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s as usize, x, keep) {
             numbers += 1;
         } else {
-            lanes += LANES[usize::from(prev_key == HOW)][usize::from(cues::lookup(key))];
+            let cue = usize::from(cues::lookup(key)) & 15;
+            lanes += LANES[usize::from(prev_key == HOW)][cue];
         }
         prev_key = key;
     }
