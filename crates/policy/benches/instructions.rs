@@ -1,7 +1,7 @@
 //! Instruction counts of feature extraction + decision, stable on a noisy machine.
 //!
-//! `scripts/bench-instructions` runs this under `valgrind --tool=callgrind`; run directly it
-//! just executes the workload: `ITERATIONS` decisions for each prompt size.
+//! Run under `valgrind --tool=callgrind` (see `docs/performance.md` for the commands); run
+//! directly it just executes the workload: `ITERATIONS` decisions for one prompt size.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -7,6 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::profile::ComplexityWeights;
+use cues::Cue;
+use scan::{Counts, Scanner};
+
+mod cues;
+mod scan;
 
 /// Who wrote a piece of prompt text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +52,7 @@ pub enum TaskClass {
 /// Features of one prompt; every score is in [0,1].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Features {
-    /// Shannon entropy of the window's bytes, mapped from 3..5.5 bits to 0..1.
+    /// Shannon entropy of the first kilobyte of the window, mapped from 3..5.5 bits to 0..1.
     pub entropy: f64,
     /// Share of words that are content words (not function words).
     pub lexical: f64,
@@ -108,14 +113,15 @@ impl Features {
                     budget = budget.min(assistant_left);
                 }
                 let text = truncate_at_char(seg.text, budget);
-                scan.feed(text);
+                scan.feed(text.as_bytes());
                 left -= text.len();
                 if pass_assistant {
                     assistant_left -= text.len();
                 }
             }
         }
-        Ok(scan.finish(
+        Ok(scores(
+            &scan.finish(),
             prompt.wants_json,
             window,
             weights,
@@ -147,638 +153,85 @@ fn truncate_at_char(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// One pass over the window text, counting what the scores need.
-#[derive(Debug)]
-struct Scanner {
-    byte_counts: [u32; 256],
-    bytes: usize,
-    words: u32,
-    function_words: u32,
-    numbers: u32,
-    /// Digits plus number words ("three", "twice", "quarter"): quantities in word problems.
-    quantities: u32,
-    code_keywords: u32,
-    code_intent: u32,
-    code_symbols: u32,
-    fences: u32,
-    indented_lines: u32,
-    math_ops: u32,
-    math_words: u32,
-    latex: u32,
-    quantity_cues: u32,
-    json_words: u32,
-    /// Cue words seen, by `Cue` discriminant.
-    cues: [u32; CUE_KINDS],
-    json_braces: u32,
-    /// Key of the previous word (for two-word cues such as "how many").
-    prev_word: u64,
-    /// Kind of the last non-space byte, for operator context.
-    last: Last,
-    /// An operator waiting to see what follows it, and whether a number preceded it.
-    pending_op: Option<(u8, bool)>,
-    at_line_start: bool,
-    leading_spaces: u32,
-    backticks: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Last {
-    Nothing,
-    Digit,
-    Alpha,
-    Close,
-    Other,
-}
-
-impl Default for Scanner {
-    fn default() -> Self {
-        Self {
-            byte_counts: [0; 256],
-            bytes: 0,
-            words: 0,
-            function_words: 0,
-            numbers: 0,
-            quantities: 0,
-            code_keywords: 0,
-            code_intent: 0,
-            code_symbols: 0,
-            fences: 0,
-            indented_lines: 0,
-            math_ops: 0,
-            math_words: 0,
-            latex: 0,
-            quantity_cues: 0,
-            json_words: 0,
-            cues: [0; CUE_KINDS],
-            json_braces: 0,
-            prev_word: 0,
-            last: Last::Nothing,
-            pending_op: None,
-            at_line_start: true,
-            leading_spaces: 0,
-            backticks: 0,
-        }
-    }
-}
-
-impl Scanner {
-    fn feed(&mut self, text: &str) {
-        let bytes = text.as_bytes();
-        self.bytes += bytes.len();
-        self.histogram(bytes);
-        let mut i = 0;
-        while i < bytes.len() {
-            let b = bytes[i];
-            if BYTE_CLASS[b as usize] & WORD == 0 {
-                // Spaces between words carry no cue (operators survive them).
-                if b != b' ' || self.at_line_start {
-                    self.symbol(b, bytes.get(i + 1).copied());
-                }
-                i += 1;
-                continue;
-            }
-            let before = i.checked_sub(1).map(|j| bytes[j]);
-            let (end, key, is_number) = scan_word(bytes, i);
-            self.word(key, end - i, is_number, before);
-            i = end;
-        }
-        // Segments are separate messages: no cue spans them.
-        self.at_line_start = true;
-        self.pending_op = None;
-        self.last = Last::Nothing;
-    }
-
-    /// Byte frequencies for the entropy.
-    fn histogram(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.byte_counts[b as usize] += 1;
-        }
-    }
-
-    fn word(&mut self, key: u64, len: usize, is_number: bool, before: Option<u8>) {
-        self.at_line_start = false;
-        self.words += 1;
-        if let Some((op, left_is_number)) = self.pending_op.take() {
-            // "well-known" and "and/or" are not arithmetic; "3 - 2" and "6/3" are.
-            let operand_ok = match op {
-                b'-' | b'/' => is_number && left_is_number,
-                _ => true,
-            };
-            if operand_ok {
-                self.math_ops += 1;
-            }
-        }
-        if is_number {
-            self.numbers += 1;
-            self.quantities += 1;
-            self.last = Last::Digit;
-        } else {
-            self.last = Last::Alpha;
-            self.classify_word(key, len <= 8, before);
-        }
-        self.prev_word = key;
-    }
-
-    /// Counts the word's cue without branching on its kind: the category indexes a counter,
-    /// so words of mixed kinds do not mispredict a dispatch per word.
-    fn classify_word(&mut self, key: u64, whole: bool, before: Option<u8>) {
-        let cue = lookup_cue(key);
-        // Function words count only when whole; "many"/"much" only right after "how".
-        let drop = (cue == Cue::Function as u8 && !whole)
-            | (cue == Cue::ManyMuch as u8 && self.prev_word != HOW);
-        self.cues[usize::from(cue) * usize::from(!drop)] += 1;
-        self.latex += u32::from(before == Some(b'\\'));
-    }
-
-    fn symbol(&mut self, b: u8, next: Option<u8>) {
-        match b {
-            b'\n' => {
-                if self.leading_spaces >= 4 {
-                    self.indented_lines += 1;
-                }
-                self.at_line_start = true;
-                self.leading_spaces = 0;
-                self.backticks = 0;
-                return;
-            }
-            b' ' | b'\t' if self.at_line_start => {
-                self.leading_spaces += if b == b'\t' { 4 } else { 1 };
-                return;
-            }
-            b' ' | b'\t' | b'\r' => return,
-            _ => {}
-        }
-        if self.at_line_start && self.leading_spaces >= 4 {
-            self.indented_lines += 1;
-            self.leading_spaces = 0;
-        }
-        self.at_line_start = false;
-        if b == b'`' {
-            self.backticks += 1;
-            if self.backticks == 3 {
-                self.fences += 1;
-            }
-        } else {
-            self.backticks = 0;
-        }
-        match b {
-            b'{' | b'}' | b';' | b'[' | b']' | b'<' | b'>' | b'|' | b'&' | b'#' | b'_' => {
-                self.code_symbols += 1;
-                if b == b'{' && next == Some(b'"') {
-                    self.json_braces += 1;
-                }
-            }
-            b'$' | b'%' => self.math_words += 1,
-            b'\\' => {}
-            b'+' | b'-' | b'*' | b'/' | b'=' | b'^' => {
-                if matches!(self.last, Last::Digit | Last::Alpha | Last::Close) {
-                    self.pending_op = Some((b, self.last == Last::Digit));
-                }
-                if b == b'=' && next == Some(b'=') {
-                    self.code_symbols += 1;
-                }
-                self.last = Last::Other;
-                return;
-            }
-            b')' => {
-                self.last = Last::Close;
-                return;
-            }
-            _ => {}
-        }
-        if b != b'(' {
-            self.pending_op = None;
-        }
-        self.last = Last::Other;
-    }
-
-    fn finish(
-        mut self,
-        wants_json: bool,
-        window: usize,
-        w: &ComplexityWeights,
-        prompt_bytes: usize,
-        segments: usize,
-    ) -> Features {
-        let cues = self.cues;
-        self.function_words += cues[Cue::Function as usize];
-        self.code_keywords += cues[Cue::CodeKeyword as usize];
-        self.code_intent += cues[Cue::CodeIntent as usize];
-        self.json_words += cues[Cue::Json as usize];
-        self.math_words += cues[Cue::Math as usize] + cues[Cue::QuantityMath as usize];
-        self.quantities += cues[Cue::Quantity as usize] + cues[Cue::QuantityMath as usize];
-        self.quantity_cues += cues[Cue::ManyMuch as usize];
-        let words = f64::from(self.words.max(1));
-        let entropy = scale(shannon_entropy(&self.byte_counts, self.bytes), 3.0, 5.5);
-        let lexical = if self.words == 0 {
-            0.0
-        } else {
-            1.0 - f64::from(self.function_words) / words
-        };
-        let code = clamp01(
-            0.6 * f64::from(self.fences.min(1))
-                + 0.2 * f64::from(self.code_keywords.min(4))
-                + 0.25 * f64::from(self.code_intent.min(2))
-                + 0.1 * f64::from(self.indented_lines.min(5))
-                + 4.0 * f64::from(self.code_symbols) / self.bytes.max(1) as f64,
-        );
-        let quantities = f64::from(self.quantities.min(4));
-        let word_problem = if self.quantities >= 2 {
-            0.2 * f64::from(self.math_words.min(3)) + 0.4 * f64::from(self.quantity_cues.min(1))
-        } else {
-            0.0
-        };
-        let math = clamp01(
-            0.35 * f64::from(self.math_ops.min(3))
-                + 0.4 * f64::from(self.latex.min(2))
-                + 0.1 * quantities
-                + word_problem,
-        );
-        let json = if wants_json {
-            1.0
-        } else {
-            clamp01(
-                0.6 * f64::from(self.json_words.min(1)) + 0.3 * f64::from(self.json_braces.min(2)),
-            )
-        };
-        let numeric = clamp01(4.0 * f64::from(self.numbers) / words);
-        let length = scale(
-            (1.0 + self.bytes as f64).ln(),
-            (1.0 + 32.0f64).ln(),
-            (1.0 + window as f64).ln(),
-        );
-        let task_class = if code >= 0.5 && code >= math {
-            TaskClass::Code
-        } else if math >= 0.5 {
-            TaskClass::Math
-        } else if json >= 0.5 {
-            TaskClass::Structured
-        } else {
-            TaskClass::General
-        };
-        let complexity = clamp01(
-            w.entropy * entropy
-                + w.lexical * lexical
-                + w.code * code
-                + w.math * math
-                + w.json * json
-                + w.numeric * numeric
-                + w.length * length,
-        );
-        Features {
-            entropy,
-            lexical,
-            code,
-            math,
-            json,
-            numeric,
-            length,
-            task_class,
-            complexity,
-            prompt_bytes,
-            segments,
-        }
-    }
-}
-
-/// Byte classes: word bytes are ASCII letters and digits and every non-ASCII byte (so
-/// words in any script stay whole).
-const WORD: u8 = 1;
-const DIGIT: u8 = WORD | 2;
-
-static BYTE_CLASS: [u8; 256] = {
-    let mut table = [0u8; 256];
-    let mut b = 0;
-    while b < 256 {
-        let byte = b as u8;
-        table[b] = if byte.is_ascii_digit() {
-            DIGIT
-        } else if byte.is_ascii_alphabetic() || byte >= 0x80 {
-            WORD
-        } else {
-            0
-        };
-        b += 1;
-    }
-    table
-};
-
-/// What a cue word signals; the discriminant indexes `Scanner::cues` (0 = no cue).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Cue {
-    /// One of the commonest English function words; other words count as content words.
-    Function = 1,
-    CodeKeyword,
-    /// Asks for code: names a language or a programming task.
-    CodeIntent,
-    Json,
-    /// Word-problem vocabulary (stems up to 8 bytes: "calculat" matches "calculate").
-    Math,
-    /// A number word.
-    Quantity,
-    /// "twice", "half": both a quantity and arithmetic.
-    QuantityMath,
-    /// "many"/"much", a quantity question after "how".
-    ManyMuch,
-}
-
-/// Slots in `Scanner::cues`: "no cue" plus one per `Cue`.
-const CUE_KINDS: usize = Cue::ManyMuch as usize + 1;
-
-const HOW: u64 = key(b"how");
-
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-const fn splat(b: u8) -> u64 {
-    0x0101_0101_0101_0101 * b as u64
-}
-
-/// For 8 bytes read little-endian: bit 7 of each byte is set in the first mask when that byte
-/// is a word byte (ASCII letter or digit, or any non-ASCII byte) and in the second when it is
-/// an ASCII digit. Each range test adds a constant to the 7-bit value of every byte at once;
-/// no sum exceeds 0xff, so nothing carries into the next byte.
-fn word_bits(x: u64) -> (u64, u64) {
-    let ascii = !x & HIGH;
-    let y = x & !HIGH;
-    let digit = (y + splat(0x80 - b'0')) & !(y + splat(0x7f - b'9')) & ascii;
-    let z = y | splat(0x20);
-    let letter = (z + splat(0x80 - b'a')) & !(z + splat(0x7f - b'z')) & ascii;
-    (digit | letter | (x & HIGH), digit)
-}
-
-/// Mask of the low `n` bytes (n < 8).
-fn low_bytes(n: u32) -> u64 {
-    (1u64 << (8 * n)) - 1
-}
-
-/// Scans the word starting at `bytes[start]` (a word byte) with 8-byte loads. Returns where
-/// it ends, its lookup key (first 8 bytes lowercased, big-endian, zero padded: setting bit 5
-/// lowercases ASCII letters and leaves digits, which have it, and non-ASCII bytes, which keep
-/// bit 7 and never equal an ASCII cue word) and whether it is all ASCII digits.
-fn scan_word(bytes: &[u8], start: usize) -> (usize, u64, bool) {
-    let Some(x) = load8(bytes, start) else {
-        return scan_word_bytewise(bytes, start);
+/// Turns the counts of the scoring window into the feature scores (`docs/routing.md`).
+fn scores(
+    c: &Counts,
+    wants_json: bool,
+    window: usize,
+    w: &ComplexityWeights,
+    prompt_bytes: usize,
+    segments: usize,
+) -> Features {
+    let cue = |kind: Cue| c.cues[kind as usize];
+    let function_words = cue(Cue::Function);
+    let math_words = c.money + cue(Cue::Math) + cue(Cue::QuantityMath);
+    let quantities = c.numbers + cue(Cue::Quantity) + cue(Cue::QuantityMath);
+    let words = f64::from(c.words.max(1));
+    let entropy = scale(shannon_entropy(&c.byte_counts, c.sampled_bytes), 3.0, 5.5);
+    let lexical = if c.words == 0 {
+        0.0
+    } else {
+        1.0 - f64::from(function_words) / words
     };
-    let (word, digit) = word_bits(x);
-    let stop = !word & HIGH;
-    if stop != 0 {
-        // The common case: the whole word is inside this load.
-        let len = stop.trailing_zeros() / 8;
-        let keep = low_bytes(len);
-        let key = ((x | splat(0x20)) & keep).swap_bytes();
-        let is_number = digit & keep == HIGH & keep;
-        return (start + len as usize, key, is_number);
-    }
-    let key = (x | splat(0x20)).swap_bytes();
-    let mut is_number = digit == HIGH;
-    let mut i = start + 8;
-    while let Some(x) = load8(bytes, i) {
-        let (word, digit) = word_bits(x);
-        let stop = !word & HIGH;
-        if stop != 0 {
-            let len = stop.trailing_zeros() / 8;
-            let keep = low_bytes(len);
-            is_number &= digit & keep == HIGH & keep;
-            return (i + len as usize, key, is_number);
-        }
-        is_number &= digit == HIGH;
-        i += 8;
-    }
-    while i < bytes.len() && BYTE_CLASS[bytes[i] as usize] & WORD != 0 {
-        is_number &= BYTE_CLASS[bytes[i] as usize] == DIGIT;
-        i += 1;
-    }
-    (i, key, is_number)
-}
-
-fn load8(bytes: &[u8], at: usize) -> Option<u64> {
-    let chunk = bytes.get(at..at + 8)?;
-    let mut buf = [0u8; 8];
-    buf.copy_from_slice(chunk);
-    Some(u64::from_le_bytes(buf))
-}
-
-/// The tail of a buffer, shorter than one load.
-fn scan_word_bytewise(bytes: &[u8], start: usize) -> (usize, u64, bool) {
-    let mut i = start;
-    let mut key = 0u64;
-    let mut is_number = true;
-    while i < bytes.len() {
-        let class = BYTE_CLASS[bytes[i] as usize];
-        if class & WORD == 0 {
-            break;
-        }
-        if i - start < 8 {
-            key |= u64::from(bytes[i] | 0x20) << (8 * (7 - (i - start)));
-        }
-        is_number &= class == DIGIT;
-        i += 1;
-    }
-    (i, key, is_number)
-}
-
-/// Packs the first 8 bytes of a lowercase word into a big-endian u64 (zero padded).
-const fn key(word: &[u8]) -> u64 {
-    let mut bytes = [0u8; 8];
-    let mut i = 0;
-    while i < word.len() && i < 8 {
-        bytes[i] = word[i];
-        i += 1;
-    }
-    u64::from_be_bytes(bytes)
-}
-
-const CUE_WORDS: &[(Cue, &[&[u8]])] = &[
-    (
-        Cue::Function,
-        &[
-            b"a", b"an", b"the", b"and", b"or", b"but", b"if", b"of", b"to", b"in", b"on", b"at",
-            b"by", b"for", b"with", b"from", b"as", b"is", b"are", b"was", b"were", b"be", b"been",
-            b"it", b"its", b"this", b"that", b"these", b"those", b"he", b"she", b"they", b"we",
-            b"you", b"i", b"me", b"my", b"your", b"his", b"her", b"their", b"our", b"do", b"does",
-            b"did", b"have", b"has", b"had", b"will", b"would", b"can", b"could", b"should",
-            b"not", b"no", b"so", b"than", b"then", b"there", b"what", b"which", b"who", b"how",
-            b"about", b"into", b"some", b"any", b"all",
-        ],
-    ),
-    (
-        Cue::CodeKeyword,
-        &[
-            b"def", b"fn", b"class", b"import", b"return", b"elif", b"lambda", b"const", b"let",
-            b"var", b"void", b"struct", b"impl", b"self", b"public", b"private", b"static",
-            b"async", b"await", b"null", b"none", b"true", b"false", b"int", b"str", b"bool",
-            b"println", b"printf", b"include",
-        ],
-    ),
-    (
-        Cue::CodeIntent,
-        &[
-            b"python",
-            b"java",
-            b"rust",
-            b"golang",
-            b"sql",
-            b"regex",
-            b"code",
-            b"function",
-            b"program",
-            b"script",
-            b"compile",
-            b"debug",
-            b"bug",
-            b"api",
-            b"html",
-            b"css",
-            b"bash",
-            b"query",
-            b"array",
-            b"string",
-            b"integer",
-            b"method",
-            b"variable",
-            b"loop",
-        ],
-    ),
-    (Cue::Json, &[b"json", b"yaml", b"xml", b"csv", b"schema"]),
-    (
-        Cue::Math,
-        &[
-            b"calculat",
-            b"solve",
-            b"equation",
-            b"sum",
-            b"average",
-            b"percent",
-            b"product",
-            b"total",
-            b"times",
-            b"remainin",
-            b"altogeth",
-            b"profit",
-            b"cost",
-            b"costs",
-            b"spend",
-            b"spent",
-            b"earn",
-            b"earns",
-            b"paid",
-            b"pays",
-            b"per",
-            b"each",
-            b"every",
-            b"minutes",
-            b"hours",
-            b"dollars",
-            b"cents",
-            b"miles",
-            b"integral",
-            b"derivati",
-            b"probabil",
-            b"fraction",
-            b"ratio",
-            b"rate",
-            b"older",
-            b"younger",
-            b"combined",
-            b"price",
-            b"sold",
-            b"sells",
-            b"buys",
-            b"bought",
-            b"fewer",
-            b"left",
-        ],
-    ),
-    (
-        Cue::Quantity,
-        &[
-            b"one",
-            b"two",
-            b"three",
-            b"four",
-            b"five",
-            b"six",
-            b"seven",
-            b"eight",
-            b"nine",
-            b"ten",
-            b"eleven",
-            b"twelve",
-            b"fifteen",
-            b"twenty",
-            b"thirty",
-            b"forty",
-            b"fifty",
-            b"hundred",
-            b"thousand",
-            b"million",
-            b"third",
-            b"quarter",
-            b"double",
-            b"triple",
-            b"dozen",
-        ],
-    ),
-    (Cue::QuantityMath, &[b"twice", b"half"]),
-    (Cue::ManyMuch, &[b"many", b"much"]),
-];
-
-const CUE_COUNT: usize = {
-    let mut n = 0;
-    let mut i = 0;
-    while i < CUE_WORDS.len() {
-        n += CUE_WORDS[i].1.len();
-        i += 1;
-    }
-    n
-};
-
-/// Slots of the cue hash table: a power of two over twice the word count keeps probe
-/// chains short.
-const CUE_SLOTS: usize = 512;
-
-const fn slot(key: u64) -> usize {
-    // Fibonacci hashing: the top bits of a multiply spread packed ASCII well.
-    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CUE_SLOTS.trailing_zeros())) as usize
-}
-
-/// Every cue word by key in an open-addressing table built at compile time (key 0 = empty;
-/// no word packs to 0). A lookup is a multiply and, almost always, one comparison.
-static CUE_TABLE: [(u64, u8); CUE_SLOTS] = {
-    assert!(CUE_COUNT * 2 <= CUE_SLOTS);
-    let mut table = [(0u64, 0u8); CUE_SLOTS];
-    let mut g = 0;
-    while g < CUE_WORDS.len() {
-        let (cue, words) = CUE_WORDS[g];
-        let mut w = 0;
-        while w < words.len() {
-            let k = key(words[w]);
-            let mut i = slot(k);
-            while table[i].0 != 0 {
-                assert!(table[i].0 != k, "duplicate cue word");
-                i = (i + 1) % CUE_SLOTS;
-            }
-            table[i] = (k, cue as u8);
-            w += 1;
-        }
-        g += 1;
-    }
-    table
-};
-
-/// The `Cue` discriminant of a word key, 0 when it is no cue word.
-fn lookup_cue(key: u64) -> u8 {
-    let mut i = slot(key);
-    loop {
-        let (k, cue) = CUE_TABLE[i];
-        if k == key {
-            return cue;
-        }
-        if k == 0 {
-            return 0;
-        }
-        i = (i + 1) % CUE_SLOTS;
+    let code = clamp01(
+        0.6 * f64::from(c.fences.min(1))
+            + 0.2 * f64::from(cue(Cue::CodeKeyword).min(4))
+            + 0.25 * f64::from(cue(Cue::CodeIntent).min(2))
+            + 0.1 * f64::from(c.indented_lines.min(5))
+            + 4.0 * f64::from(c.code_symbols) / c.bytes.max(1) as f64,
+    );
+    let word_problem = if quantities >= 2 {
+        0.2 * f64::from(math_words.min(3)) + 0.4 * f64::from(cue(Cue::ManyMuch).min(1))
+    } else {
+        0.0
+    };
+    let math = clamp01(
+        0.35 * f64::from(c.math_ops.min(3))
+            + 0.4 * f64::from(c.latex.min(2))
+            + 0.1 * f64::from(quantities.min(4))
+            + word_problem,
+    );
+    let json = if wants_json {
+        1.0
+    } else {
+        clamp01(0.6 * f64::from(cue(Cue::Json).min(1)) + 0.3 * f64::from(c.json_braces.min(2)))
+    };
+    let numeric = clamp01(4.0 * f64::from(c.numbers) / words);
+    let length = scale(
+        (1.0 + c.bytes as f64).ln(),
+        (1.0 + 32.0f64).ln(),
+        (1.0 + window as f64).ln(),
+    );
+    let task_class = if code >= 0.5 && code >= math {
+        TaskClass::Code
+    } else if math >= 0.5 {
+        TaskClass::Math
+    } else if json >= 0.5 {
+        TaskClass::Structured
+    } else {
+        TaskClass::General
+    };
+    let complexity = clamp01(
+        w.entropy * entropy
+            + w.lexical * lexical
+            + w.code * code
+            + w.math * math
+            + w.json * json
+            + w.numeric * numeric
+            + w.length * length,
+    );
+    Features {
+        entropy,
+        lexical,
+        code,
+        math,
+        json,
+        numeric,
+        length,
+        task_class,
+        complexity,
+        prompt_bytes,
+        segments,
     }
 }
 
@@ -823,67 +276,6 @@ mod tests {
             wants_json: false,
         };
         Features::extract(&prompt, &ComplexityWeights::default()).unwrap()
-    }
-
-    #[test]
-    fn cue_table_holds_every_word_once() {
-        let filled = CUE_TABLE.iter().filter(|(k, _)| *k != 0).count();
-        assert_eq!(filled, CUE_COUNT, "every cue word has its own slot");
-        assert_eq!(lookup_cue(key(b"calculat")), Cue::Math as u8);
-        assert_eq!(lookup_cue(key(b"the")), Cue::Function as u8);
-        assert_eq!(lookup_cue(key(b"zebra")), 0);
-        let text = b"x CALCULATION How def";
-        assert_eq!(scan_word(text, 2), (13, key(b"calculat"), false));
-        assert_eq!(scan_word(text, 14), (17, key(b"how"), false));
-        assert_eq!(
-            scan_word(text, 18),
-            (21, key(b"def"), false),
-            "at the end of the buffer"
-        );
-        assert_eq!(scan_word(b"42", 0), (2, key(b"42"), true));
-    }
-
-    #[test]
-    fn word_scan_matches_a_bytewise_scan_on_any_input() {
-        let samples: [&[u8]; 6] = [
-            b"Hello, World! 12345 x9 0.5 \\frac{a}{b} snake_case \xc3\xa9t\xc3\xa9",
-            b"1234567890123 abcdefghijklmnop ABCDEFGH 12345678 a",
-            b"@[`{/:~ 09AZaz",
-            b"   leading and trailing   ",
-            b"\xff\x80\x7f\x00 \xe2\x9c\x93",
-            b"z",
-        ];
-        for text in samples {
-            let mut i = 0;
-            while i < text.len() {
-                if BYTE_CLASS[text[i] as usize] & WORD == 0 {
-                    i += 1;
-                    continue;
-                }
-                let fast = scan_word(text, i);
-                let slow = scan_word_bytewise(text, i);
-                assert_eq!(
-                    fast,
-                    slow,
-                    "word at {i} of {:?}",
-                    String::from_utf8_lossy(text)
-                );
-                i = fast.0;
-            }
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn word_scan_matches_a_bytewise_scan_on_arbitrary_bytes(
-            text in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)
-        ) {
-            for i in 0..text.len() {
-                if BYTE_CLASS[text[i] as usize] & WORD != 0 {
-                    proptest::prop_assert_eq!(scan_word(&text, i), scan_word_bytewise(&text, i));
-                }
-            }
-        }
     }
 
     #[test]
