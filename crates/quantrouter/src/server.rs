@@ -104,6 +104,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
+    upkeep: JoinHandle<()>,
     publisher: Option<Publisher>,
 }
 
@@ -151,6 +152,7 @@ impl Server {
             .redis
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
+        let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
             store,
@@ -196,6 +198,7 @@ impl Server {
             stop,
             tasks,
             scraper,
+            upkeep,
             publisher,
         })
     }
@@ -226,6 +229,7 @@ impl Server {
             tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
         self.scraper.abort();
+        self.upkeep.abort();
         // Last: until the requests above drained they were load KEDA had to see.
         if let Some(publisher) = self.publisher {
             publisher.stop().await;

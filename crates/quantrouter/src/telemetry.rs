@@ -106,6 +106,23 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How often [`spawn_upkeep`] drains the recorder.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Drains histogram samples into their buckets every few seconds. The recorder keeps every
+/// sample until a render or an upkeep folds it in; without this task a router nobody scrapes
+/// would grow by each request's samples forever.
+pub fn spawn_upkeep(handle: PrometheusHandle) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    })
+}
+
 fn describe() {
     metrics::describe_counter!(
         REQUESTS,
