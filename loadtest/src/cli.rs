@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// Check that every non-streamed 200 is a completion (error bodies are always checked).
     #[arg(long)]
     pub check_answers: bool,
+    /// Send vLLM's `ignore_eos`: every answer runs to its `max_tokens` (default off, or the
+    /// preset's).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// `model` of every request (`auto` lets quantrouter choose).
     #[arg(long, default_value = "auto")]
     pub model: String,
@@ -183,6 +187,7 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         (None, None) => TokenMix::fixed(16),
     };
     let check_answers = args.check_answers || preset.as_ref().is_some_and(|p| p.check_answers);
+    let ignore_eos = args.ignore_eos || preset.as_ref().is_some_and(|p| p.ignore_eos);
     let label = args.label.clone().unwrap_or_else(|| match mode {
         LoadMode::Rate(rate) => format!("rate{rate} {}", args.url),
         LoadMode::Concurrency(workers) => format!("c{workers} {}", args.url),
@@ -196,6 +201,7 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         stream_share,
         max_tokens,
         check_answers,
+        ignore_eos,
         model: args.model.clone(),
         endpoint: args.endpoint,
         label,

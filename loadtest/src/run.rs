@@ -48,6 +48,8 @@ pub struct RunConfig {
     pub max_tokens: TokenMix,
     /// Check that every non-streamed 200 is a completion.
     pub check_answers: bool,
+    /// Send `ignore_eos` so that every answer runs to its `max_tokens`.
+    pub ignore_eos: bool,
     /// `model` of every request.
     pub model: String,
     /// Chat or completions.
@@ -128,6 +130,7 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
         endpoint: config.endpoint,
         model: &config.model,
         max_tokens: 1,
+        ignore_eos: config.ignore_eos,
     };
     let shared = Arc::new(Shared {
         client: client::build_client(config.connect_timeout),

@@ -34,6 +34,8 @@ pub struct Preset {
     pub max_tokens: TokenMix,
     /// Check that every 200 is a completion (error bodies are always checked).
     pub check_answers: bool,
+    /// Ask for answers of exactly `max_tokens` (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 // === impl Scenario ===
@@ -72,30 +74,36 @@ impl Scenario {
                 stream_share: 0.0,
                 max_tokens: TokenMix::fixed(16),
                 check_answers: false,
+                ignore_eos: false,
             },
             // Mostly short chat answers with a tail of long ones, as in a chat product.
             Self::Mixed => Preset {
                 stream_share: 0.1,
                 max_tokens: mix(MIXED_TOKENS, 64),
                 check_answers: false,
+                ignore_eos: false,
             },
             // One size, so the tier's capacity in requests/s is a known number.
             Self::Overload => Preset {
                 stream_share: 0.0,
                 max_tokens: TokenMix::fixed(32),
                 check_answers: true,
+                ignore_eos: false,
             },
             // Streams as well, because a failure mid-stream must still end in one answer.
             Self::Chaos => Preset {
                 stream_share: 0.2,
                 max_tokens: mix(CHAOS_TOKENS, 32),
                 check_answers: true,
+                ignore_eos: false,
             },
-            // Long streams: with the simulator's inter-token latency they outlast the window.
+            // Long streams: with the simulator's inter-token latency they outlast the window,
+            // and `ignore_eos` keeps each one open until all its tokens are out.
             Self::Soak => Preset {
                 stream_share: 1.0,
                 max_tokens: TokenMix::fixed(SOAK_TOKENS),
                 check_answers: false,
+                ignore_eos: true,
             },
         }
     }
@@ -151,5 +159,6 @@ mod tests {
         assert!(Scenario::Chaos.preset().check_answers);
         assert!(Scenario::Overload.preset().check_answers);
         assert_eq!(Scenario::Soak.preset().stream_share, 1.0);
+        assert!(Scenario::Soak.preset().ignore_eos);
     }
 }

@@ -48,6 +48,8 @@ pub struct BodyParams<'a> {
     pub model: &'a str,
     /// `max_tokens` field.
     pub max_tokens: u32,
+    /// Send vLLM's `ignore_eos`, so that every answer runs to `max_tokens`.
+    pub ignore_eos: bool,
 }
 
 /// A weighted choice of `max_tokens` values, written `16` (always 16) or
@@ -274,6 +276,9 @@ pub fn request_body(
     if stream {
         body["stream_options"] = json!({"include_usage": true});
     }
+    if params.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
     Ok(serde_json::to_vec(&body)?)
 }
 
@@ -344,6 +349,7 @@ mod tests {
         endpoint: Endpoint::Chat,
         model: "auto",
         max_tokens: 16,
+        ignore_eos: false,
     };
 
     #[test]
@@ -358,6 +364,18 @@ mod tests {
         let plain: serde_json::Value =
             serde_json::from_slice(&request_body("hi", &PARAMS, false).unwrap()).unwrap();
         assert!(plain.get("stream_options").is_none());
+        assert!(plain.get("ignore_eos").is_none());
+    }
+
+    #[test]
+    fn ignore_eos_is_sent_when_asked() {
+        let params = BodyParams {
+            ignore_eos: true,
+            ..PARAMS
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&request_body("hi", &params, true).unwrap()).unwrap();
+        assert_eq!(body["ignore_eos"], true);
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn config(addr: SocketAddr, mode: LoadMode) -> RunConfig {
         stream_share: 0.0,
         max_tokens: TokenMix::fixed(16),
         check_answers: true,
+        ignore_eos: false,
         model: "sim-model".to_owned(),
         endpoint: Endpoint::Chat,
         label: "local".to_owned(),

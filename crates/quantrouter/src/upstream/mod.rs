@@ -7,6 +7,7 @@ pub mod attempts;
 pub mod pool;
 pub mod scrape;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -48,6 +49,13 @@ pub struct UpstreamClient {
     pub header_timeout: Duration,
 }
 
+/// Read buffer of each upstream connection. hyper's default grows the buffer whenever a
+/// read fills it, up to ~400 KB: a stream whose tokens arrive faster than the router
+/// forwards them for a moment (a busy CPU) would keep a buffer that size for its lifetime —
+/// 2,000 streams grew the router by ~100 MB a few seconds. vLLM's response heads are well
+/// under this size; bodies are read in pieces of it.
+const UPSTREAM_READ_BUFFER: usize = 8 * 1024;
+
 /// Upstream client settings.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientConfig {
@@ -69,6 +77,7 @@ impl UpstreamClient {
         connector.set_connect_timeout(Some(config.connect_timeout));
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(config.max_idle_per_host)
+            .http1_read_buf_exact_size(UPSTREAM_READ_BUFFER)
             .build(connector);
         Self {
             client,
@@ -127,9 +136,9 @@ pin_project_lite::pin_project! {
         last_frame: Instant,
         sse: bool,
         done: bool,
-        // The last few data frames (reference-counted, not copied) to read `usage` from
-        // at the end.
-        recent: [Bytes; 3],
+        // The end of the body so far, to read `usage` from at the end (unused when usage
+        // events are stripped: their counts are taken as they pass).
+        tail: VecDeque<u8>,
         // Usage events are cut out of the stream (the router asked for them, not the
         // client); partial events wait here.
         strip_usage: bool,
@@ -222,7 +231,7 @@ impl UpstreamBody {
             last_frame: now,
             sse: limits.sse,
             done: false,
-            recent: Default::default(),
+            tail: VecDeque::new(),
             strip_usage: limits.sse && limits.strip_usage,
             carry: BytesMut::new(),
             stripped: None,
@@ -252,23 +261,27 @@ impl Body for UpstreamBody {
                         Ok(data) => data,
                         Err(other) => return Poll::Ready(Some(Ok(other))),
                     };
-                    this.recent.rotate_left(1);
-                    this.recent[2] = frame.clone();
                     let out = match *this.strip_usage {
                         true => strip_usage_events(this.carry, this.stripped, frame),
-                        false => Some(frame),
+                        false => {
+                            keep_tail(this.tail, &frame);
+                            Some(frame)
+                        }
                     };
                     // hyper stops polling a body that reports its end (a sized body after
                     // its last byte), so the end is handled together with the last frame.
                     if !this.inner.is_end_stream() {
                         match out {
+                            Some(out) if *this.sse => {
+                                return Poll::Ready(Some(Ok(Frame::data(unpin(out)))));
+                            }
                             Some(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
                             None => continue,
                         }
                     }
                     let mut last = BytesMut::from(out.unwrap_or_default());
                     last.extend_from_slice(&this.carry.split());
-                    let usage = body_usage(*this.strip_usage, *this.stripped, this.recent);
+                    let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
                     finish(
                         this.held,
                         this.on_end,
@@ -283,7 +296,7 @@ impl Body for UpstreamBody {
                     return Poll::Ready(Some(Ok(Frame::data(last.freeze()))));
                 }
                 Poll::Ready(None) => {
-                    let usage = body_usage(*this.strip_usage, *this.stripped, this.recent);
+                    let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
                     finish(
                         this.held,
                         this.on_end,
@@ -362,11 +375,40 @@ fn finish(
 }
 
 /// Usage of a finished body: the stripped usage event, or the last `usage` in its tail.
-fn body_usage(stripped_mode: bool, stripped: Option<Usage>, recent: &[Bytes; 3]) -> Option<Usage> {
+fn body_usage(
+    stripped_mode: bool,
+    stripped: Option<Usage>,
+    tail: &mut VecDeque<u8>,
+) -> Option<Usage> {
     match stripped_mode {
         true => stripped,
-        false => find_usage(&recent.concat()),
+        false => find_usage(tail.make_contiguous()),
     }
+}
+
+/// A copy of an SSE frame that owns its bytes. A frame is an event or a few, ~100 bytes cut
+/// from one of hyper's read buffers (8 KiB or more); while a client reads slowly, hyper
+/// queues frames for it, and each would keep its whole read buffer alive — megabytes per
+/// thousand streams, growing while the clients lag. Copying lets the buffer be reused.
+fn unpin(frame: Bytes) -> Bytes {
+    Bytes::copy_from_slice(&frame)
+}
+
+/// Bytes kept from the end of a body for [`body_usage`]: the usage event of a stream, or the
+/// end of a JSON answer, with room to spare.
+const USAGE_TAIL: usize = 2048;
+
+/// Appends `data` to the copied tail of a body, keeping its last [`USAGE_TAIL`] bytes.
+/// Copying matters: holding on to the frames themselves kept each one's read buffer (8 KiB
+/// or more) alive, per frame and per stream.
+fn keep_tail(tail: &mut VecDeque<u8>, data: &[u8]) {
+    let data = &data[data.len().saturating_sub(USAGE_TAIL)..];
+    let excess = (tail.len() + data.len()).saturating_sub(USAGE_TAIL);
+    tail.drain(..excess);
+    if tail.capacity() == 0 {
+        tail.reserve_exact(USAGE_TAIL);
+    }
+    tail.extend(data);
 }
 
 /// Passes SSE events through except usage-only ones, whose counts go to `stripped`.
@@ -407,4 +449,49 @@ fn sse_error_event(failure: BodyError) -> Bytes {
         "code": code,
     }});
     Bytes::from(format!("data: {error}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_bytes_across_frames() {
+        let mut tail = VecDeque::new();
+        let mut body = Vec::new();
+        for i in 0..500u32 {
+            let frame = format!("data: {{\"n\":{i}}}\n\n");
+            keep_tail(&mut tail, frame.as_bytes());
+            body.extend_from_slice(frame.as_bytes());
+        }
+        assert_eq!(tail.len(), USAGE_TAIL);
+        assert_eq!(tail.make_contiguous(), &body[body.len() - USAGE_TAIL..]);
+        assert_eq!(
+            tail.capacity(),
+            USAGE_TAIL,
+            "the tail never grows past its size"
+        );
+
+        let big = vec![b'x'; 3 * USAGE_TAIL];
+        keep_tail(&mut tail, &big);
+        assert_eq!(tail.make_contiguous(), &big[..USAGE_TAIL]);
+    }
+
+    #[test]
+    fn usage_is_read_from_the_tail_of_a_long_stream() {
+        let mut tail = VecDeque::new();
+        for _ in 0..1000 {
+            keep_tail(
+                &mut tail,
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n",
+            );
+        }
+        let usage = br#"data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1000,"total_tokens":1007}}"#;
+        // Split mid-event, as TCP may deliver it.
+        keep_tail(&mut tail, &usage[..40]);
+        keep_tail(&mut tail, &usage[40..]);
+        keep_tail(&mut tail, b"\n\ndata: [DONE]\n\n");
+        let found = body_usage(false, None, &mut tail).unwrap();
+        assert_eq!((found.prompt_tokens, found.completion_tokens), (7, 1000));
+    }
 }
