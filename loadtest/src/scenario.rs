@@ -128,7 +128,7 @@ pub const MIXED_TOKENS: &str = "16:50,64:30,256:20";
 /// `max_tokens` of the `chaos` scenario.
 pub const CHAOS_TOKENS: &str = "16:70,64:30";
 /// `max_tokens` of every `soak` stream.
-pub const SOAK_TOKENS: u32 = 3000;
+pub const SOAK_TOKENS: u32 = 300;
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
 use quantrouter_policy::{check_answer, Reason, RoutingDecision};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -131,10 +131,10 @@ const FORWARDED: [HeaderName; 5] = [
 impl Server {
     /// Binds both ports and starts serving on the current runtime.
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
-        let public = TcpListener::bind(config.listen).await?;
-        let admin = TcpListener::bind(config.admin_listen).await?;
+        let public = listen(config.listen)?;
+        let admin = listen(config.admin_listen)?;
         let scaler = match config.scaler_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await?),
+            Some(addr) => Some(listen(addr)?),
             None => None,
         };
         let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
@@ -239,6 +239,22 @@ impl Server {
             let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
         }
     }
+}
+
+/// Connections the kernel queues per listener before they are accepted (capped by
+/// `net.core.somaxconn`, 4096 on current kernels). A burst of new clients — a fleet
+/// reconnecting after a restart, thousands of streams opened at once — then waits in the
+/// queue instead of losing SYNs and retrying a second or more later; tokio's default is 1024.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 type ServeFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

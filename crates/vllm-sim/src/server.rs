@@ -9,7 +9,7 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -31,13 +31,27 @@ pub struct SimServer {
     accept_loop: Option<JoinHandle<()>>,
 }
 
+/// Like vLLM behind uvicorn (backlog 2048) and more: load tests open thousands of streams at
+/// once, and a SYN dropped from a full queue costs a second's retry.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 // === impl SimServer ===
 
 impl SimServer {
     /// Binds `addr` (port 0 picks a free port) and spawns the accept loop on the current tokio
     /// runtime.
     pub async fn bind(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimServer> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = listen(addr)?;
         let local_addr = listener.local_addr()?;
         let state = Arc::new(SimState::new(config));
         let (stop, stopped) = watch::channel(false);
