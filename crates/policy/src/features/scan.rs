@@ -61,23 +61,22 @@ pub(super) struct Scanner {
     breaks_at_backtick: u64,
 }
 
-/// Counter lanes for cue kinds: 8 bits each in a `u64`, so counting a word is one add in a
-/// register. A 64-byte block holds at most 32 words, so flushing every `FLUSH_BLOCKS`
-/// blocks keeps each lane below 2^8.
+/// Counter lanes: 8 bits each in a `u64`, so counting a word is one add in a register.
+/// Cue kinds `Function`..=`QuantityMath` have lanes 0..=6 and every word that is not a number
+/// adds one to lane 7; "many"/"much" need the previous word and are counted apart. A 64-byte
+/// block holds at most 32 words, so flushing every `FLUSH_BLOCKS` blocks keeps each lane
+/// below 2^8.
 const LANE_BITS: u32 = 8;
 const FLUSH_BLOCKS: usize = 4;
-const _: () = assert!((CUE_KINDS - 1) as u32 * LANE_BITS <= 64);
-/// Lane increments by [previous word is "how"][cue]: "many"/"much" count only after "how".
-/// 16 columns, so that indexing with any 4-bit value needs no bounds check.
-static LANES: [[u64; 16]; 2] = {
-    let mut lanes = [[0u64; 16]; 2];
+const WORD_LANE: u32 = 7 * LANE_BITS;
+const _: () = assert!((Cue::ManyMuch as u32 - 1) * LANE_BITS == WORD_LANE);
+/// Lane increments by `Cue` discriminant (0 = no cue). 256 entries, so that indexing with a
+/// byte needs no bounds check; only the first few are ever read.
+static LANES: [u64; 256] = {
+    let mut lanes = [1 << WORD_LANE; 256];
     let mut cue = 1;
-    while cue < CUE_KINDS {
-        let lane = 1 << (LANE_BITS * (cue as u32 - 1));
-        lanes[1][cue] = lane;
-        if cue != Cue::ManyMuch as usize {
-            lanes[0][cue] = lane;
-        }
+    while cue < Cue::ManyMuch as usize {
+        lanes[cue] += 1 << (LANE_BITS * (cue as u32 - 1));
         cue += 1;
     }
     lanes
@@ -177,30 +176,40 @@ impl Scanner {
 
         let mut lanes = 0u64;
         let mut carry = 0u64;
-        let (mut words, mut specials) = block_masks(text, 0);
+        let mut numbers = 0;
+        let mut many = 0;
+        // Word-byte flags (0xff or 0) of this block and the next, so that the eight flags
+        // from a word's start give the mask of its key.
+        let mut flags = [0u8; 128];
+        let mut padded = [b' '; 72];
+        let (mut words, mut specials) = block_masks(text, 0, &mut flags[..64]);
         let mut base = 0;
         let mut block = 0;
         while base < text.len() {
             let next = base + 64;
-            let (next_words, next_specials) = block_masks(text, next);
+            let (next_words, next_specials) = block_masks(text, next, &mut flags[64..]);
             let starts = words & !((words << 1) | carry);
             carry = words >> 63;
-            self.counts.words += starts.count_ones();
-            let (block_lanes, numbers, prev_key) =
-                count_words(text, base, starts, words, next_words, self.prev_key);
-            lanes += block_lanes;
-            self.counts.numbers += numbers;
-            self.prev_key = prev_key;
-            self.specials(text, base, specials);
+            let window = window(text, base, &mut padded);
+            let counted = count_words(text, base, window, &flags, starts, self.prev_key);
+            lanes += counted.lanes;
+            numbers += counted.numbers;
+            many += counted.many;
+            self.prev_key = counted.prev_key;
+            self.specials(text, base, window, specials);
             block += 1;
             if block % FLUSH_BLOCKS == 0 {
                 self.flush(lanes);
                 lanes = 0;
             }
+            flags.copy_within(64.., 0);
             (words, specials) = (next_words, next_specials);
             base = next;
         }
         self.flush(lanes);
+        self.counts.words += numbers;
+        self.counts.numbers += numbers;
+        self.counts.cues[Cue::ManyMuch as usize] += many;
     }
 
     pub(super) fn finish(self) -> Counts {
@@ -208,19 +217,25 @@ impl Scanner {
     }
 
     fn flush(&mut self, lanes: u64) {
-        for (cue, count) in self.counts.cues.iter_mut().enumerate().skip(1) {
+        for (cue, count) in self.counts.cues[..Cue::ManyMuch as usize]
+            .iter_mut()
+            .enumerate()
+            .skip(1)
+        {
             *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & 0xff) as u32;
         }
+        self.counts.words += (lanes >> WORD_LANE) as u32;
     }
 
     /// Handles the specials at the set bits of `specials` in the block at `base`.
-    fn specials(&mut self, text: &[u8], base: usize, specials: u64) {
+    fn specials(&mut self, text: &[u8], base: usize, window: &[u8; 72], specials: u64) {
         let mut specials = specials;
         let mut lanes = 0u64;
         while specials != 0 {
-            let at = base + specials.trailing_zeros() as usize;
+            let i = specials.trailing_zeros() as usize & 63;
             specials &= specials - 1;
-            let b = text.get(at).copied().unwrap_or(b' ');
+            let at = base + i;
+            let b = window[i];
             let entry = SPECIAL_LANES[usize::from(b)];
             // Bit 63 of the sum is junk; the lanes below it cannot overflow in a block.
             lanes = lanes.wrapping_add(entry);
@@ -322,55 +337,81 @@ impl Scanner {
     }
 }
 
-/// Counts the words starting at the set bits of `starts` in the block `window` begins
-/// with (`words`, `next_words`: word-byte masks of this block and the next); returns the cue
-/// lanes to add, the number words and the key of the last word. A free function with few
-/// live values, so that everything stays in registers.
+/// What `count_words` found in one block.
+struct BlockWords {
+    /// Cue and word lanes to add.
+    lanes: u64,
+    numbers: u32,
+    /// "many"/"much" right after "how".
+    many: u32,
+    /// Key of the block's last word.
+    prev_key: u64,
+}
+
+/// Counts the words starting at the set bits of `starts` in the block at `base` (`window`:
+/// its bytes and the 8 after; `flags`: word-byte flags of this block and the next). A free
+/// function with few live values, so that everything stays in registers.
 fn count_words(
     text: &[u8],
     base: usize,
+    window: &[u8; 72],
+    flags: &[u8; 128],
     starts: u64,
-    words: u64,
-    next_words: u64,
     prev_key: u64,
-) -> (u64, u32, u64) {
-    let window = window(text, base);
+) -> BlockWords {
     let mut lanes = 0u64;
     let mut numbers = 0;
+    let mut many = 0;
     let mut prev_key = prev_key;
     let mut starts = starts;
     while starts != 0 {
-        let s = starts.trailing_zeros() & 63;
+        let s = starts.trailing_zeros() as usize & 63;
         starts &= starts - 1;
-        // Word bytes from the start on, continuing into the next block.
-        let run = (words >> s) | ((next_words << 1) << (63 - s));
-        let len8 = (!run).trailing_zeros().min(8);
-        let mut buf = [0u8; 8];
-        buf.copy_from_slice(&window[s as usize..s as usize + 8]);
-        let x = u64::from_le_bytes(buf);
-        let keep = u64::MAX >> (64 - 8 * len8);
+        let x = load8(window, s);
+        // The lowest flag byte that is 0 is the first byte past the word: isolating its
+        // lowest bit and subtracting one masks the bytes before it (all 8 when there is none).
+        let past = !load8(flags, s);
+        let keep = (past & past.wrapping_neg()).wrapping_sub(1);
         // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
         // past the word are masked off, so short words are zero padded like `cues::key`.
         let key = (x | splat(0x20)) & keep;
-        if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s as usize, x, keep) {
+        if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s, x, keep) {
             numbers += 1;
         } else {
-            let cue = usize::from(cues::lookup(key)) & 15;
-            lanes += LANES[usize::from(prev_key == HOW)][cue];
+            let cue = cues::lookup(key);
+            lanes += LANES[usize::from(cue)];
+            if cue == Cue::ManyMuch as u8 {
+                many += u32::from(prev_key == HOW);
+            }
         }
         prev_key = key;
     }
-    (lanes, numbers, prev_key)
+    BlockWords {
+        lanes,
+        numbers,
+        many,
+        prev_key,
+    }
+}
+
+/// The 8 bytes at `at` of `bytes`, little-endian.
+fn load8<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    buf.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(buf)
 }
 
 /// The 72 bytes at `base`: a block and the 8 bytes after it, which a word starting at the
-/// block's end may need; spaces past the end of `text`.
-fn window(text: &[u8], base: usize) -> [u8; 72] {
-    let mut window = [b' '; 72];
+/// block's end may need; borrowed from `text` where it is long enough, else copied into
+/// `padded` with spaces past the end of `text`.
+fn window<'a>(text: &'a [u8], base: usize, padded: &'a mut [u8; 72]) -> &'a [u8; 72] {
     let bytes = text.get(base..).unwrap_or_default();
-    let n = bytes.len().min(72);
-    window[..n].copy_from_slice(&bytes[..n]);
-    window
+    if let Some(window) = bytes.get(..72).and_then(|w| <&[u8; 72]>::try_from(w).ok()) {
+        return window;
+    }
+    padded.fill(b' ');
+    padded[..bytes.len()].copy_from_slice(bytes);
+    padded
 }
 
 /// Byte frequencies for the entropy.
@@ -380,30 +421,33 @@ fn histogram(counts: &mut [u32; 256], text: &[u8]) {
     }
 }
 
-/// Word-byte and special masks of the 64 bytes at `base` (bit i = byte `base + i`); past
-/// the end of `text` the block reads as spaces, which are neither.
-fn block_masks(text: &[u8], base: usize) -> (u64, u64) {
+/// Word-byte and special masks of the 64 bytes at `base` (bit i = byte `base + i`), and
+/// the word-byte flags in `flags`; past the end of `text` the block reads as spaces, which
+/// are neither.
+fn block_masks(text: &[u8], base: usize, flags: &mut [u8]) -> (u64, u64) {
     if let Some(block) = text
         .get(base..base + 64)
         .and_then(|b| <&[u8; 64]>::try_from(b).ok())
     {
-        return classify(block);
+        return classify(block, flags);
     }
     let tail = text.get(base..).unwrap_or_default();
     let mut block = [b' '; 64];
     block[..tail.len()].copy_from_slice(tail);
-    classify(&block)
+    classify(&block, flags)
 }
 
-/// Word-byte and special masks of one block. Classifying into a byte array first lets the
-/// compiler use vector compares (SSE2 on x86_64, NEON on aarch64) without `unsafe`; the
-/// flags are then gathered eight at a time with a multiply.
-pub(super) fn classify(block: &[u8; 64]) -> (u64, u64) {
+/// Word-byte and special masks of one block, and its word-byte flags (0xff or 0) in the
+/// first 64 bytes of `flags`. Classifying into a byte array first lets the compiler use
+/// vector compares (SSE2 on x86_64, NEON on aarch64) without `unsafe`; the flags are then
+/// gathered eight at a time with a multiply.
+pub(super) fn classify(block: &[u8; 64], flags: &mut [u8]) -> (u64, u64) {
     let mut classes = [0u8; 64];
-    for (class, &b) in classes.iter_mut().zip(block) {
+    for ((class, flag), &b) in classes.iter_mut().zip(flags.iter_mut()).zip(block) {
         let word = b.is_ascii_alphanumeric() | (b >= 0x80);
         let special = !word & (b != b' ');
         *class = (u8::from(word) << 7) | (u8::from(special) << 6);
+        *flag = u8::from(word).wrapping_neg();
     }
     let mut words = 0u64;
     let mut specials = 0u64;

@@ -254,9 +254,11 @@ proptest! {
     ) {
         let mut array = [0u8; 64];
         array.copy_from_slice(&block);
-        let (words, specials) = classify(&array);
+        let mut flags = [0u8; 64];
+        let (words, specials) = classify(&array, &mut flags);
         for (i, &b) in block.iter().enumerate() {
             prop_assert_eq!(words >> i & 1 == 1, b.is_ascii_alphanumeric() || b >= 0x80, "byte {}", b);
+            prop_assert_eq!(flags[i], if words >> i & 1 == 1 { 0xff } else { 0 }, "byte {}", b);
             prop_assert_eq!(specials >> i & 1 == 1, b.is_ascii() && !b.is_ascii_alphanumeric() && b != b' ', "byte {}", b);
         }
     }
