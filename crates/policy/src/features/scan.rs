@@ -314,17 +314,20 @@ impl Scanner {
         };
         let left_byte = before.get(left).copied().unwrap_or(0);
         let needs_numbers = matches!(op, b'-' | b'/');
-        let left_is_number = if is_word(left_byte) {
-            needs_numbers && word_before_is_number(before, left + 1)
-        } else if left_byte == b')' {
-            false
+        // Without an operand on the left nothing counts, and `-` and `/` need a number
+        // there (a `)` is none): most hyphens and slashes in prose end here.
+        let left_counts = if is_word(left_byte) {
+            !needs_numbers || word_before_is_number(before, left + 1)
         } else {
-            return;
+            left_byte == b')' && !needs_numbers
         };
+        if !left_counts {
+            return;
+        }
         let mut after_close = false;
         for (i, &b) in text.iter().enumerate().skip(at + 1) {
             if is_word(b) {
-                let counts = !needs_numbers || (left_is_number && word_is_number(text, i));
+                let counts = !needs_numbers || word_is_number(text, i);
                 self.counts.math_ops += u32::from(counts);
                 return;
             }
