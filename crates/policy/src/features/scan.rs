@@ -63,21 +63,23 @@ pub(super) struct Scanner {
     breaks_at_backtick: u64,
 }
 
-/// Counter lanes: 8 bits each in a `u64`, so counting a word is one add in a register.
-/// Cue kinds `Function`..=`QuantityMath` have lanes 0..=6 and every word that is not a number
-/// adds one to lane 7; "many"/"much" need the previous word and are counted apart. A 64-byte
-/// block holds at most 32 words, so flushing every `FLUSH_BLOCKS` blocks keeps each lane
-/// below 2^8.
-const LANE_BITS: u32 = 8;
-const FLUSH_BLOCKS: usize = 4;
-const WORD_LANE: u32 = 7 * LANE_BITS;
-const _: () = assert!((Cue::ManyMuch as u32 - 1) * LANE_BITS == WORD_LANE);
+/// Counter lanes: 7 bits each in a `u64`, so counting a word is one add in a register. Cue
+/// kind `c` has lane `c - 1` (0..=7) and every word that is not a number adds one to lane 8.
+/// A 64-byte block holds at most 32 words, so flushing every `FLUSH_BLOCKS` blocks keeps
+/// each lane below 2^7.
+const LANE_BITS: u32 = 7;
+const LANE_MASK: u64 = (1 << LANE_BITS) - 1;
+const FLUSH_BLOCKS: usize = 3;
+const WORD_LANE: u32 = Cue::ManyMuch as u32 * LANE_BITS;
+const MANY_LANE: u32 = (Cue::ManyMuch as u32 - 1) * LANE_BITS;
+const _: () = assert!(WORD_LANE + LANE_BITS <= 64 && 32 * FLUSH_BLOCKS as u64 <= LANE_MASK);
 /// Lane increments by `Cue` discriminant (0 = no cue). 256 entries, so that indexing with a
-/// byte needs no bounds check; only the first few are ever read.
+/// byte needs no bounds check; only the first few are ever read. "many"/"much" count only
+/// right after "how": their lane only says that a block has some, to be checked one by one.
 static LANES: [u64; 256] = {
     let mut lanes = [1 << WORD_LANE; 256];
     let mut cue = 1;
-    while cue < Cue::ManyMuch as usize {
+    while cue < CUE_KINDS {
         lanes[cue] += 1 << (LANE_BITS * (cue as u32 - 1));
         cue += 1;
     }
@@ -179,7 +181,6 @@ impl Scanner {
         let mut lanes = 0u64;
         let mut carry = 0u64;
         let mut numbers = 0;
-        let mut many = 0;
         // Word-byte flags (0xff or 0) of this block and the next, so that the eight flags
         // from a word's start give the mask of its key.
         let mut flags = [0u8; 128];
@@ -193,11 +194,12 @@ impl Scanner {
             let starts = words & !((words << 1) | carry);
             carry = words >> 63;
             let window = window(text, base, &mut padded);
-            let counted = count_words(text, base, window, &flags, starts, self.prev_key);
-            lanes += counted.lanes;
-            numbers += counted.numbers;
-            many += counted.many;
-            self.prev_key = counted.prev_key;
+            let (block_lanes, block_numbers) = count_words(text, base, window, &flags, starts);
+            if (block_lanes >> MANY_LANE) & LANE_MASK != 0 {
+                self.counts.cues[Cue::ManyMuch as usize] += self.many_after_how(text, base, starts);
+            }
+            lanes += block_lanes;
+            numbers += block_numbers;
             self.specials(text, base, window, specials);
             block += 1;
             if block % FLUSH_BLOCKS == 0 {
@@ -211,7 +213,9 @@ impl Scanner {
         self.flush(lanes);
         self.counts.words += numbers;
         self.counts.numbers += numbers;
-        self.counts.cues[Cue::ManyMuch as usize] += many;
+        if let Some(start) = word_start_before(text, text.len()) {
+            self.prev_key = word_key(text, start);
+        }
     }
 
     pub(super) fn finish(self) -> Counts {
@@ -224,9 +228,27 @@ impl Scanner {
             .enumerate()
             .skip(1)
         {
-            *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & 0xff) as u32;
+            *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & LANE_MASK) as u32;
         }
-        self.counts.words += (lanes >> WORD_LANE) as u32;
+        self.counts.words += ((lanes >> WORD_LANE) & LANE_MASK) as u32;
+    }
+
+    /// "many"/"much" right after "how" among the words starting at the set bits of `starts`
+    /// in the block at `base`: the rare blocks that have "many" or "much" at all are looked
+    /// at again word by word.
+    fn many_after_how(&self, text: &[u8], base: usize, starts: u64) -> u32 {
+        let first = base + starts.trailing_zeros() as usize;
+        let mut prev_key =
+            word_start_before(text, first).map_or(self.prev_key, |s| word_key(text, s));
+        let mut many = 0;
+        let mut starts = starts;
+        while starts != 0 {
+            let key = word_key(text, base + starts.trailing_zeros() as usize);
+            starts &= starts - 1;
+            many += u32::from(cues::lookup(key) == Cue::ManyMuch as u8 && prev_key == HOW);
+            prev_key = key;
+        }
+        many
     }
 
     /// Handles the specials at the set bits of `specials` in the block at `base`.
@@ -342,32 +364,19 @@ impl Scanner {
     }
 }
 
-/// What `count_words` found in one block.
-struct BlockWords {
-    /// Cue and word lanes to add.
-    lanes: u64,
-    numbers: u32,
-    /// "many"/"much" right after "how".
-    many: u32,
-    /// Key of the block's last word.
-    prev_key: u64,
-}
-
 /// Counts the words starting at the set bits of `starts` in the block at `base` (`window`:
-/// its bytes and the 8 after; `flags`: word-byte flags of this block and the next). A free
-/// function with few live values, so that everything stays in registers.
+/// its bytes and the 8 after; `flags`: word-byte flags of this block and the next); returns
+/// the lanes to add and the number words. A free function with few live values, so that
+/// everything stays in registers.
 fn count_words(
     text: &[u8],
     base: usize,
     window: &[u8; 72],
     flags: &[u8; 128],
     starts: u64,
-    prev_key: u64,
-) -> BlockWords {
+) -> (u64, u32) {
     let mut lanes = 0u64;
     let mut numbers = 0;
-    let mut many = 0;
-    let mut prev_key = prev_key;
     let mut starts = starts;
     while starts != 0 {
         let s = starts.trailing_zeros() as usize & 63;
@@ -377,26 +386,41 @@ fn count_words(
         // lowest bit and subtracting one masks the bytes before it (all 8 when there is none).
         let past = !load8(flags, s);
         let keep = (past & past.wrapping_neg()).wrapping_sub(1);
-        // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
-        // past the word are masked off, so short words are zero padded like `cues::key`.
-        let key = (x | splat(0x20)) & keep;
         if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s, x, keep) {
             numbers += 1;
         } else {
-            let cue = cues::lookup(key);
-            lanes += LANES[usize::from(cue)];
-            if cue == Cue::ManyMuch as u8 {
-                many += u32::from(prev_key == HOW);
-            }
+            // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
+            // past the word are masked off, so short words are zero padded like `cues::key`.
+            let key = (x | splat(0x20)) & keep;
+            lanes += LANES[usize::from(cues::lookup(key))];
         }
-        prev_key = key;
     }
-    BlockWords {
-        lanes,
-        numbers,
-        many,
-        prev_key,
+    (lanes, numbers)
+}
+
+/// The lookup key of the word starting at `start`, as `count_words` computes it.
+fn word_key(text: &[u8], start: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    let word = text.get(start..).unwrap_or_default();
+    for (byte, &b) in bytes
+        .iter_mut()
+        .zip(word.iter().take_while(|&&b| is_word(b)))
+    {
+        *byte = b | 0x20;
     }
+    u64::from_le_bytes(bytes)
+}
+
+/// Where the last word that starts before `end` starts, if any.
+fn word_start_before(text: &[u8], end: usize) -> Option<usize> {
+    let before = text.get(..end).unwrap_or_default();
+    let last = before.iter().rposition(|&b| is_word(b))?;
+    Some(
+        before[..last]
+            .iter()
+            .rposition(|&b| !is_word(b))
+            .map_or(0, |i| i + 1),
+    )
 }
 
 /// The 8 bytes at `at` of `bytes`, little-endian.
