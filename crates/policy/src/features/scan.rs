@@ -366,8 +366,10 @@ impl Scanner {
 
 /// Counts the words starting at the set bits of `starts` in the block at `base` (`window`:
 /// its bytes and the 8 after; `flags`: word-byte flags of this block and the next); returns
-/// the lanes to add and the number words. A free function with few live values, so that
-/// everything stays in registers.
+/// the lanes to add and the number words. A free function with few live values, and not
+/// inlined: inside `feed` the block loop's state crowds the registers, and the table
+/// addresses and the multiplier would be reloaded for every word.
+#[inline(never)]
 fn count_words(
     text: &[u8],
     base: usize,
