@@ -1,11 +1,12 @@
 //! The one pass over the scoring window that counts what the feature scores need.
 //!
 //! The text is classified 64 bytes at a time into two bit masks — word bytes, and "specials"
-//! (every byte that is neither a word byte nor a space) — with SWAR arithmetic on `u64`, so
-//! it stays portable and free of `unsafe`. Words are then walked with bit operations and
-//! counted in registers, without a branch per byte or per word kind. Of the specials, only a
-//! few carry meaning that depends on their neighbours (newline, backtick, operators, `{`,
-//! `\`); they are rare and handled one at a time, the others are only counted.
+//! (every byte that is neither a word byte nor a space) — and a byte of word-byte flags per
+//! byte, with `wide`'s safe SIMD, so it stays portable and free of `unsafe`. Words are then
+//! walked with bit operations and counted in registers, without a branch per byte or per
+//! word kind. Of the specials, only a few carry meaning that depends on their neighbours
+//! (newline, backtick, operators, `{`, `\`); they are rare and handled one at a time, the
+//! others are only counted.
 //!
 //! The byte histogram for the entropy covers the first `ENTROPY_SAMPLE_BYTES` of the window
 //! only: one memory increment per byte is the one cost that vector code cannot take off, and
