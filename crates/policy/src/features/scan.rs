@@ -52,7 +52,7 @@ pub(super) struct Counts {
 #[derive(Debug)]
 pub(super) struct Scanner {
     counts: Counts,
-    /// Key of the previous word, for "how many".
+    /// Key of the last word of the messages fed so far, for "how many" across messages.
     prev_key: u64,
     /// Leading columns of the current line not yet counted as an indented line.
     leading: u32,
