@@ -1,15 +1,18 @@
 //! The one pass over the scoring window that counts what the feature scores need.
 //!
 //! The text is classified 64 bytes at a time into two bit masks — word bytes, and "specials"
-//! (every byte that is neither a word byte nor a space) — with SWAR arithmetic on `u64`, so
-//! it stays portable and free of `unsafe`. Words are then walked with bit operations and
-//! counted in registers, without a branch per byte or per word kind. Of the specials, only a
-//! few carry meaning that depends on their neighbours (newline, backtick, operators, `{`,
-//! `\`); they are rare and handled one at a time, the others are only counted.
+//! (every byte that is neither a word byte nor a space) — and a byte of word-byte flags per
+//! byte, with `wide`'s safe SIMD, so it stays portable and free of `unsafe`. Words are then
+//! walked with bit operations and counted in registers, without a branch per byte or per
+//! word kind. Of the specials, only a few carry meaning that depends on their neighbours
+//! (newline, backtick, operators, `{`, `\`); they are rare and handled one at a time, the
+//! others are only counted.
 //!
 //! The byte histogram for the entropy covers the first `ENTROPY_SAMPLE_BYTES` of the window
 //! only: one memory increment per byte is the one cost that vector code cannot take off, and
 //! a kilobyte already tells prose from dense code.
+
+use wide::{i8x16, CmpEq, CmpLt};
 
 use super::cues::{self, Cue, CUE_KINDS, HOW};
 
@@ -49,7 +52,7 @@ pub(super) struct Counts {
 #[derive(Debug)]
 pub(super) struct Scanner {
     counts: Counts,
-    /// Key of the previous word, for "how many".
+    /// Key of the last word of the messages fed so far, for "how many" across messages.
     prev_key: u64,
     /// Leading columns of the current line not yet counted as an indented line.
     leading: u32,
@@ -61,23 +64,24 @@ pub(super) struct Scanner {
     breaks_at_backtick: u64,
 }
 
-/// Counter lanes for cue kinds: 8 bits each in a `u64`, so counting a word is one add in a
-/// register. A 64-byte block holds at most 32 words, so flushing every `FLUSH_BLOCKS`
-/// blocks keeps each lane below 2^8.
-const LANE_BITS: u32 = 8;
-const FLUSH_BLOCKS: usize = 4;
-const _: () = assert!((CUE_KINDS - 1) as u32 * LANE_BITS <= 64);
-/// Lane increments by [previous word is "how"][cue]: "many"/"much" count only after "how".
-/// 16 columns, so that indexing with any 4-bit value needs no bounds check.
-static LANES: [[u64; 16]; 2] = {
-    let mut lanes = [[0u64; 16]; 2];
+/// Counter lanes: 7 bits each in a `u64`, so counting a word is one add in a register. Cue
+/// kind `c` has lane `c - 1` (0..=7) and every word that is not a number adds one to lane 8.
+/// A 64-byte block holds at most 32 words, so flushing every `FLUSH_BLOCKS` blocks keeps
+/// each lane below 2^7.
+const LANE_BITS: u32 = 7;
+const LANE_MASK: u64 = (1 << LANE_BITS) - 1;
+const FLUSH_BLOCKS: usize = 3;
+const WORD_LANE: u32 = Cue::ManyMuch as u32 * LANE_BITS;
+const MANY_LANE: u32 = (Cue::ManyMuch as u32 - 1) * LANE_BITS;
+const _: () = assert!(WORD_LANE + LANE_BITS <= 64 && 32 * FLUSH_BLOCKS as u64 <= LANE_MASK);
+/// Lane increments by `Cue` discriminant (0 = no cue). 256 entries, so that indexing with a
+/// byte needs no bounds check; only the first few are ever read. "many"/"much" count only
+/// right after "how": their lane only says that a block has some, to be checked one by one.
+static LANES: [u64; 256] = {
+    let mut lanes = [1 << WORD_LANE; 256];
     let mut cue = 1;
     while cue < CUE_KINDS {
-        let lane = 1 << (LANE_BITS * (cue as u32 - 1));
-        lanes[1][cue] = lane;
-        if cue != Cue::ManyMuch as usize {
-            lanes[0][cue] = lane;
-        }
+        lanes[cue] += 1 << (LANE_BITS * (cue as u32 - 1));
         cue += 1;
     }
     lanes
@@ -177,30 +181,42 @@ impl Scanner {
 
         let mut lanes = 0u64;
         let mut carry = 0u64;
-        let (mut words, mut specials) = block_masks(text, 0);
+        let mut numbers = 0;
+        // Word-byte flags (0xff or 0) of this block and the next, so that the eight flags
+        // from a word's start give the mask of its key.
+        let mut flags = [0u8; 128];
+        let mut padded = [b' '; 72];
+        let (mut words, mut specials) = block_masks(text, 0, &mut flags[..64]);
         let mut base = 0;
         let mut block = 0;
         while base < text.len() {
             let next = base + 64;
-            let (next_words, next_specials) = block_masks(text, next);
+            let (next_words, next_specials) = block_masks(text, next, &mut flags[64..]);
             let starts = words & !((words << 1) | carry);
             carry = words >> 63;
-            self.counts.words += starts.count_ones();
-            let (block_lanes, numbers, prev_key) =
-                count_words(text, base, starts, words, next_words, self.prev_key);
+            let window = window(text, base, &mut padded);
+            let (block_lanes, block_numbers) = count_words(text, base, window, &flags, starts);
+            if (block_lanes >> MANY_LANE) & LANE_MASK != 0 {
+                self.counts.cues[Cue::ManyMuch as usize] += self.many_after_how(text, base, starts);
+            }
             lanes += block_lanes;
-            self.counts.numbers += numbers;
-            self.prev_key = prev_key;
-            self.specials(text, base, specials);
+            numbers += block_numbers;
+            self.specials(text, base, window, specials);
             block += 1;
             if block % FLUSH_BLOCKS == 0 {
                 self.flush(lanes);
                 lanes = 0;
             }
+            flags.copy_within(64.., 0);
             (words, specials) = (next_words, next_specials);
             base = next;
         }
         self.flush(lanes);
+        self.counts.words += numbers;
+        self.counts.numbers += numbers;
+        if let Some(start) = word_start_before(text, text.len()) {
+            self.prev_key = word_key(text, start);
+        }
     }
 
     pub(super) fn finish(self) -> Counts {
@@ -208,19 +224,43 @@ impl Scanner {
     }
 
     fn flush(&mut self, lanes: u64) {
-        for (cue, count) in self.counts.cues.iter_mut().enumerate().skip(1) {
-            *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & 0xff) as u32;
+        for (cue, count) in self.counts.cues[..Cue::ManyMuch as usize]
+            .iter_mut()
+            .enumerate()
+            .skip(1)
+        {
+            *count += ((lanes >> (LANE_BITS * (cue as u32 - 1))) & LANE_MASK) as u32;
         }
+        self.counts.words += ((lanes >> WORD_LANE) & LANE_MASK) as u32;
+    }
+
+    /// "many"/"much" right after "how" among the words starting at the set bits of `starts`
+    /// in the block at `base`: the rare blocks that have "many" or "much" at all are looked
+    /// at again word by word.
+    fn many_after_how(&self, text: &[u8], base: usize, starts: u64) -> u32 {
+        let first = base + starts.trailing_zeros() as usize;
+        let mut prev_key =
+            word_start_before(text, first).map_or(self.prev_key, |s| word_key(text, s));
+        let mut many = 0;
+        let mut starts = starts;
+        while starts != 0 {
+            let key = word_key(text, base + starts.trailing_zeros() as usize);
+            starts &= starts - 1;
+            many += u32::from(cues::lookup(key) == Cue::ManyMuch as u8 && prev_key == HOW);
+            prev_key = key;
+        }
+        many
     }
 
     /// Handles the specials at the set bits of `specials` in the block at `base`.
-    fn specials(&mut self, text: &[u8], base: usize, specials: u64) {
+    fn specials(&mut self, text: &[u8], base: usize, window: &[u8; 72], specials: u64) {
         let mut specials = specials;
         let mut lanes = 0u64;
         while specials != 0 {
-            let at = base + specials.trailing_zeros() as usize;
+            let i = specials.trailing_zeros() as usize & 63;
             specials &= specials - 1;
-            let b = text.get(at).copied().unwrap_or(b' ');
+            let at = base + i;
+            let b = window[i];
             let entry = SPECIAL_LANES[usize::from(b)];
             // Bit 63 of the sum is junk; the lanes below it cannot overflow in a block.
             lanes = lanes.wrapping_add(entry);
@@ -297,17 +337,20 @@ impl Scanner {
         };
         let left_byte = before.get(left).copied().unwrap_or(0);
         let needs_numbers = matches!(op, b'-' | b'/');
-        let left_is_number = if is_word(left_byte) {
-            needs_numbers && word_before_is_number(before, left + 1)
-        } else if left_byte == b')' {
-            false
+        // Without an operand on the left nothing counts, and `-` and `/` need a number
+        // there (a `)` is none): most hyphens and slashes in prose end here.
+        let left_counts = if is_word(left_byte) {
+            !needs_numbers || word_before_is_number(before, left + 1)
         } else {
-            return;
+            left_byte == b')' && !needs_numbers
         };
+        if !left_counts {
+            return;
+        }
         let mut after_close = false;
         for (i, &b) in text.iter().enumerate().skip(at + 1) {
             if is_word(b) {
-                let counts = !needs_numbers || (left_is_number && word_is_number(text, i));
+                let counts = !needs_numbers || word_is_number(text, i);
                 self.counts.math_ops += u32::from(counts);
                 return;
             }
@@ -322,55 +365,85 @@ impl Scanner {
     }
 }
 
-/// Counts the words starting at the set bits of `starts` in the block `window` begins
-/// with (`words`, `next_words`: word-byte masks of this block and the next); returns the cue
-/// lanes to add, the number words and the key of the last word. A free function with few
-/// live values, so that everything stays in registers.
+/// Counts the words starting at the set bits of `starts` in the block at `base` (`window`:
+/// its bytes and the 8 after; `flags`: word-byte flags of this block and the next); returns
+/// the lanes to add and the number words. A free function with few live values, and not
+/// inlined: inside `feed` the block loop's state crowds the registers, and the table
+/// addresses and the multiplier would be reloaded for every word.
+#[inline(never)]
 fn count_words(
     text: &[u8],
     base: usize,
+    window: &[u8; 72],
+    flags: &[u8; 128],
     starts: u64,
-    words: u64,
-    next_words: u64,
-    prev_key: u64,
-) -> (u64, u32, u64) {
-    let window = window(text, base);
+) -> (u64, u32) {
     let mut lanes = 0u64;
     let mut numbers = 0;
-    let mut prev_key = prev_key;
     let mut starts = starts;
     while starts != 0 {
-        let s = starts.trailing_zeros() & 63;
+        let s = starts.trailing_zeros() as usize & 63;
         starts &= starts - 1;
-        // Word bytes from the start on, continuing into the next block.
-        let run = (words >> s) | ((next_words << 1) << (63 - s));
-        let len8 = (!run).trailing_zeros().min(8);
-        let mut buf = [0u8; 8];
-        buf.copy_from_slice(&window[s as usize..s as usize + 8]);
-        let x = u64::from_le_bytes(buf);
-        let keep = u64::MAX >> (64 - 8 * len8);
-        // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
-        // past the word are masked off, so short words are zero padded like `cues::key`.
-        let key = (x | splat(0x20)) & keep;
-        if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s as usize, x, keep) {
+        let x = load8(window, s);
+        // The lowest flag byte that is 0 is the first byte past the word: isolating its
+        // lowest bit and subtracting one masks the bytes before it (all 8 when there is none).
+        let past = !load8(flags, s);
+        let keep = (past & past.wrapping_neg()).wrapping_sub(1);
+        if (x as u8).wrapping_sub(b'0') < 10 && is_number(text, base + s, x, keep) {
             numbers += 1;
         } else {
-            let cue = usize::from(cues::lookup(key)) & 15;
-            lanes += LANES[usize::from(prev_key == HOW)][cue];
+            // Setting bit 5 lowercases ASCII letters and keeps digits, which have it; bytes
+            // past the word are masked off, so short words are zero padded like `cues::key`.
+            let key = (x | splat(0x20)) & keep;
+            lanes += LANES[usize::from(cues::lookup(key))];
         }
-        prev_key = key;
     }
-    (lanes, numbers, prev_key)
+    (lanes, numbers)
+}
+
+/// The lookup key of the word starting at `start`, as `count_words` computes it.
+fn word_key(text: &[u8], start: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    let word = text.get(start..).unwrap_or_default();
+    for (byte, &b) in bytes
+        .iter_mut()
+        .zip(word.iter().take_while(|&&b| is_word(b)))
+    {
+        *byte = b | 0x20;
+    }
+    u64::from_le_bytes(bytes)
+}
+
+/// Where the last word that starts before `end` starts, if any.
+fn word_start_before(text: &[u8], end: usize) -> Option<usize> {
+    let before = text.get(..end).unwrap_or_default();
+    let last = before.iter().rposition(|&b| is_word(b))?;
+    Some(
+        before[..last]
+            .iter()
+            .rposition(|&b| !is_word(b))
+            .map_or(0, |i| i + 1),
+    )
+}
+
+/// The 8 bytes at `at` of `bytes`, little-endian.
+fn load8<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
+    let mut buf = [0u8; 8];
+    buf.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(buf)
 }
 
 /// The 72 bytes at `base`: a block and the 8 bytes after it, which a word starting at the
-/// block's end may need; spaces past the end of `text`.
-fn window(text: &[u8], base: usize) -> [u8; 72] {
-    let mut window = [b' '; 72];
+/// block's end may need; borrowed from `text` where it is long enough, else copied into
+/// `padded` with spaces past the end of `text`.
+fn window<'a>(text: &'a [u8], base: usize, padded: &'a mut [u8; 72]) -> &'a [u8; 72] {
     let bytes = text.get(base..).unwrap_or_default();
-    let n = bytes.len().min(72);
-    window[..n].copy_from_slice(&bytes[..n]);
-    window
+    if let Some(window) = bytes.get(..72).and_then(|w| <&[u8; 72]>::try_from(w).ok()) {
+        return window;
+    }
+    padded.fill(b' ');
+    padded[..bytes.len()].copy_from_slice(bytes);
+    padded
 }
 
 /// Byte frequencies for the entropy.
@@ -380,52 +453,55 @@ fn histogram(counts: &mut [u32; 256], text: &[u8]) {
     }
 }
 
-/// Word-byte and special masks of the 64 bytes at `base` (bit i = byte `base + i`); past
-/// the end of `text` the block reads as spaces, which are neither.
-fn block_masks(text: &[u8], base: usize) -> (u64, u64) {
+/// Word-byte and special masks of the 64 bytes at `base` (bit i = byte `base + i`), and
+/// the word-byte flags in `flags`; past the end of `text` the block reads as spaces, which
+/// are neither.
+fn block_masks(text: &[u8], base: usize, flags: &mut [u8]) -> (u64, u64) {
     if let Some(block) = text
         .get(base..base + 64)
         .and_then(|b| <&[u8; 64]>::try_from(b).ok())
     {
-        return classify(block);
+        return classify(block, flags);
     }
     let tail = text.get(base..).unwrap_or_default();
     let mut block = [b' '; 64];
     block[..tail.len()].copy_from_slice(tail);
-    classify(&block)
+    classify(&block, flags)
 }
 
-/// Word-byte and special masks of one block. Classifying into a byte array first lets the
-/// compiler use vector compares (SSE2 on x86_64, NEON on aarch64) without `unsafe`; the
-/// flags are then gathered eight at a time with a multiply.
-pub(super) fn classify(block: &[u8; 64]) -> (u64, u64) {
-    let mut classes = [0u8; 64];
-    for (class, &b) in classes.iter_mut().zip(block) {
-        let word = b.is_ascii_alphanumeric() | (b >= 0x80);
-        let special = !word & (b != b' ');
-        *class = (u8::from(word) << 7) | (u8::from(special) << 6);
-    }
+/// Word-byte and special masks of one block, and its word-byte flags (0xff or 0) in the
+/// first 64 bytes of `flags`. Sixteen bytes at a time with `wide`'s safe SIMD (SSE2 on
+/// x86_64, NEON on aarch64, plain arrays elsewhere): a few signed compares classify the
+/// bytes and one `move_mask` gathers each class into bits.
+pub(super) fn classify(block: &[u8; 64], flags: &mut [u8]) -> (u64, u64) {
+    // Unsigned range tests as signed compares: adding `0x80 - lo` maps `lo..lo + n` onto
+    // the n smallest values of `i8`.
+    let to_lowest = |lo: u8| i8x16::splat(0x80u8.wrapping_sub(lo) as i8);
+    let below = |n: i8| i8x16::splat(i8::MIN + n);
     let mut words = 0u64;
-    let mut specials = 0u64;
-    for (j, chunk) in classes.chunks_exact(8).enumerate() {
-        let mut buf = [0u8; 8];
-        buf.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(buf);
-        words |= movemask(x & HIGH) << (8 * j);
-        specials |= movemask((x << 1) & HIGH) << (8 * j);
+    let mut blanks_or_words = 0u64;
+    for (j, flags) in flags.chunks_exact_mut(16).take(4).enumerate() {
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&block[16 * j..16 * j + 16]);
+        let v = i8x16::from(bytes.map(|b| b as i8));
+        let letter = ((v | i8x16::splat(0x20)) + to_lowest(b'a')).cmp_lt(below(26));
+        let digit = (v + to_lowest(b'0')).cmp_lt(below(10));
+        let non_ascii = v.cmp_lt(i8x16::ZERO);
+        let word = letter | digit | non_ascii;
+        let space = v.cmp_eq(i8x16::splat(b' ' as i8));
+        words |= u64::from(word.move_mask() as u16) << (16 * j);
+        blanks_or_words |= u64::from((word | space).move_mask() as u16) << (16 * j);
+        for (flag, w) in flags.iter_mut().zip(word.to_array()) {
+            *flag = w as u8;
+        }
     }
-    (words, specials)
+    (words, !blanks_or_words)
 }
 
 /// For 8 bytes read little-endian: bit 7 of each byte set when that byte is an ASCII digit.
 fn digit_bytes(x: u64) -> u64 {
     let y = x & !HIGH;
     (y + splat(0x80 - b'0')) & !(y + splat(0x7f - b'9')) & !x & HIGH
-}
-
-/// Gathers bit 7 of each byte into the low 8 bits (byte i to bit i).
-fn movemask(high_bits: u64) -> u64 {
-    ((high_bits >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
 const fn splat(b: u8) -> u64 {

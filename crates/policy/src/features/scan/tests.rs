@@ -178,8 +178,8 @@ fn reference(segments: &[&[u8]]) -> Counts {
 }
 
 /// Text made of the bytes the rules care about, so that operators, fences, indentation
-/// and cue words meet each other often.
-fn dense_text() -> impl Strategy<Value = Vec<u8>> {
+/// and cue words meet each other often; up to `max_pieces` pieces.
+fn dense_text(max_pieces: usize) -> impl Strategy<Value = Vec<u8>> {
     let pieces = prop_oneof![
         Just(b" ".to_vec()),
         Just(b"    ".to_vec()),
@@ -210,7 +210,7 @@ fn dense_text() -> impl Strategy<Value = Vec<u8>> {
         "[-+*/=^]".prop_map(String::into_bytes),
         "[a-zA-Z0-9]{1,12}".prop_map(String::into_bytes),
     ];
-    proptest::collection::vec(pieces, 0..60).prop_map(|pieces| pieces.concat())
+    proptest::collection::vec(pieces, 0..max_pieces).prop_map(|pieces| pieces.concat())
 }
 
 proptest! {
@@ -242,7 +242,7 @@ proptest! {
 
     #[test]
     fn counts_match_the_reference_on_dense_text(
-        segments in proptest::collection::vec(dense_text(), 1..4)
+        segments in proptest::collection::vec(dense_text(60), 1..4)
     ) {
         let segments: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
         prop_assert_eq!(fast(&segments), reference(&segments));
@@ -254,11 +254,27 @@ proptest! {
     ) {
         let mut array = [0u8; 64];
         array.copy_from_slice(&block);
-        let (words, specials) = classify(&array);
+        let mut flags = [0u8; 64];
+        let (words, specials) = classify(&array, &mut flags);
         for (i, &b) in block.iter().enumerate() {
             prop_assert_eq!(words >> i & 1 == 1, b.is_ascii_alphanumeric() || b >= 0x80, "byte {}", b);
+            prop_assert_eq!(flags[i], if words >> i & 1 == 1 { 0xff } else { 0 }, "byte {}", b);
             prop_assert_eq!(specials >> i & 1 == 1, b.is_ascii() && !b.is_ascii_alphanumeric() && b != b' ', "byte {}", b);
         }
+    }
+}
+
+proptest! {
+    // Fewer cases: each is kilobytes long.
+    #![proptest_config(ProptestConfig::with_cases(50))]
+
+    /// Kilobytes of cue-dense text: many blocks, lane flushes, "how many" in any block.
+    #[test]
+    fn counts_match_the_reference_on_long_dense_text(
+        segments in proptest::collection::vec(dense_text(800), 1..3)
+    ) {
+        let segments: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
+        prop_assert_eq!(fast(&segments), reference(&segments));
     }
 }
 
@@ -286,6 +302,26 @@ fn counts_match_the_reference_on_hand_picked_text() {
     for segments in samples {
         assert_eq!(fast(segments), reference(segments), "{segments:?}");
     }
+}
+
+#[test]
+fn counts_match_the_reference_on_word_dense_blocks() {
+    // 32 words in every block: the most a counter lane has to hold between flushes.
+    let words = b"a ".repeat(1000);
+    let how_many = b"how many ".repeat(200);
+    let mut spaced = vec![b' '; 61];
+    spaced.extend_from_slice(b"How\n\nmuch 12 much how 7 many");
+    let samples: [&[&[u8]]; 4] = [
+        &[&words],
+        &[&how_many],
+        &[&spaced, b"  ", b"many", b"how", b"", b"much"],
+        &[&words, b"how", &words[..64], b"many"],
+    ];
+    for segments in samples {
+        assert_eq!(fast(segments), reference(segments), "{segments:?}");
+    }
+    assert_eq!(fast(&[&words]).words, 1000);
+    assert_eq!(fast(&[&how_many]).cues[Cue::ManyMuch as usize], 200);
 }
 
 #[test]
