@@ -263,12 +263,16 @@ pub(crate) mod tests {
 
     #[test]
     fn json_round_trips_through_a_file() {
-        let dir = std::env::temp_dir().join(format!("loadtest-report-{}", std::process::id()));
-        let path = dir.join("nested").join("run.json");
+        let dir = tempfile::Builder::new()
+            .prefix("loadtest-report-")
+            .tempdir()
+            .unwrap();
+        // `nested` does not exist yet: `write_json` creates it.
+        let path = dir.path().join("nested").join("run.json");
         let report = sample("direct", 800, 200.0);
         report.write_json(&path).unwrap();
         assert_eq!(RunReport::read_json(&path).unwrap(), report);
-        std::fs::remove_dir_all(&dir).unwrap();
+        dir.close().unwrap();
     }
 
     #[test]

@@ -292,12 +292,13 @@ fn dashboard_queries_parse_as_promql() {
             serde_json::to_string(&expr).unwrap()
         ));
     }
-    let dir = std::env::temp_dir().join(format!("quantrouter-dashboard-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("dashboard-rules.yaml");
+    let dir = tempfile::Builder::new()
+        .prefix("quantrouter-dashboard-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("dashboard-rules.yaml");
     std::fs::write(&file, rules).unwrap();
     let result = run(&promtool, &["check", "rules", file.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).ok();
     result.unwrap_or_else(|e| panic!("a dashboard query does not parse:\n{e}"));
 }
 
@@ -306,16 +307,17 @@ fn promql_parse_check_rejects_a_broken_query() {
     let Some(promtool) = require(Tool::Promtool) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("quantrouter-broken-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("broken.yaml");
+    let dir = tempfile::Builder::new()
+        .prefix("quantrouter-broken-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("broken.yaml");
     std::fs::write(
         &file,
         "groups:\n  - name: g\n    rules:\n      - record: r:x\n        expr: sum(rate(x[5m])\n",
     )
     .unwrap();
     let result = run(&promtool, &["check", "rules", file.to_str().unwrap()]);
-    std::fs::remove_dir_all(&dir).ok();
     assert!(
         result.is_err(),
         "promtool accepted an unbalanced parenthesis"

@@ -877,9 +877,11 @@ mod tests {
 
     #[test]
     fn config_file_fills_unset_flags_and_the_command_line_wins() {
-        let dir = std::env::temp_dir().join(format!("qr-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.json");
+        let dir = tempfile::Builder::new()
+            .prefix("qr-cli-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("config.json");
         std::fs::write(
             &path,
             r#"{"listen": "127.0.0.1:18080", "admin-listen": "127.0.0.1:19090",
@@ -908,7 +910,11 @@ mod tests {
         let args =
             serve_args(parse_with_config(argv(&["serve", "--discovery", "kubernetes"])).unwrap());
         assert_eq!(args.discovery, DiscoveryMode::Kubernetes);
-        let path = std::env::temp_dir().join(format!("qr-cli-disc-{}.json", std::process::id()));
+        let dir = tempfile::Builder::new()
+            .prefix("qr-cli-disc-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("config.json");
         std::fs::write(&path, r#"{"discovery": "kubernetes"}"#).unwrap();
         let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(serve_args(cli).discovery, DiscoveryMode::Kubernetes);
@@ -946,7 +952,11 @@ mod tests {
 
     #[test]
     fn unknown_config_setting_is_an_error() {
-        let path = std::env::temp_dir().join(format!("qr-cli-bad-{}.json", std::process::id()));
+        let dir = tempfile::Builder::new()
+            .prefix("qr-cli-bad-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("config.json");
         std::fs::write(&path, r#"{"lisen": "127.0.0.1:1"}"#).unwrap();
         let err =
             parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap_err();
@@ -955,7 +965,11 @@ mod tests {
 
     #[test]
     fn api_keys_file_skips_comments_and_rejects_empty_files() {
-        let path = std::env::temp_dir().join(format!("qr-keys-{}", std::process::id()));
+        let dir = tempfile::Builder::new()
+            .prefix("qr-keys-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("keys");
         std::fs::write(&path, "# team a\nkey-1\n\n  key-2  \n").unwrap();
         let keys = read_api_keys(&path).unwrap();
         assert_eq!(

@@ -91,7 +91,11 @@ async fn docs_list_exactly_the_exported_metrics() {
         "{statuses:?}"
     );
     // A profile reload (rejected) from a watched file.
-    let path = std::env::temp_dir().join(format!("qr-metrics-doc-{}.json", std::process::id()));
+    let dir = tempfile::Builder::new()
+        .prefix("qr-metrics-doc-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("profiles.json");
     std::fs::write(&path, quantrouter_policy::DEFAULT_PROFILE_SET).unwrap();
     let watched = profiles::start(vec![Arc::new(FileSource {
         path: path.clone(),

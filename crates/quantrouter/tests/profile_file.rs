@@ -14,9 +14,11 @@ use support::{eventually, rejected_since, reloads};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_edits_apply_live_and_invalid_edits_keep_the_last_good_set() {
     quantrouter::telemetry::metrics_handle();
-    let dir = std::env::temp_dir().join(format!("qr-profiles-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("profiles.json");
+    let dir = tempfile::Builder::new()
+        .prefix("qr-profiles-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("profiles.json");
     std::fs::write(&path, DEFAULT_PROFILE_SET).unwrap();
 
     let source = FileSource {

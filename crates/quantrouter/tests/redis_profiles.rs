@@ -233,9 +233,11 @@ fn cli_push_get_history_and_exit_codes() {
     assert_eq!((code, out.trim()), (0, "pushed version 3"));
 
     // Invalid input: exit 1 with the JSON path, before any network call.
-    let dir = std::env::temp_dir().join(format!("qr-cli-redis-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.json");
+    let dir = tempfile::Builder::new()
+        .prefix("qr-cli-redis-")
+        .tempdir()
+        .unwrap();
+    let bad = dir.path().join("bad.json");
     std::fs::write(
         &bad,
         DEFAULT_PROFILE_SET.replace("\"itl_ms\": 7", "\"itl_ms\": 0"),
@@ -446,9 +448,11 @@ async fn start_up_order_redis_then_file_and_redis_takes_over_when_reachable() {
     use quantrouter::profiles::{self, FileSource, ProfileSource};
     use quantrouter::telemetry::metrics_handle;
     metrics_handle();
-    let dir = std::env::temp_dir().join(format!("qr-start-order-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("profiles.json");
+    let dir = tempfile::Builder::new()
+        .prefix("qr-start-order-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("profiles.json");
     let mut file_set = default_set();
     file_set.version = 7;
     std::fs::write(&path, serde_json::to_string(&file_set).unwrap()).unwrap();

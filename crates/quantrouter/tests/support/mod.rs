@@ -141,6 +141,8 @@ pub struct RouterProcess {
     pub child: tokio::process::Child,
     pub public: SocketAddr,
     pub admin: SocketAddr,
+    /// Holds the profile file the process reads; removed on drop, after `child`.
+    _profiles: tempfile::TempDir,
 }
 
 impl RouterProcess {
@@ -153,11 +155,11 @@ impl RouterProcess {
                 .unwrap()
         };
         let (public, admin) = (free(), free());
-        let path = std::env::temp_dir().join(format!(
-            "qr-process-{}-{}.json",
-            std::process::id(),
-            public.port()
-        ));
+        let profiles = tempfile::Builder::new()
+            .prefix("qr-process-")
+            .tempdir()
+            .unwrap();
+        let path = profiles.path().join("profiles.json");
         std::fs::write(&path, serde_json::to_string(set).unwrap()).unwrap();
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
             .arg("serve")
@@ -178,6 +180,7 @@ impl RouterProcess {
             child,
             public,
             admin,
+            _profiles: profiles,
         };
         let up = eventually(Duration::from_secs(10), || async {
             process.get_status("/readyz").await == Some(StatusCode::OK)

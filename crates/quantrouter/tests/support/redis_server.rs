@@ -8,13 +8,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use quantrouter::profiles::redis_store::RedisStore;
+use tempfile::TempDir;
 
 /// A redis-server on a free loopback port, stopped on drop.
 pub struct RedisServer {
     pub port: u16,
     password: Option<String>,
-    /// For a TLS-only server: the directory holding its private CA (`ca.crt`).
-    tls_dir: Option<PathBuf>,
+    /// For a TLS-only server: the directory holding its private CA (`ca.crt`), removed on drop.
+    tls_dir: Option<TempDir>,
     child: Child,
 }
 
@@ -31,17 +32,19 @@ impl RedisServer {
     /// made with the `openssl` command for this server alone.
     pub fn start_tls(password: Option<&str>) -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("qr-redis-tls-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        make_certificates(&dir);
+        let dir = tempfile::Builder::new()
+            .prefix("qr-redis-tls-")
+            .tempdir()
+            .unwrap();
+        make_certificates(dir.path());
         Self::launch(port, password, Some(dir))
     }
 
-    fn launch(port: u16, password: Option<&str>, tls_dir: Option<PathBuf>) -> Self {
+    fn launch(port: u16, password: Option<&str>, tls_dir: Option<TempDir>) -> Self {
         let mut cmd = Command::new("redis-server");
         let plain_port = if tls_dir.is_some() { 0 } else { port };
         if let Some(dir) = &tls_dir {
-            let file = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+            let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
             cmd.args(["--tls-port", &port.to_string()])
                 .args(["--tls-cert-file", &file("server.crt")])
                 .args(["--tls-key-file", &file("server.key")])
@@ -94,7 +97,7 @@ impl RedisServer {
 
     /// The private CA a TLS server's certificate chains to.
     pub fn ca_file(&self) -> Option<PathBuf> {
-        self.tls_dir.as_ref().map(|dir| dir.join("ca.crt"))
+        self.tls_dir.as_ref().map(|dir| dir.path().join("ca.crt"))
     }
 
     pub fn client(&self) -> redis::Client {
@@ -202,8 +205,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(dir) = &self.tls_dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        // `tls_dir` (a TempDir) removes itself when dropped after this.
     }
 }
