@@ -20,27 +20,46 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// A server on a free port. A port found free can be taken by another test before
+    /// redis-server binds it; then redis-server exits and the next free port is tried.
+    /// A server on a free port. A port found free can be taken by another test before
+    /// redis-server binds it; then redis-server exits and the next free port is tried.
     pub fn start(password: Option<&str>) -> Self {
-        Self::start_on(free_port(), password)
+        Self::start_retrying(password, None)
     }
 
     pub fn start_on(port: u16, password: Option<&str>) -> Self {
-        Self::launch(port, password, None)
+        Self::launch(port, password, None).expect("redis-server could not listen")
     }
 
     /// A TLS-only server (`rediss://`) with a certificate for 127.0.0.1 from a private CA
     /// made with the `openssl` command for this server alone.
     pub fn start_tls(password: Option<&str>) -> Self {
-        let port = free_port();
         let dir = tempfile::Builder::new()
             .prefix("qr-redis-tls-")
             .tempdir()
             .unwrap();
         make_certificates(dir.path());
-        Self::launch(port, password, Some(dir))
+        Self::start_retrying(password, Some(dir))
     }
 
-    fn launch(port: u16, password: Option<&str>, tls_dir: Option<TempDir>) -> Self {
+    fn start_retrying(password: Option<&str>, mut tls_dir: Option<TempDir>) -> Self {
+        for _ in 0..LAUNCH_ATTEMPTS {
+            match Self::launch(free_port(), password, tls_dir) {
+                Ok(server) => return server,
+                Err(returned) => tls_dir = returned,
+            }
+        }
+        panic!("redis-server could not listen on {LAUNCH_ATTEMPTS} free ports");
+    }
+
+    /// Starts redis-server on `port` and waits until it answers there; when it exits
+    /// instead (the port was taken), gives the certificate directory back.
+    fn launch(
+        port: u16,
+        password: Option<&str>,
+        tls_dir: Option<TempDir>,
+    ) -> Result<Self, Option<TempDir>> {
         let mut cmd = Command::new("redis-server");
         let plain_port = if tls_dir.is_some() { 0 } else { port };
         if let Some(dir) = &tls_dir {
@@ -69,18 +88,43 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server not found: run scripts/install-tools redis (scripts/test does)");
-        let server = Self {
+        let mut server = Self {
             port,
             password: password.map(str::to_owned),
             tls_dir,
             child,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            // Exited: it could not bind (`Drop` has nothing left to kill).
+            if server.child.try_wait().ok().flatten().is_some() {
+                return Err(server.tls_dir.take());
+            }
+            if server.answers() {
+                return Ok(server);
+            }
             assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::yield_now();
+            std::thread::sleep(Duration::from_millis(5));
         }
-        server
+    }
+
+    /// Whether redis-server itself listens on the port: a plain server answers `PING`
+    /// (`+PONG`, or `-NOAUTH` with a password), which another test's HTTP listener that
+    /// happens to hold the port would not. A TLS server only has to accept and stay up.
+    fn answers(&mut self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        if self.tls_dir.is_some() {
+            std::thread::sleep(Duration::from_millis(50));
+            return self.child.try_wait().ok().flatten().is_none();
+        }
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut reply = [0u8; 1];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && matches!(reply[0], b'+' | b'-')
     }
 
     pub fn url(&self) -> String {
@@ -131,6 +175,9 @@ impl RedisServer {
         RedisStore::connect(&self.client(), "qr").await.unwrap()
     }
 }
+
+/// Free ports tried before a test gives up on starting redis-server.
+const LAUNCH_ATTEMPTS: usize = 5;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
