@@ -171,6 +171,14 @@ impl RouterProcess {
             ])
             .arg("--profiles")
             .arg(&path)
+            // The scaler's default port (9091) is fixed: another router on the machine
+            // would make the test fail to start. Tests that want it name a port.
+            .args(
+                (!args.contains(&"--keda-scaler-listen"))
+                    .then_some(["--keda-scaler-listen", "off"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(args)
             .stderr(stderr)
             .kill_on_drop(true)
