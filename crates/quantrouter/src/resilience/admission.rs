@@ -65,8 +65,15 @@ impl Admission {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(permit);
         }
-        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.queue_cap {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        // Take a place only if one is free: adding first and taking it back on refusal
+        // would show the queue over its cap for a moment (to `waiting`, the metrics, KEDA).
+        let cap = self.queue_cap;
+        let joined = self
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            });
+        if joined.is_err() {
             return Err(Overloaded::QueueFull);
         }
         let waited = tokio::time::timeout(timeout, Arc::clone(&self.slots).acquire_owned()).await;
