@@ -156,9 +156,7 @@ async fn body_is_forwarded_byte_for_byte_except_the_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_pass_through_chunk_by_chunk() {
     let h = Harness::start_with(Duration::from_millis(40), |_| {}).await;
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 6,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(6);
     let response = h.open("/v1/chat/completions", &body).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
@@ -188,9 +186,7 @@ async fn streams_pass_through_chunk_by_chunk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_cancels_the_upstream_request() {
     let h = Harness::start_with(Duration::from_millis(200), |_| {}).await;
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 50,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(50);
     let response = h.open("/v1/chat/completions", &body).await;
     let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
@@ -477,9 +473,7 @@ async fn completions_and_multimodal_chat_are_routed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_an_open_stream_finish() {
     let h = Harness::start_with(Duration::from_millis(30), |_| {}).await;
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 10,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(10);
     let response = h.open("/v1/chat/completions", &body).await;
     let Harness { router, sims, .. } = h;
     let app = Arc::clone(&router.app);

@@ -13,7 +13,10 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use quantrouter::resilience::{BreakerConfig, CircuitState, ResilienceConfig};
 use quantrouter::server::ServerConfig;
-use support::{chat, client, eventually, send, sim_tiers, RouterProcess, Tiers, CODE, SIMPLE};
+use support::{
+    chat, client, eventually, last_sse_event, send, sim_tiers, simple_stream, RouterProcess, Tiers,
+    CODE, SIMPLE,
+};
 use tokio::time::Instant;
 use vllm_sim::{Faults, SimConfig};
 
@@ -260,15 +263,11 @@ async fn a_reset_mid_stream_ends_with_an_sse_error_event_and_is_not_retried() {
             ..Faults::default()
         });
     }
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 20,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(20);
     let r = t.post(&body, &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     let text = String::from_utf8_lossy(&r.body);
-    let last = text.trim_end().rsplit("\n\n").next().unwrap();
-    let event: serde_json::Value =
-        serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    let event = last_sse_event(&text);
     assert_eq!(event["error"]["code"], "upstream_error", "{text}");
     assert!(
         text.matches("data: {").count() >= 3,
@@ -290,16 +289,12 @@ async fn a_stream_that_goes_silent_ends_with_a_timeout_event() {
         resilience(|r| r.idle_timeout = Duration::from_millis(300)),
     )
     .await;
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 5,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(5);
     let started = Instant::now();
     let r = t.post(&body, &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     let text = String::from_utf8_lossy(&r.body);
-    let last = text.trim_end().rsplit("\n\n").next().unwrap();
-    let event: serde_json::Value =
-        serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    let event = last_sse_event(&text);
     assert_eq!(event["error"]["code"], "timeout", "{text}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -489,9 +484,7 @@ async fn sigterm_lets_fifty_open_streams_finish_then_exits_zero() {
     .await;
     let http = client();
 
-    let body = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 25,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let body = simple_stream(25);
     let mut streams = Vec::new();
     for _ in 0..50 {
         let req = http::Request::post(router.url("/v1/chat/completions"))

@@ -6,7 +6,7 @@
 mod support;
 
 use http::StatusCode;
-use support::{Harness, SIMPLE};
+use support::{simple_stream, Harness, SIMPLE};
 
 fn metric(page: &str, name: &str, labels: &[&str]) -> f64 {
     page.lines()
@@ -31,9 +31,7 @@ async fn usage_is_counted_and_the_extra_usage_chunk_never_reaches_the_client() {
     let before = String::from_utf8_lossy(&before.body).into_owned();
 
     // A stream without stream_options: upstream is asked for usage, the client gets none.
-    let stream = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 5,
-        "messages": [{"role": "user", "content": SIMPLE}]})
-    .to_string();
+    let stream = simple_stream(5);
     let r = h.post("/v1/chat/completions", &stream).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header("x-quantrouter-tier"), "int4");

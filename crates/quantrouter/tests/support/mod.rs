@@ -364,6 +364,19 @@ pub fn chat(model: &str, content: &str) -> String {
         .to_string()
 }
 
+/// A streamed chat request for `SIMPLE` that the router routes itself.
+pub fn simple_stream(max_tokens: u32) -> String {
+    serde_json::json!({"model": "auto", "stream": true, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": SIMPLE}]})
+    .to_string()
+}
+
+/// The JSON of the last `data:` event of an SSE body.
+pub fn last_sse_event(text: &str) -> serde_json::Value {
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap()
+}
+
 pub fn keys(list: &[&str]) -> Option<HashSet<String>> {
     Some(list.iter().map(|s| (*s).to_owned()).collect())
 }
