@@ -109,6 +109,12 @@ impl SimServer {
         self.state.metrics.waiting.load(Ordering::Relaxed)
     }
 
+    /// Tokens generated so far (`vllm:generation_tokens_total`); a stream's count stops
+    /// growing while its client does not read.
+    pub fn generated_tokens(&self) -> u64 {
+        self.state.metrics.generation_tokens.load(Ordering::Relaxed)
+    }
+
     /// Stops accepting, closes the listener and aborts open connections; once it returns the
     /// port refuses connections.
     pub async fn shutdown(mut self) {

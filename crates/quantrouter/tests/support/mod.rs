@@ -161,7 +161,8 @@ impl RouterProcess {
             .unwrap();
         let path = profiles.path().join("profiles.json");
         std::fs::write(&path, serde_json::to_string(set).unwrap()).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"));
+        command
             .arg("serve")
             .args([
                 "--listen",
@@ -170,15 +171,13 @@ impl RouterProcess {
                 &admin.to_string(),
             ])
             .arg("--profiles")
-            .arg(&path)
-            // The scaler's default port (9091) is fixed: another router on the machine
-            // would make the test fail to start. Tests that want it name a port.
-            .args(
-                (!args.contains(&"--keda-scaler-listen"))
-                    .then_some(["--keda-scaler-listen", "off"])
-                    .into_iter()
-                    .flatten(),
-            )
+            .arg(&path);
+        // The scaler's default port (9091) is fixed: another router on the machine would
+        // make the test fail to start. Tests that want it name a port.
+        if !args.contains(&"--keda-scaler-listen") {
+            command.args(["--keda-scaler-listen", "off"]);
+        }
+        let child = command
             .args(args)
             .stderr(stderr)
             .kill_on_drop(true)
