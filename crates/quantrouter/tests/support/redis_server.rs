@@ -108,23 +108,17 @@ impl RedisServer {
         }
     }
 
-    /// Whether redis-server itself listens on the port: a plain server answers `PING`
-    /// (`+PONG`, or `-NOAUTH` with a password), which another test's HTTP listener that
-    /// happens to hold the port would not. A TLS server only has to accept and stay up.
-    fn answers(&mut self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+    /// Whether redis-server itself listens on the port: it answers `PING` through the same
+    /// client the tests use (TLS and password included), which another test's listener that
+    /// happens to hold the port would not.
+    fn answers(&self) -> bool {
+        let Ok(mut conn) = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(2))
+        else {
             return false;
         };
-        if self.tls_dir.is_some() {
-            std::thread::sleep(Duration::from_millis(50));
-            return self.child.try_wait().ok().flatten().is_none();
-        }
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut reply = [0u8; 1];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut reply).is_ok()
-            && matches!(reply[0], b'+' | b'-')
+        redis::cmd("PING").query::<String>(&mut conn).is_ok()
     }
 
     pub fn url(&self) -> String {
