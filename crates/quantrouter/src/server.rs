@@ -285,11 +285,14 @@ where
     graceful.shutdown().await;
 }
 
+/// The public port speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c), told apart by the
+/// HTTP/2 preface: an ingress or sidecar in front (Envoy, Istio) can multiplex many streams
+/// over a few connections instead of holding a descriptor per open stream.
 fn serve_public(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
     let service = TowerToHyperService::new(public_service(app));
     Box::pin(async move {
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service);
+        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
         if let Err(error) = watcher.watch(conn).await {
             tracing::debug!(%error, "connection ended with an error");
         }

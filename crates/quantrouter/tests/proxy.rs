@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use support::*;
 
@@ -181,6 +183,39 @@ async fn streams_pass_through_chunk_by_chunk() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let deltas = text.matches("\"delta\"").count();
     assert!(deltas >= 6, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_on_the_same_port() {
+    let h = Harness::start_with(Duration::from_millis(5), |_| {}).await;
+    // Prior knowledge (h2c): this client cannot fall back to HTTP/1.1, so an answer at all
+    // means the port spoke HTTP/2.
+    let h2 = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new());
+    let url = h.url("/v1/chat/completions");
+    let json = [("content-type", "application/json")];
+    let (simple, stream) = (chat("auto", SIMPLE), simple_stream(4));
+    let (plain, streamed, bad) = tokio::join!(
+        send(&h2, "POST", &url, &simple, &json),
+        send(&h2, "POST", &url, &stream, &json),
+        send(&h2, "POST", &url, "{not json", &json),
+    );
+
+    assert_eq!(plain.status, StatusCode::OK, "{:?}", plain.body);
+    assert_eq!(plain.header("x-quantrouter-tier"), "int4");
+    assert!(plain.json()["choices"][0]["message"]["content"].is_string());
+
+    assert_eq!(streamed.status, StatusCode::OK);
+    assert_eq!(streamed.header("content-type"), "text/event-stream");
+    let text = std::str::from_utf8(&streamed.body).unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // The role chunk, four tokens and the chunk with `finish_reason`.
+    assert_eq!(text.matches("\"delta\"").count(), 1 + 4 + 1, "{text}");
+
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(h.sim("int4").stats().requests, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
