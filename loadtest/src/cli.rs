@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::compare::compare;
 use crate::markdown;
 use crate::report::RunReport;
-use crate::run::{run, LoadMode, RunConfig, DEFAULT_MAX_OUTSTANDING};
+use crate::run::{run, LoadMode, RunConfig, Transport, DEFAULT_MAX_OUTSTANDING};
 use crate::scenario::Scenario;
 use crate::workload::{resolve_prompts, shuffle, Endpoint, TokenMix};
 
@@ -103,6 +103,10 @@ pub struct RunArgs {
     /// TCP connect timeout in seconds.
     #[arg(long, default_value_t = 5.0)]
     pub connect_timeout_s: f64,
+    /// Speak HTTP/2 with prior knowledge (h2c) over this many connections, requests spread
+    /// round-robin, instead of HTTP/1.1 with a connection per request in flight.
+    #[arg(long, value_name = "CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2: Option<u32>,
 }
 
 /// `loadtest compare`.
@@ -208,6 +212,11 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         max_outstanding: args.max_outstanding,
         request_timeout: seconds("--timeout-s", args.timeout_s)?,
         connect_timeout: seconds("--connect-timeout-s", args.connect_timeout_s)?,
+        transport: args
+            .http2
+            .map_or(Transport::Http1, |connections| Transport::Http2 {
+                connections: connections as usize,
+            }),
     })
 }
 

@@ -55,8 +55,31 @@ pub struct Exchange<'a> {
     pub check_answers: bool,
 }
 
+/// How requests reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// HTTP/1.1 keep-alive: one connection per request in flight.
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), requests spread over this many connections.
+    Http2 {
+        /// Connections, each carrying its share of the streams.
+        connections: usize,
+    },
+}
+
+/// The clients requests are spread over: one pooled HTTP/1 client, or one HTTP/2 client
+/// (one multiplexed connection) per connection asked for.
+pub fn build_clients(transport: Transport, connect_timeout: Duration) -> Vec<HttpClient> {
+    match transport {
+        Transport::Http1 => vec![build_client(connect_timeout, false)],
+        Transport::Http2 { connections } => (0..connections.max(1))
+            .map(|_| build_client(connect_timeout, true))
+            .collect(),
+    }
+}
+
 /// A keep-alive pooled client with `TCP_NODELAY`.
-pub fn build_client(connect_timeout: Duration) -> HttpClient {
+fn build_client(connect_timeout: Duration, http2: bool) -> HttpClient {
     let mut connector = HttpConnector::new();
     // Small request bodies must not wait for Nagle's algorithm.
     connector.set_nodelay(true);
@@ -65,6 +88,7 @@ pub fn build_client(connect_timeout: Duration) -> HttpClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(usize::MAX)
+        .http2_only(http2)
         .build(connector)
 }
 

@@ -23,6 +23,6 @@ pub mod workload;
 
 pub use compare::{compare, Comparison};
 pub use report::{Mode, RunReport};
-pub use run::{run, LoadMode, RunConfig};
+pub use run::{run, LoadMode, RunConfig, Transport};
 pub use scenario::Scenario;
 pub use workload::{Endpoint, TokenMix};

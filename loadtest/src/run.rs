@@ -9,6 +9,7 @@ use http::Uri;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+pub use crate::client::Transport;
 use crate::client::{self, Exchange, HttpClient};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::report::{Mode, RunReport};
@@ -62,12 +63,15 @@ pub struct RunConfig {
     pub request_timeout: Duration,
     /// TCP connect limit.
     pub connect_timeout: Duration,
+    /// HTTP/1.1, or HTTP/2 over a fixed number of connections.
+    pub transport: Transport,
 }
 
 /// State shared by every request task.
 #[derive(Debug)]
 struct Shared {
-    client: HttpClient,
+    /// Request `i` goes through `clients[i % len]`.
+    clients: Vec<HttpClient>,
     uri: Uri,
     workload: Workload,
     request_timeout: Duration,
@@ -95,7 +99,8 @@ impl Shared {
             timeout: self.request_timeout,
             check_answers: self.check_answers,
         };
-        client::send(&self.client, exchange).await
+        let client = &self.clients[index as usize % self.clients.len()];
+        client::send(client, exchange).await
     }
 
     fn record(&self, outcome: &Outcome) {
@@ -133,7 +138,7 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
         ignore_eos: config.ignore_eos,
     };
     let shared = Arc::new(Shared {
-        client: client::build_client(config.connect_timeout),
+        clients: client::build_clients(config.transport, config.connect_timeout),
         uri,
         workload: Workload::prepare_mix(
             &config.prompts,

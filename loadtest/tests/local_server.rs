@@ -15,8 +15,9 @@ use http::{Request, Response};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use loadtest::{run, Endpoint, LoadMode, Mode, RunConfig, TokenMix};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use loadtest::{run, Endpoint, LoadMode, Mode, RunConfig, TokenMix, Transport};
 use tokio::net::TcpListener;
 
 const COMPLETION: &str = r#"{"id":"cmpl-1","object":"chat.completion","created":0,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
@@ -28,18 +29,22 @@ const STREAM: &str = concat!(
     "data: [DONE]\n\n",
 );
 
-/// Answers every request with a fixed chat completion (or a fixed stream when asked for one)
-/// and a tier header; counts the requests it received.
-async fn start_server() -> (SocketAddr, Arc<AtomicU64>) {
+/// Answers every request, over HTTP/1.1 or h2c, with a fixed chat completion (or a fixed
+/// stream when asked for one) and a tier header; counts the requests it received and the
+/// connections it accepted.
+async fn start_server() -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Arc::new(AtomicU64::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&received);
+    let connections = Arc::clone(&accepted);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            connections.fetch_add(1, Ordering::Relaxed);
             let counter = Arc::clone(&counter);
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<Incoming>| {
@@ -63,13 +68,13 @@ async fn start_server() -> (SocketAddr, Arc<AtomicU64>) {
                         )
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    (addr, received)
+    (addr, received, accepted)
 }
 
 fn config(addr: SocketAddr, mode: LoadMode) -> RunConfig {
@@ -89,12 +94,13 @@ fn config(addr: SocketAddr, mode: LoadMode) -> RunConfig {
         max_outstanding: 10_000,
         request_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(5),
+        transport: Transport::Http1,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_run_sends_exactly_the_scheduled_requests() {
-    let (addr, received) = start_server().await;
+    let (addr, received, _) = start_server().await;
     let report = run(&config(addr, LoadMode::Rate(100.0))).await.unwrap();
 
     assert_eq!(report.mode, Mode::Rate);
@@ -116,7 +122,7 @@ async fn rate_run_sends_exactly_the_scheduled_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warmup_requests_are_sent_but_not_counted() {
-    let (addr, received) = start_server().await;
+    let (addr, received, _) = start_server().await;
     let mut config = config(addr, LoadMode::Rate(100.0));
     config.warmup = Duration::from_millis(200);
     config.duration = Duration::from_millis(300);
@@ -128,7 +134,7 @@ async fn warmup_requests_are_sent_but_not_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_run_completes_every_request() {
-    let (addr, received) = start_server().await;
+    let (addr, received, _) = start_server().await;
     let report = run(&config(addr, LoadMode::Concurrency(4))).await.unwrap();
 
     assert_eq!(report.mode, Mode::Concurrency);
@@ -143,7 +149,7 @@ async fn concurrency_run_completes_every_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_requests_record_time_to_first_token() {
-    let (addr, _received) = start_server().await;
+    let (addr, _, _) = start_server().await;
     let mut config = config(addr, LoadMode::Rate(100.0));
     config.stream_share = 1.0;
     config.duration = Duration::from_millis(200);
@@ -152,6 +158,22 @@ async fn streamed_requests_record_time_to_first_token() {
     assert_eq!(report.ok, 20, "errors: {:?}", report.errors);
     assert_eq!(report.ttft_us.count, 20);
     assert!(report.ttft_us.p50 <= report.latency_us.max);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_spreads_streams_over_the_connections_asked_for() {
+    let (addr, received, accepted) = start_server().await;
+    let mut config = config(addr, LoadMode::Concurrency(12));
+    config.stream_share = 0.5;
+    config.transport = Transport::Http2 { connections: 3 };
+    let report = run(&config).await.unwrap();
+
+    assert!(report.requests >= 12, "{report:?}");
+    assert_eq!(report.ok, report.requests, "errors: {:?}", report.errors);
+    assert_eq!(received.load(Ordering::Relaxed), report.requests);
+    assert!(report.ttft_us.count > 0, "{report:?}");
+    // Twelve streams in flight at a time, multiplexed: HTTP/1.1 would have needed twelve.
+    assert_eq!(accepted.load(Ordering::Relaxed), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
