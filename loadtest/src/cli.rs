@@ -28,7 +28,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Drive an endpoint and report latency, TTFT, throughput and errors.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the latency a subject run adds over a baseline run.
     Compare(CompareArgs),
     /// Print a Markdown table of runs with ratios to the first (the baseline).
@@ -151,7 +151,7 @@ pub fn build_runtime(threads: Option<usize>) -> anyhow::Result<tokio::runtime::R
 /// Runs a parsed command line.
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run(args) => run_command(args).await,
+        Command::Run(args) => run_command(*args).await,
         Command::Compare(args) => compare_command(&args),
         Command::Table(args) => table_command(&args),
     }
@@ -321,7 +321,7 @@ mod tests {
         let mut all = vec!["run", "--rate", "10", "--duration-s", "1"];
         all.extend_from_slice(args);
         match parse(&all).unwrap().command {
-            Command::Run(args) => args,
+            Command::Run(args) => *args,
             other => panic!("not run: {other:?}"),
         }
     }
