@@ -443,6 +443,18 @@ impl ApiError {
         }
     }
 
+    /// Raised before the request body is read (so the body may still be on the wire).
+    pub fn before_body(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Unauthorized
+                | ApiError::UnsupportedMediaType
+                | ApiError::PayloadTooLarge { .. }
+                | ApiError::MethodNotAllowed
+                | ApiError::RouteNotFound(_)
+        )
+    }
+
     /// Seconds a client should wait before retrying, when that is known.
     fn retry_after(&self) -> Option<u32> {
         match self {

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -378,6 +379,8 @@ async fn dispatch(
     id: Option<HeaderValue>,
 ) -> Response<ResponseBody> {
     let started = Instant::now();
+    // An HTTP/1.1 request whose body may be left unread by an early rejection (see below).
+    let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let result = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat, started).await,
         (&Method::POST, "/v1/completions") => {
@@ -393,7 +396,17 @@ async fn dispatch(
     let mut response = result.unwrap_or_else(|error| {
         telemetry::router_error(error.kind().1);
         tracing::debug!(%error, "request rejected");
-        error.into_response().map(Either::Left)
+        let close = unread_body && error.before_body();
+        let mut response = error.into_response().map(Either::Left);
+        if close {
+            // The body was not read, so the connection cannot carry another request. Say
+            // so: left to hyper, the close can come after the head went out without it,
+            // and a client that reuses the connection sees it drop without an answer.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     });
     if let Some(id) = id {
         response.headers_mut().insert(REQUEST_ID, id);

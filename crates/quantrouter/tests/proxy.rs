@@ -364,6 +364,9 @@ async fn api_keys_are_enforced_when_configured() {
     let r = h.post("/v1/chat/completions", &chat("auto", SIMPLE)).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    // Rejected before its body was read: the connection is closed, and the answer says so,
+    // so no client sends its next request into a closing connection.
+    assert_eq!(r.header("connection"), "close");
     let auth = [
         ("content-type", "application/json"),
         ("authorization", "Bearer k1"),
@@ -372,10 +375,10 @@ async fn api_keys_are_enforced_when_configured() {
         .post_with("/v1/chat/completions", &chat("auto", SIMPLE), &auth)
         .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(
-        h.get(&h.url("/v1/models")).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    let r = h.get(&h.url("/v1/models")).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // No body to leave behind: the connection stays open.
+    assert_eq!(r.header("connection"), "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
