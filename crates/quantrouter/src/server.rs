@@ -343,7 +343,10 @@ pub fn public_service(
         .map_request(move |req| assign_request_id(&assign, req))
         .service(tower::service_fn(move |req| {
             let app = Arc::clone(&app);
-            async move { Ok(handle(app, req).await) }
+            // Boxed: the request's whole state machine (~5 KB) is freed once the response
+            // head is out. Inline, an HTTP/2 stream's task would hold it for as long as the
+            // body streams — minutes for a long generation.
+            Box::pin(async move { Ok(handle(app, req).await) })
         }))
 }
 

@@ -49,12 +49,13 @@ pub struct UpstreamClient {
     pub header_timeout: Duration,
 }
 
-/// Read buffer of each upstream connection. hyper's default grows the buffer whenever a
-/// read fills it, up to ~400 KB: a stream whose tokens arrive faster than the router
-/// forwards them for a moment (a busy CPU) would keep a buffer that size for its lifetime —
-/// 2,000 streams grew the router by ~100 MB a few seconds. vLLM's response heads are well
-/// under this size; bodies are read in pieces of it.
-const UPSTREAM_READ_BUFFER: usize = 8 * 1024;
+/// Read buffer of each upstream connection, one page (nginx's `proxy_buffer_size` default).
+/// hyper's default grows the buffer whenever a read fills it, up to ~400 KB: a stream whose
+/// tokens arrive faster than the router forwards them for a moment (a busy CPU) would keep a
+/// buffer that size for its lifetime — 2,000 streams grew the router by ~100 MB a few
+/// seconds. Response heads must fit (vLLM's are ~200 bytes; a larger one is a 502); bodies
+/// are read in pieces of it, and an SSE event is a few hundred bytes.
+const UPSTREAM_READ_BUFFER: usize = 4 * 1024;
 
 /// Upstream client settings.
 #[derive(Debug, Clone, Copy)]
@@ -387,19 +388,19 @@ fn body_usage(
 }
 
 /// A copy of an SSE frame that owns its bytes. A frame is an event or a few, ~100 bytes cut
-/// from one of hyper's read buffers (8 KiB or more); while a client reads slowly, hyper
+/// from one of hyper's read buffers (4 KiB or more); while a client reads slowly, hyper
 /// queues frames for it, and each would keep its whole read buffer alive — megabytes per
 /// thousand streams, growing while the clients lag. Copying lets the buffer be reused.
 fn unpin(frame: Bytes) -> Bytes {
     Bytes::copy_from_slice(&frame)
 }
 
-/// Bytes kept from the end of a body for [`body_usage`]: the usage event of a stream, or the
-/// end of a JSON answer, with room to spare.
-const USAGE_TAIL: usize = 2048;
+/// Bytes kept from the end of a body for [`body_usage`]: the usage event of a stream
+/// (~300 bytes with `data: [DONE]`), or the end of a JSON answer, with room to spare.
+const USAGE_TAIL: usize = 1024;
 
 /// Appends `data` to the copied tail of a body, keeping its last [`USAGE_TAIL`] bytes.
-/// Copying matters: holding on to the frames themselves kept each one's read buffer (8 KiB
+/// Copying matters: holding on to the frames themselves kept each one's read buffer (4 KiB
 /// or more) alive, per frame and per stream.
 fn keep_tail(tail: &mut VecDeque<u8>, data: &[u8]) {
     let data = &data[data.len().saturating_sub(USAGE_TAIL)..];
