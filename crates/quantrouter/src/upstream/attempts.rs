@@ -41,6 +41,8 @@ pub struct Plan<'a> {
     pub deadline: Instant,
     /// The request span, when tracing is on; each attempt gets a child span.
     pub trace: Option<&'a RequestTrace>,
+    /// For log lines (the request's log span exists at debug level only).
+    pub request_id: &'a str,
 }
 
 /// A response with headers from some upstream.
@@ -191,7 +193,8 @@ pub async fn forward(
                 Err(error) => {
                     pick.failed();
                     retry_after = None;
-                    tracing::warn!(%error, profile = id, "upstream attempt failed");
+                    tracing::warn!(request_id = plan.request_id, %error, profile = id,
+                        "upstream attempt failed");
                     failure = match error {
                         UpstreamError::HeaderTimeout { .. } => {
                             telemetry::upstream_error(id, "header_timeout");
