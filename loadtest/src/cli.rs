@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::client::Transport;
 use crate::compare::compare;
 use crate::markdown;
 use crate::report::RunReport;
-use crate::run::{run, LoadMode, RunConfig, Transport, DEFAULT_MAX_OUTSTANDING};
+use crate::run::{run, LoadMode, RunConfig, DEFAULT_MAX_OUTSTANDING};
 use crate::scenario::Scenario;
 use crate::workload::{resolve_prompts, shuffle, Endpoint, TokenMix};
 

@@ -21,8 +21,9 @@ pub mod sse;
 pub mod stats;
 pub mod workload;
 
+pub use client::Transport;
 pub use compare::{compare, Comparison};
 pub use report::{Mode, RunReport};
-pub use run::{run, LoadMode, RunConfig, Transport};
+pub use run::{run, LoadMode, RunConfig};
 pub use scenario::Scenario;
 pub use workload::{Endpoint, TokenMix};

@@ -9,8 +9,7 @@ use http::Uri;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-pub use crate::client::Transport;
-use crate::client::{self, Exchange, HttpClient};
+use crate::client::{self, Exchange, HttpClient, Transport};
 use crate::outcome::{ErrorKind, Outcome};
 use crate::report::{Mode, RunReport};
 use crate::schedule::{scheduled_offset, OpenLoopPlan};
