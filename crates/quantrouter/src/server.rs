@@ -43,7 +43,9 @@ use crate::routing::{self, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
-use crate::upstream::{scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient};
+use crate::upstream::{
+    scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient, UpstreamIncoming,
+};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
@@ -832,7 +834,7 @@ fn upstream_headers(client: &HeaderMap, request_id: Option<&HeaderValue>) -> Hea
 }
 
 /// A non-streamed answer in full (bounded), for the quality check.
-async fn read_answer(body: Incoming, deadline: Instant) -> Result<Bytes, ApiError> {
+async fn read_answer(body: UpstreamIncoming, deadline: Instant) -> Result<Bytes, ApiError> {
     /// Far above any completion; a bigger body is not an answer.
     const LIMIT: usize = 16 * 1024 * 1024;
     match tokio::time::timeout_at(deadline, Limited::new(body, LIMIT).collect()).await {

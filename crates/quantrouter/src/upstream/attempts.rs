@@ -13,14 +13,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
 use opentelemetry::KeyValue;
 use quantrouter_policy::RoutingDecision;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::{Endpoint, InflightGuard, UpstreamClient, UpstreamError};
+use super::{Endpoint, InflightGuard, UpstreamClient, UpstreamError, UpstreamIncoming};
 use crate::openai::ApiError;
 use crate::profiles::Snapshot;
 use crate::resilience::{Overloaded, ResilienceConfig};
@@ -48,7 +46,7 @@ pub struct Plan<'a> {
 /// A response with headers from some upstream.
 #[derive(Debug)]
 pub struct Answer {
-    pub response: Response<Incoming>,
+    pub response: Response<UpstreamIncoming>,
     pub profile: usize,
     pub endpoint: Arc<Endpoint>,
     /// In-flight accounting and the admission slot, held until the body ends.
@@ -200,7 +198,9 @@ pub async fn forward(
                             telemetry::upstream_error(id, "header_timeout");
                             Failure::Timeout(error.to_string())
                         }
-                        UpstreamError::Connect { .. } | UpstreamError::InvalidUrl(_) => {
+                        UpstreamError::Connect { .. }
+                        | UpstreamError::Exchange { .. }
+                        | UpstreamError::InvalidUrl(_) => {
                             telemetry::upstream_error(id, "connect");
                             Failure::Connect(error.to_string())
                         }
@@ -241,16 +241,12 @@ fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
     None
 }
 
-fn build(
-    plan: &Plan<'_>,
-    endpoint: &Endpoint,
-    body: Bytes,
-) -> Result<Request<Full<Bytes>>, ApiError> {
+fn build(plan: &Plan<'_>, endpoint: &Endpoint, body: Bytes) -> Result<Request<Bytes>, ApiError> {
     let uri = endpoint
         .uri(plan.path)
         .map_err(|e| ApiError::BadGateway(e.to_string()))?;
     let mut request = Request::post(uri)
-        .body(Full::new(body))
+        .body(body)
         .map_err(|e| ApiError::BadGateway(e.to_string()))?;
     *request.headers_mut() = plan.headers.clone();
     Ok(request)

@@ -1,9 +1,12 @@
 //! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the attempt loop that owns all
-//! retrying ([`attempts`]), the queue scraper ([`scrape`]), a pooled keep-alive HTTP client,
+//! retrying ([`attempts`]), the queue scraper ([`scrape`]), the keep-alive HTTP/1.1 client
+//! ([`client`], with body framing in [`framing`]),
 //! and the response body wrapper that keeps accounting honest for the whole life of a stream
 //! and turns a mid-stream failure into an SSE error event.
 
 pub mod attempts;
+mod client;
+mod framing;
 pub mod pool;
 pub mod scrape;
 
@@ -14,16 +17,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{Request, Response};
+
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
+pub use client::{ClientConfig, UpstreamClient, UpstreamIncoming};
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
 
 use crate::openai::{find_usage, is_usage_event, Usage};
@@ -36,85 +35,16 @@ pub enum UpstreamError {
     #[error("connecting to {endpoint}: {source}")]
     Connect {
         endpoint: String,
-        source: hyper_util::client::legacy::Error,
+        source: std::io::Error,
+    },
+    /// The connection failed, or the answer was not HTTP, before a response head.
+    #[error("{endpoint} failed before a response head: {source}")]
+    Exchange {
+        endpoint: String,
+        source: std::io::Error,
     },
     #[error("{endpoint} sent no response headers within {timeout:?}")]
     HeaderTimeout { endpoint: String, timeout: Duration },
-}
-
-/// Connection-pooling client shared by every profile.
-#[derive(Debug, Clone)]
-pub struct UpstreamClient {
-    client: Client<HttpConnector, Full<Bytes>>,
-    pub header_timeout: Duration,
-}
-
-/// Read buffer of each upstream connection, one page (nginx's `proxy_buffer_size` default).
-/// hyper's default grows the buffer whenever a read fills it, up to ~400 KB: a stream whose
-/// tokens arrive faster than the router forwards them for a moment (a busy CPU) would keep a
-/// buffer that size for its lifetime — 2,000 streams grew the router by ~100 MB a few
-/// seconds. Response heads must fit (vLLM's are ~200 bytes; a larger one is a 502); bodies
-/// are read in pieces of it, and an SSE event is a few hundred bytes.
-const UPSTREAM_READ_BUFFER: usize = 4 * 1024;
-
-/// Upstream client settings.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientConfig {
-    /// Fail fast on unroutable pods; a healthy pod on the cluster network connects in ms.
-    pub connect_timeout: Duration,
-    /// vLLM sends headers when the first token is ready; a long queue can take a while, but
-    /// a minute with nothing means the pod is stuck.
-    pub header_timeout: Duration,
-    /// Idle keep-alive connections per endpoint; enough for bursts without hoarding sockets.
-    pub max_idle_per_host: usize,
-}
-
-// === impl UpstreamClient ===
-
-impl UpstreamClient {
-    pub fn new(config: ClientConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(config.max_idle_per_host)
-            .http1_read_buf_exact_size(UPSTREAM_READ_BUFFER)
-            .build(connector);
-        Self {
-            client,
-            header_timeout: config.header_timeout,
-        }
-    }
-
-    /// Sends one request and waits for the response headers at most `timeout`.
-    pub async fn send(
-        &self,
-        endpoint: &Endpoint,
-        request: Request<Full<Bytes>>,
-        timeout: Duration,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.client.request(request)).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(source)) => Err(UpstreamError::Connect {
-                endpoint: endpoint.base().to_owned(),
-                source,
-            }),
-            Err(_) => Err(UpstreamError::HeaderTimeout {
-                endpoint: endpoint.base().to_owned(),
-                timeout,
-            }),
-        }
-    }
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(2),
-            header_timeout: Duration::from_secs(60),
-            max_idle_per_host: 256,
-        }
-    }
 }
 
 pin_project_lite::pin_project! {
@@ -127,7 +57,7 @@ pin_project_lite::pin_project! {
     /// `data: {"error": …}` event, any other body with an aborted connection.
     pub struct UpstreamBody {
         #[pin]
-        inner: Incoming,
+        inner: UpstreamIncoming,
         held: Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
         on_end: Option<Box<dyn FnOnce(BodyEnd) + Send + Sync>>,
         started: Instant,
@@ -212,7 +142,7 @@ impl std::fmt::Debug for UpstreamBody {
 
 impl UpstreamBody {
     pub fn new(
-        inner: Incoming,
+        inner: UpstreamIncoming,
         held: (InflightGuard, Option<OwnedSemaphorePermit>),
         started: Instant,
         limits: BodyLimits,
@@ -273,9 +203,6 @@ impl Body for UpstreamBody {
                     // its last byte), so the end is handled together with the last frame.
                     if !this.inner.is_end_stream() {
                         match out {
-                            Some(out) if *this.sse => {
-                                return Poll::Ready(Some(Ok(Frame::data(unpin(out)))));
-                            }
                             Some(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
                             None => continue,
                         }
@@ -387,21 +314,13 @@ fn body_usage(
     }
 }
 
-/// A copy of an SSE frame that owns its bytes. A frame is an event or a few, ~100 bytes cut
-/// from one of hyper's read buffers (4 KiB or more); while a client reads slowly, hyper
-/// queues frames for it, and each would keep its whole read buffer alive — megabytes per
-/// thousand streams, growing while the clients lag. Copying lets the buffer be reused.
-fn unpin(frame: Bytes) -> Bytes {
-    Bytes::copy_from_slice(&frame)
-}
-
 /// Bytes kept from the end of a body for [`body_usage`]: the usage event of a stream
 /// (~300 bytes with `data: [DONE]`), or the end of a JSON answer, with room to spare.
 const USAGE_TAIL: usize = 1024;
 
 /// Appends `data` to the copied tail of a body, keeping its last [`USAGE_TAIL`] bytes.
-/// Copying matters: holding on to the frames themselves kept each one's read buffer (4 KiB
-/// or more) alive, per frame and per stream.
+/// Copying matters: holding on to the frames themselves would keep each one's read (up to 8 KiB)
+/// alive, per frame and per stream.
 fn keep_tail(tail: &mut VecDeque<u8>, data: &[u8]) {
     let data = &data[data.len().saturating_sub(USAGE_TAIL)..];
     let excess = (tail.len() + data.len()).saturating_sub(USAGE_TAIL);

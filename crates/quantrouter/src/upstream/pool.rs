@@ -244,7 +244,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 // === impl Endpoint ===
 
 impl Endpoint {
-    fn new(base: &str, config: &ResilienceConfig, now: Instant) -> Self {
+    pub(crate) fn new(base: &str, config: &ResilienceConfig, now: Instant) -> Self {
         Self {
             base: base.to_owned(),
             inflight: AtomicU64::new(0),

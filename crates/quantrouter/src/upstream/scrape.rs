@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -50,7 +50,7 @@ async fn scrape(client: &UpstreamClient, endpoint: Arc<Endpoint>, timeout: Durat
     let Ok(uri) = endpoint.uri("/metrics") else {
         return;
     };
-    let Ok(request) = Request::get(uri).body(Full::new(Bytes::new())) else {
+    let Ok(request) = Request::get(uri).body(Bytes::new()) else {
         return;
     };
     let page = async {

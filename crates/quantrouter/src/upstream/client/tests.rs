@@ -1,0 +1,403 @@
+//! The client against a scripted HTTP/1.1 server on loopback: what goes on the wire, when a
+//! connection is reused, closed or retried, and how bodies stream.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::resilience::ResilienceConfig;
+
+/// A server whose connections the test drives by hand.
+struct Server {
+    endpoint: Endpoint,
+    authority: String,
+    accepted: mpsc::UnboundedReceiver<TcpStream>,
+}
+
+async fn server() -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authority = listener.local_addr().unwrap().to_string();
+    let (tx, accepted) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            if tx.send(stream).is_err() {
+                break;
+            }
+        }
+    });
+    let base = format!("http://{authority}");
+    let endpoint = Endpoint::new(&base, &ResilienceConfig::default(), Instant::now());
+    Server {
+        endpoint,
+        authority,
+        accepted,
+    }
+}
+
+fn client() -> UpstreamClient {
+    UpstreamClient::new(ClientConfig::default())
+}
+
+fn post(server: &Server, body: &'static str) -> Request<Bytes> {
+    let mut request = Request::post(server.endpoint.uri("/v1/chat/completions").unwrap())
+        .body(Bytes::from_static(body.as_bytes()))
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert("x-request-id", HeaderValue::from_static("qr-1"));
+    request
+}
+
+/// Reads one request (head and `content-length` body) from a server-side connection.
+async fn read_request(conn: &mut TcpStream) -> String {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the client closed mid-request");
+        data.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&data).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |n| n.parse::<usize>().unwrap());
+            if data.len() >= end + 4 + length {
+                return text;
+            }
+        }
+    }
+}
+
+const OK: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+
+async fn body_of(response: Response<UpstreamIncoming>) -> Bytes {
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+#[tokio::test]
+async fn writes_one_request_with_host_and_length_and_no_hop_by_hop_headers() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, r#"{"model":"m"}"#);
+    let sending = tokio::spawn(async move {
+        body_of(
+            client
+                .send(&server.endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    let mut conn = server.accepted.recv().await.unwrap();
+    let text = read_request(&mut conn).await;
+    conn.write_all(OK.as_bytes()).await.unwrap();
+    assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    assert_eq!(lines.next(), Some("POST /v1/chat/completions HTTP/1.1"));
+    let headers: Vec<&str> = lines.collect();
+    assert!(
+        headers.contains(&format!("host: {}", server.authority).as_str()),
+        "{headers:?}"
+    );
+    assert!(headers.contains(&"content-length: 13"), "{headers:?}");
+    assert!(headers.contains(&"x-request-id: qr-1"), "{headers:?}");
+    assert!(
+        !head.contains("connection"),
+        "hop-by-hop header forwarded: {head}"
+    );
+    assert_eq!(body, r#"{"model":"m"}"#);
+}
+
+#[tokio::test]
+async fn reuses_a_kept_alive_connection_once_the_body_ended() {
+    let mut server = server().await;
+    let client = client();
+    for _ in 0..3 {
+        let request = post(&server, "{}");
+        let c = client.clone();
+        let endpoint = Endpoint::new(
+            server.endpoint.base(),
+            &ResilienceConfig::default(),
+            Instant::now(),
+        );
+        let sending = tokio::spawn(async move {
+            body_of(
+                c.send(&endpoint, request, Duration::from_secs(5))
+                    .await
+                    .unwrap(),
+            )
+            .await
+        });
+        // Only the first request opens a connection; the others come on it.
+        if client.idle_connections(&server.authority) == 0 && server.accepted.is_empty() {
+            let mut conn = server.accepted.recv().await.unwrap();
+            tokio::spawn(async move {
+                loop {
+                    read_request(&mut conn).await;
+                    conn.write_all(OK.as_bytes()).await.unwrap();
+                }
+            });
+        }
+        assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+        assert_eq!(client.idle_connections(&server.authority), 1);
+    }
+    assert!(
+        server.accepted.try_recv().is_err(),
+        "a second connection was opened"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closes_is_not_reused() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let sending = tokio::spawn(async move {
+        body_of(
+            c.send(&endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    let close = OK.replace("content-length", "connection: close\r\ncontent-length");
+    conn.write_all(close.as_bytes()).await.unwrap();
+    assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+    assert_eq!(client.idle_connections(&server.authority), 0);
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_closed_while_idle_is_replaced_without_an_error() {
+    let mut server = server().await;
+    let client = client();
+    // First exchange: the connection goes idle in the pool.
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let first = tokio::spawn(async move {
+        body_of(
+            c.send(&endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(OK.as_bytes()).await.unwrap();
+    first.await.unwrap();
+    assert_eq!(client.idle_connections(&server.authority), 1);
+
+    // The server reads the next request and closes without an answer, as a server whose
+    // keep-alive timer fired at that moment does.
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let second = tokio::spawn(async move {
+        body_of(
+            c.send(&endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    read_request(&mut conn).await;
+    drop(conn);
+    let mut fresh = server.accepted.recv().await.unwrap();
+    read_request(&mut fresh).await;
+    fresh.write_all(OK.as_bytes()).await.unwrap();
+    assert_eq!(second.await.unwrap(), r#"{"ok":true}"#);
+}
+
+#[tokio::test]
+async fn chunked_frames_arrive_as_the_server_sends_them() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let c = client.clone();
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    conn.write_all(format!("{head}6\r\ndata: \r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = sending.await.unwrap().unwrap().into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "data: ");
+    // The next frame only exists once the server sends it.
+    conn.write_all(b"4\r\none\n\r\n0\r\n\r\n").await.unwrap();
+    let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(second, "one\n");
+    assert!(body.frame().await.is_none());
+    assert!(body.is_end_stream());
+    assert_eq!(client.idle_connections(&server.authority), 1);
+}
+
+#[tokio::test]
+async fn dropping_a_body_mid_stream_closes_the_connection() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let c = client.clone();
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        .await
+        .unwrap();
+    let mut body = sending.await.unwrap().unwrap().into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+        .await
+        .expect("the upstream saw the close")
+        .unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(client.idle_connections(&server.authority), 0);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_an_error() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let c = client.clone();
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort")
+        .await
+        .unwrap();
+    drop(conn);
+    let body = sending.await.unwrap().unwrap().into_body();
+    let error = body.collect().await.unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+}
+
+#[tokio::test]
+async fn garbage_instead_of_a_head_is_an_exchange_error() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let c = client.clone();
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(b"SSH-2.0-OpenSSH\r\n\r\n").await.unwrap();
+    let error = sending.await.unwrap().unwrap_err();
+    assert!(matches!(error, UpstreamError::Exchange { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn interim_answers_are_skipped_and_the_head_timeout_applies() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let c = client.clone();
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_millis(300)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        .await
+        .unwrap();
+    let error = sending.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, UpstreamError::HeaderTimeout { .. }),
+        "{error}"
+    );
+
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let sending =
+        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(format!("HTTP/1.1 100 Continue\r\n\r\n{OK}").as_bytes())
+        .await
+        .unwrap();
+    let response = sending.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_of(response).await, r#"{"ok":true}"#);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_connect_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let endpoint = Endpoint::new(&base, &ResilienceConfig::default(), Instant::now());
+    let request = Request::get(endpoint.uri("/metrics").unwrap())
+        .body(Bytes::new())
+        .unwrap();
+    let error = client()
+        .send(&endpoint, request, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
+}
