@@ -74,6 +74,9 @@ const READ_CHUNK: usize = 8 * 1024;
 /// endpoint that discovery removed should not live on.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// An idle connection older than this is probed (a non-blocking read) before reuse.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
 /// Request headers the client sets itself, and hop-by-hop headers never forwarded.
 const NOT_FORWARDED: [HeaderName; 6] = [
     header::HOST,
@@ -522,7 +525,11 @@ impl IdlePool {
         let mut idle = self.lock();
         let conns = idle.map.get_mut(authority)?;
         while let Some((stream, since)) = conns.pop() {
-            if now.duration_since(since) < IDLE_TIMEOUT && is_quiet(&stream) {
+            let idle_for = now.duration_since(since);
+            // A connection used a moment ago is taken without the probe's syscall: a server
+            // closes idle connections after seconds, and a close that races the request is
+            // caught by `exchange`, which then opens a new connection.
+            if idle_for < PROBE_AFTER || idle_for < IDLE_TIMEOUT && is_quiet(&stream) {
                 return Some(stream);
             }
         }

@@ -401,3 +401,59 @@ async fn a_refused_connection_is_a_connect_error() {
         .unwrap_err();
     assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
 }
+
+#[tokio::test]
+async fn a_connection_idle_past_the_probe_age_and_closed_is_never_written_to() {
+    let mut server = server().await;
+    let client = client();
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let first = tokio::spawn(async move {
+        body_of(
+            c.send(&endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn.write_all(OK.as_bytes()).await.unwrap();
+    first.await.unwrap();
+    // The server closes the idle connection; the client's clock passes the probe age.
+    conn.shutdown().await.unwrap();
+    tokio::time::pause();
+    tokio::time::advance(PROBE_AFTER * 2).await;
+    tokio::time::resume();
+
+    let request = post(&server, "{}");
+    let c = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let second = tokio::spawn(async move {
+        body_of(
+            c.send(&endpoint, request, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    let mut fresh = server.accepted.recv().await.unwrap();
+    read_request(&mut fresh).await;
+    fresh.write_all(OK.as_bytes()).await.unwrap();
+    assert_eq!(second.await.unwrap(), r#"{"ok":true}"#);
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).await.unwrap();
+    assert!(
+        rest.is_empty(),
+        "the request went to the closed connection first"
+    );
+}
