@@ -84,24 +84,63 @@ async fn body_of(response: Response<UpstreamIncoming>) -> Bytes {
     response.into_body().collect().await.unwrap().to_bytes()
 }
 
+const FIVE_S: Duration = Duration::from_secs(5);
+
+type Sent = tokio::task::JoinHandle<Result<Response<UpstreamIncoming>, UpstreamError>>;
+
+/// Sends `request` from a task of its own while the test plays the server.
+fn spawn_send(
+    client: &UpstreamClient,
+    server: &Server,
+    request: Request<Bytes>,
+    timeout: Duration,
+) -> Sent {
+    let client = client.clone();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    tokio::spawn(async move { client.send(&endpoint, request, timeout).await })
+}
+
+/// The body of a sent request's response, in full.
+async fn sent_body(sent: Sent) -> Bytes {
+    body_of(sent.await.unwrap().unwrap()).await
+}
+
+/// The next connection the server accepts, with the request on it read.
+async fn accept_request(server: &mut Server) -> TcpStream {
+    let mut conn = server.accepted.recv().await.unwrap();
+    read_request(&mut conn).await;
+    conn
+}
+
+/// Posts to the server, which answers `answer` on the new connection; returns the client's
+/// result and the server's side of the connection.
+async fn answered(
+    server: &mut Server,
+    client: &UpstreamClient,
+    timeout: Duration,
+    answer: &[u8],
+) -> (Result<Response<UpstreamIncoming>, UpstreamError>, TcpStream) {
+    let request = post(server, "{}");
+    let sending = spawn_send(client, server, request, timeout);
+    let mut conn = accept_request(server).await;
+    conn.write_all(answer).await.unwrap();
+    (sending.await.unwrap(), conn)
+}
+
 #[tokio::test]
 async fn writes_one_request_with_host_and_length_and_no_hop_by_hop_headers() {
     let mut server = server().await;
     let client = client();
     let request = post(&server, r#"{"model":"m"}"#);
-    let sending = tokio::spawn(async move {
-        body_of(
-            client
-                .send(&server.endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
+    let sending = spawn_send(&client, &server, request, FIVE_S);
     let mut conn = server.accepted.recv().await.unwrap();
     let text = read_request(&mut conn).await;
     conn.write_all(OK.as_bytes()).await.unwrap();
-    assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+    assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
 
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let mut lines = head.lines();
@@ -126,20 +165,7 @@ async fn reuses_a_kept_alive_connection_once_the_body_ended() {
     let client = client();
     for _ in 0..3 {
         let request = post(&server, "{}");
-        let c = client.clone();
-        let endpoint = Endpoint::new(
-            server.endpoint.base(),
-            &ResilienceConfig::default(),
-            Instant::now(),
-        );
-        let sending = tokio::spawn(async move {
-            body_of(
-                c.send(&endpoint, request, Duration::from_secs(5))
-                    .await
-                    .unwrap(),
-            )
-            .await
-        });
+        let sending = spawn_send(&client, &server, request, FIVE_S);
         // Only the first request opens a connection; the others come on it.
         if client.idle_connections(&server.authority) == 0 && server.accepted.is_empty() {
             let mut conn = server.accepted.recv().await.unwrap();
@@ -150,7 +176,7 @@ async fn reuses_a_kept_alive_connection_once_the_body_ended() {
                 }
             });
         }
-        assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+        assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
         assert_eq!(client.idle_connections(&server.authority), 1);
     }
     assert!(
@@ -164,25 +190,11 @@ async fn a_connection_the_server_closes_is_not_reused() {
     let mut server = server().await;
     let client = client();
     let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let sending = tokio::spawn(async move {
-        body_of(
-            c.send(&endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
+    let sending = spawn_send(&client, &server, request, FIVE_S);
+    let mut conn = accept_request(&mut server).await;
     let close = OK.replace("content-length", "connection: close\r\ncontent-length");
     conn.write_all(close.as_bytes()).await.unwrap();
-    assert_eq!(sending.await.unwrap(), r#"{"ok":true}"#);
+    assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
     assert_eq!(client.idle_connections(&server.authority), 0);
 }
 
@@ -191,73 +203,30 @@ async fn a_kept_alive_connection_closed_while_idle_is_replaced_without_an_error(
     let mut server = server().await;
     let client = client();
     // First exchange: the connection goes idle in the pool.
-    let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let first = tokio::spawn(async move {
-        body_of(
-            c.send(&endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(OK.as_bytes()).await.unwrap();
-    first.await.unwrap();
+    let (sent, mut conn) = answered(&mut server, &client, FIVE_S, OK.as_bytes()).await;
+    body_of(sent.unwrap()).await;
     assert_eq!(client.idle_connections(&server.authority), 1);
 
     // The server reads the next request and closes without an answer, as a server whose
     // keep-alive timer fired at that moment does.
     let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let second = tokio::spawn(async move {
-        body_of(
-            c.send(&endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
+    let second = spawn_send(&client, &server, request, FIVE_S);
     read_request(&mut conn).await;
     drop(conn);
-    let mut fresh = server.accepted.recv().await.unwrap();
-    read_request(&mut fresh).await;
+    let mut fresh = accept_request(&mut server).await;
     fresh.write_all(OK.as_bytes()).await.unwrap();
-    assert_eq!(second.await.unwrap(), r#"{"ok":true}"#);
+    assert_eq!(sent_body(second).await, r#"{"ok":true}"#);
 }
 
 #[tokio::test]
 async fn chunked_frames_arrive_as_the_server_sends_them() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let c = client.clone();
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
     let head =
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-    conn.write_all(format!("{head}6\r\ndata: \r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut body = sending.await.unwrap().unwrap().into_body();
+    let answer = format!("{head}6\r\ndata: \r\n");
+    let (sent, mut conn) = answered(&mut server, &client, FIVE_S, answer.as_bytes()).await;
+    let mut body = sent.unwrap().into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(first, "data: ");
     // The next frame only exists once the server sends it.
@@ -273,25 +242,13 @@ async fn chunked_frames_arrive_as_the_server_sends_them() {
 async fn dropping_a_body_mid_stream_closes_the_connection() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let c = client.clone();
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
-        .await
-        .unwrap();
-    let mut body = sending.await.unwrap().unwrap().into_body();
+    let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n";
+    let (sent, mut conn) = answered(&mut server, &client, FIVE_S, answer).await;
+    let mut body = sent.unwrap().into_body();
     body.frame().await.unwrap().unwrap();
     drop(body);
     let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+    let n = tokio::time::timeout(FIVE_S, conn.read_to_end(&mut rest))
         .await
         .expect("the upstream saw the close")
         .unwrap();
@@ -303,23 +260,10 @@ async fn dropping_a_body_mid_stream_closes_the_connection() {
 async fn a_body_cut_short_is_an_error() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let c = client.clone();
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort")
-        .await
-        .unwrap();
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort";
+    let (sent, conn) = answered(&mut server, &client, FIVE_S, answer).await;
     drop(conn);
-    let body = sending.await.unwrap().unwrap().into_body();
-    let error = body.collect().await.unwrap_err();
+    let error = sent.unwrap().into_body().collect().await.unwrap_err();
     assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
 }
 
@@ -327,19 +271,9 @@ async fn a_body_cut_short_is_an_error() {
 async fn garbage_instead_of_a_head_is_an_exchange_error() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let c = client.clone();
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(b"SSH-2.0-OpenSSH\r\n\r\n").await.unwrap();
-    let error = sending.await.unwrap().unwrap_err();
+    let answer = b"SSH-2.0-OpenSSH\r\n\r\n";
+    let (sent, _conn) = answered(&mut server, &client, FIVE_S, answer).await;
+    let error = sent.unwrap_err();
     assert!(matches!(error, UpstreamError::Exchange { .. }), "{error}");
 }
 
@@ -347,41 +281,18 @@ async fn garbage_instead_of_a_head_is_an_exchange_error() {
 async fn interim_answers_are_skipped_and_the_head_timeout_applies() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let c = client.clone();
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_millis(300)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-        .await
-        .unwrap();
-    let error = sending.await.unwrap().unwrap_err();
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let short = Duration::from_millis(300);
+    let (sent, _conn) = answered(&mut server, &client, short, interim).await;
+    let error = sent.unwrap_err();
     assert!(
         matches!(error, UpstreamError::HeaderTimeout { .. }),
         "{error}"
     );
 
-    let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let sending =
-        tokio::spawn(async move { c.send(&endpoint, request, Duration::from_secs(5)).await });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(format!("HTTP/1.1 100 Continue\r\n\r\n{OK}").as_bytes())
-        .await
-        .unwrap();
-    let response = sending.await.unwrap().unwrap();
+    let answer = format!("HTTP/1.1 100 Continue\r\n\r\n{OK}");
+    let (sent, _conn) = answered(&mut server, &client, FIVE_S, answer.as_bytes()).await;
+    let response = sent.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(body_of(response).await, r#"{"ok":true}"#);
 }
@@ -406,50 +317,16 @@ async fn a_refused_connection_is_a_connect_error() {
 async fn a_connection_idle_past_the_probe_age_and_closed_is_never_written_to() {
     let mut server = server().await;
     let client = client();
-    let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let first = tokio::spawn(async move {
-        body_of(
-            c.send(&endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
-    let mut conn = server.accepted.recv().await.unwrap();
-    read_request(&mut conn).await;
-    conn.write_all(OK.as_bytes()).await.unwrap();
-    first.await.unwrap();
+    let (sent, mut conn) = answered(&mut server, &client, FIVE_S, OK.as_bytes()).await;
+    body_of(sent.unwrap()).await;
     // The server closes the idle connection; the client's clock passes the probe age.
     conn.shutdown().await.unwrap();
     tokio::time::pause();
     tokio::time::advance(PROBE_AFTER * 2).await;
     tokio::time::resume();
 
-    let request = post(&server, "{}");
-    let c = client.clone();
-    let endpoint = Endpoint::new(
-        server.endpoint.base(),
-        &ResilienceConfig::default(),
-        Instant::now(),
-    );
-    let second = tokio::spawn(async move {
-        body_of(
-            c.send(&endpoint, request, Duration::from_secs(5))
-                .await
-                .unwrap(),
-        )
-        .await
-    });
-    let mut fresh = server.accepted.recv().await.unwrap();
-    read_request(&mut fresh).await;
-    fresh.write_all(OK.as_bytes()).await.unwrap();
-    assert_eq!(second.await.unwrap(), r#"{"ok":true}"#);
+    let (sent, _fresh) = answered(&mut server, &client, FIVE_S, OK.as_bytes()).await;
+    assert_eq!(body_of(sent.unwrap()).await, r#"{"ok":true}"#);
     let mut rest = Vec::new();
     conn.read_to_end(&mut rest).await.unwrap();
     assert!(
