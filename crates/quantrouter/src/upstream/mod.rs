@@ -17,7 +17,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};

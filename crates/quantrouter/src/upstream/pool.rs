@@ -234,8 +234,8 @@ fn lighter<'a>(a: &'a Arc<Endpoint>, b: &'a Arc<Endpoint>) -> &'a Arc<Endpoint> 
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The state machines never panic mid-update, so a poisoned lock's data is still sound.
+/// A poisoned lock's data is still sound: nothing locked with this panics mid-update.
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
