@@ -23,7 +23,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The API path, the same upstream as here.
-    pub fn path(self) -> &'static str {
+    pub const fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
@@ -115,12 +115,8 @@ struct WireMessage<'a> {
     content: Option<WireContent<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum WireContent<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Parts(#[serde(borrow)] Vec<WirePart<'a>>),
-}
+/// A message's `content`: a string or an array of content parts.
+type WireContent<'a> = TextOr<'a, WirePart<'a>>;
 
 /// A content part; images and audio carry no `text` and are ignored for scoring.
 #[derive(Deserialize)]
@@ -129,11 +125,54 @@ struct WirePart<'a> {
     text: Option<Cow<'a, str>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum WirePrompt<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+/// A completion `prompt`: a string or an array of strings.
+type WirePrompt<'a> = TextOr<'a, Cow<'a, str>>;
+
+/// A JSON string or an array of `T`, told apart by the value's first token. (serde's
+/// `untagged` enums buffer the whole value first and then try each variant: that cost a
+/// quarter of the request's parse.)
+enum TextOr<'a, T> {
+    Text(Cow<'a, str>),
+    Items(Vec<T>),
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOr<'a, T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextOrVisitor<'a, T>(std::marker::PhantomData<(&'a (), T)>);
+
+        impl<'de: 'a, 'a, T: Deserialize<'de>> serde::de::Visitor<'de> for TextOrVisitor<'a, T> {
+            type Value = TextOr<'a, T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or an array")
+            }
+
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(TextOr::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(TextOr::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
+                Ok(TextOr::Text(Cow::Owned(text)))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(TextOr::Items(items))
+            }
+        }
+
+        deserializer.deserialize_any(TextOrVisitor(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -289,8 +328,8 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
             _ => Role::Other,
         };
         match m.content {
-            Some(WireContent::Text(text)) => segments.push((role, text)),
-            Some(WireContent::Parts(parts)) => {
+            Some(TextOr::Text(text)) => segments.push((role, text)),
+            Some(TextOr::Items(parts)) => {
                 for text in parts.into_iter().filter_map(|p| p.text) {
                     segments.push((role, text));
                 }
@@ -307,8 +346,8 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
 fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiError> {
     let mut segments = Vec::new();
     match prompt.ok_or_else(|| invalid("prompt is required", "prompt"))? {
-        WirePrompt::Text(text) => segments.push((Role::User, text)),
-        WirePrompt::Texts(texts) => {
+        TextOr::Text(text) => segments.push((Role::User, text)),
+        TextOr::Items(texts) => {
             for text in texts {
                 segments.push((Role::User, text));
             }

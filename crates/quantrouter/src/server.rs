@@ -357,8 +357,7 @@ fn assign_request_id(app: &App, mut req: Request<Incoming>) -> Request<Incoming>
         Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
         _ => {
             let n = app.next_id.fetch_add(1, Ordering::Relaxed);
-            let id = format!("qr-{:08x}-{n:x}", app.id_prefix);
-            HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("qr"))
+            request_id(app.id_prefix, n)
         }
     };
     req.extensions_mut().insert(RequestId(id));
@@ -644,11 +643,9 @@ impl Served {
     }
 
     fn labels(&self, snapshot: &Snapshot, decision: &RoutingDecision) -> RequestLabels {
-        let profile = &snapshot.set.profiles[self.profile];
         RequestLabels {
-            profile: profile.id.clone(),
-            tier: profile.tier.clone(),
-            reason: self.reason(decision).as_str(),
+            profile: Arc::clone(&snapshot.telemetry[self.profile]),
+            reason: self.reason(decision),
         }
     }
 }
@@ -686,7 +683,7 @@ fn respond_streaming(
     let prices = Prices::new(snapshot, profile);
     let on_end = Box::new(move |end: BodyEnd| {
         if let Some(failure) = end.failure {
-            telemetry::upstream_error(&labels.profile, failure.kind());
+            telemetry::upstream_error(labels.profile.id(), failure.kind());
         }
         if let Some(usage) = end.usage {
             prices.record(&labels, usage);
@@ -781,27 +778,34 @@ fn finish_head(
     decision: &RoutingDecision,
     served: &Served,
 ) {
+    const PROFILE: HeaderName = HeaderName::from_static("x-quantrouter-profile");
+    const TIER: HeaderName = HeaderName::from_static("x-quantrouter-tier");
+    const REASON: HeaderName = HeaderName::from_static("x-quantrouter-reason");
+    const ATTEMPTS: HeaderName = HeaderName::from_static("x-quantrouter-attempts");
+    const COMPLEXITY: HeaderName = HeaderName::from_static("x-quantrouter-complexity");
     let headers = &mut head.headers;
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
-    let profile = &snapshot.set.profiles[served.profile];
-    let pairs = [
-        ("x-quantrouter-profile", profile.id.as_str()),
-        ("x-quantrouter-tier", profile.tier.as_str()),
-        ("x-quantrouter-reason", served.reason(decision).as_str()),
-    ];
-    for (name, value) in pairs {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), v);
+    // Looked for before removal: a removal hashes the name, a look at the few names an
+    // upstream sends compares them.
+    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        for name in &HOP_BY_HOP {
+            headers.remove(name);
         }
     }
-    headers.insert(
-        HeaderName::from_static("x-quantrouter-attempts"),
-        HeaderValue::from(served.attempts),
-    );
-    if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", decision.complexity)) {
-        headers.insert(HeaderName::from_static("x-quantrouter-complexity"), v);
+    let telemetry = &snapshot.telemetry[served.profile];
+    let values = [
+        (PROFILE, telemetry.profile_header.clone()),
+        (TIER, telemetry.tier_header.clone()),
+        (
+            REASON,
+            Some(HeaderValue::from_static(served.reason(decision).as_str())),
+        ),
+        (ATTEMPTS, Some(attempts_header(served.attempts))),
+        (COMPLEXITY, complexity_header(decision.complexity)),
+    ];
+    for (name, value) in values {
+        if let Some(value) = value {
+            headers.insert(name, value);
+        }
     }
     if let Some(f) = served.fallback {
         let value = format!(
@@ -812,6 +816,53 @@ fn finish_head(
             headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);
         }
     }
+}
+
+/// `x-quantrouter-attempts`: a static value for the usual few attempts.
+fn attempts_header(attempts: u32) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(attempts as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(attempts),
+    }
+}
+
+/// `x-quantrouter-complexity`: the score with three decimals, exactly as `{:.3}` writes it.
+/// A score in [0, 1] not within a hair of a rounding tie is written directly; the
+/// formatter's exact decimal expansion cost ~1,000 instructions per request.
+fn complexity_header(score: f64) -> Option<HeaderValue> {
+    let scaled = score * 1000.0;
+    let near_tie = (scaled - scaled.floor() - 0.5).abs() < 1e-6;
+    if near_tie || !(0.0..=1.0).contains(&score) || score.is_sign_negative() {
+        return HeaderValue::from_str(&format!("{score:.3}")).ok();
+    }
+    // In 0..=1000 by the check above.
+    let milli = scaled.round() as u32;
+    let digit = |n: u32| b'0' + (n % 10) as u8;
+    let text = [
+        digit(milli / 1000),
+        b'.',
+        digit(milli / 100),
+        digit(milli / 10),
+        digit(milli),
+    ];
+    HeaderValue::from_bytes(&text).ok()
+}
+
+/// A generated request id, `qr-<process prefix, 8 hex digits>-<counter in hex>`.
+fn request_id(prefix: u32, n: u64) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 28];
+    text[..3].copy_from_slice(b"qr-");
+    for (i, byte) in text[3..11].iter_mut().enumerate() {
+        *byte = HEX[(prefix >> (28 - 4 * i) & 0xf) as usize];
+    }
+    text[11] = b'-';
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, byte) in text[12..12 + digits].iter_mut().enumerate() {
+        *byte = HEX[(n >> (4 * (digits - 1 - i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&text[..12 + digits]).unwrap_or(HeaderValue::from_static("qr"))
 }
 
 /// Headers for every upstream attempt: JSON content type, the client headers worth
@@ -989,3 +1040,6 @@ impl Default for ServerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

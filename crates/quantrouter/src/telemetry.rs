@@ -2,12 +2,14 @@
 //! functions so names and label sets cannot drift apart (`docs/metrics.md` lists them).
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use http::HeaderValue;
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use quantrouter_policy::ProfileSet;
+use quantrouter_policy::{Profile, ProfileSet, Reason};
 use tokio::time::Instant;
 
 use crate::profiles::Snapshot;
@@ -101,6 +103,7 @@ pub fn metrics_handle() -> PrometheusHandle {
                 tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
             }
             describe();
+            let _ = ROUTED.set([histogram!(OVERHEAD), histogram!(COMPLEXITY)]);
             handle
         })
         .clone()
@@ -231,52 +234,176 @@ pub fn redis_up(up: bool) {
     gauge!(REDIS_UP).set(if up { 1.0 } else { 0.0 });
 }
 
+/// One profile's metric labels, handles and response header values, made once per
+/// snapshot. A `counter!` with labels looks its metric up on every call (a label vector,
+/// its hash, comparisons, a clone of each label string): per request that cost more than
+/// the routing decision. The handles are resolved on first use, when the recorder is
+/// certainly installed (a snapshot can be built before it is).
+#[derive(Debug)]
+pub struct ProfileTelemetry {
+    profile: String,
+    tier: String,
+    /// `x-quantrouter-profile` and `-tier` (`None` when not a valid header value).
+    pub profile_header: Option<HeaderValue>,
+    pub tier_header: Option<HeaderValue>,
+    handles: OnceLock<Handles>,
+    /// `quantrouter_requests_total` by status class and reason.
+    requests: [[OnceLock<Counter>; REASONS.len()]; STATUS_CLASSES.len()],
+}
+
+#[derive(Debug)]
+struct Handles {
+    time_to_first_byte: Histogram,
+    duration: Histogram,
+    input_tokens: Counter,
+    output_tokens: Counter,
+    cost: Arc<Dollars>,
+    counterfactual: Arc<Dollars>,
+}
+
+const STATUS_CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
+const REASONS: [Reason; 8] = [
+    Reason::Utility,
+    Reason::Pinned,
+    Reason::ConstraintsUnmet,
+    Reason::Shadow,
+    Reason::CanaryControl,
+    Reason::FallbackError,
+    Reason::FallbackQuality,
+    Reason::ColdStartAvoided,
+];
+
 /// Labels of one routed request.
 #[derive(Debug, Clone)]
 pub struct RequestLabels {
-    pub profile: String,
-    pub tier: String,
-    pub reason: &'static str,
+    pub profile: Arc<ProfileTelemetry>,
+    pub reason: Reason,
 }
 
+impl ProfileTelemetry {
+    pub fn new(profile: &Profile) -> Self {
+        Self {
+            profile: profile.id.clone(),
+            tier: profile.tier.clone(),
+            profile_header: HeaderValue::from_str(&profile.id).ok(),
+            tier_header: HeaderValue::from_str(&profile.tier).ok(),
+            handles: OnceLock::new(),
+            requests: Default::default(),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.profile
+    }
+
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| {
+            let (profile, tier) = (self.profile.clone(), self.tier.clone());
+            Handles {
+                time_to_first_byte: histogram!(TIME_TO_FIRST_BYTE, "profile" => profile.clone(), "tier" => tier.clone()),
+                duration: histogram!(REQUEST_DURATION, "profile" => profile.clone(), "tier" => tier),
+                input_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "input"),
+                output_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "output"),
+                cost: dollars(COST, &profile),
+                counterfactual: dollars(COUNTERFACTUAL_COST, &profile),
+            }
+        })
+    }
+
+    fn count_request(&self, status: u16, reason: Reason) {
+        let class = match status {
+            200..=299 => 0,
+            400..=499 => 1,
+            500..=599 => 2,
+            _ => 3,
+        };
+        let new = || {
+            counter!(
+                REQUESTS,
+                "profile" => self.profile.clone(),
+                "tier" => self.tier.clone(),
+                "status" => STATUS_CLASSES[class],
+                "reason" => reason.as_str(),
+            )
+        };
+        match REASONS.iter().position(|r| *r == reason) {
+            Some(i) => self.requests[class][i].get_or_init(new).increment(1),
+            None => new().increment(1),
+        }
+    }
+}
+
+/// The unlabelled per-request histograms, resolved once the recorder is installed.
+static ROUTED: OnceLock<[Histogram; 2]> = OnceLock::new();
+
 pub fn routed(complexity: f64, overhead: Duration) {
-    histogram!(OVERHEAD).record(overhead.as_secs_f64());
-    histogram!(COMPLEXITY).record(complexity);
+    match ROUTED.get() {
+        Some([overhead_seconds, score]) => {
+            overhead_seconds.record(overhead.as_secs_f64());
+            score.record(complexity);
+        }
+        None => {
+            histogram!(OVERHEAD).record(overhead.as_secs_f64());
+            histogram!(COMPLEXITY).record(complexity);
+        }
+    }
 }
 
 pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) {
-    histogram!(TIME_TO_FIRST_BYTE, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
+    let profile = &labels.profile;
+    profile
+        .handles()
+        .time_to_first_byte
         .record(elapsed.as_secs_f64());
-    counter!(
-        REQUESTS,
-        "profile" => labels.profile.clone(),
-        "tier" => labels.tier.clone(),
-        "status" => status_class(status),
-        "reason" => labels.reason,
-    )
-    .increment(1);
+    profile.count_request(status, labels.reason);
 }
 
 pub fn finished(labels: &RequestLabels, elapsed: Duration) {
-    histogram!(REQUEST_DURATION, "profile" => labels.profile.clone(), "tier" => labels.tier.clone())
+    labels
+        .profile
+        .handles()
+        .duration
         .record(elapsed.as_secs_f64());
 }
 
 pub fn usage(labels: &RequestLabels, input: u64, output: u64, cost: f64, counterfactual: f64) {
-    let profile = || labels.profile.clone();
-    counter!(TOKENS, "profile" => profile(), "direction" => "input").increment(input);
-    counter!(TOKENS, "profile" => profile(), "direction" => "output").increment(output);
-    let mut costs = lock_costs();
-    *costs.entry((COST, labels.profile.clone())).or_default() += cost;
-    *costs
-        .entry((COUNTERFACTUAL_COST, labels.profile.clone()))
-        .or_default() += counterfactual;
+    let handles = labels.profile.handles();
+    handles.input_tokens.increment(input);
+    handles.output_tokens.increment(output);
+    handles.cost.add(cost);
+    handles.counterfactual.add(counterfactual);
+}
+
+/// A dollar counter: an `f64` kept as its bits, added to without a lock.
+#[derive(Debug, Default)]
+struct Dollars(AtomicU64);
+
+impl Dollars {
+    fn add(&self, amount: f64) {
+        // Infallible: the closure always returns Some.
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + amount).to_bits())
+            });
+    }
+
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// The dollar counter `name` of `profile`, shared by every snapshot that has the profile.
+fn dollars(name: &'static str, profile: &str) -> Arc<Dollars> {
+    Arc::clone(lock_costs().entry((name, profile.to_owned())).or_default())
 }
 
 /// Dollar counters by (metric, profile). The `metrics` facade only has integer counters,
 /// and cents would round cheap requests away, so these few are kept and rendered here.
-fn lock_costs() -> std::sync::MutexGuard<'static, BTreeMap<(&'static str, String), f64>> {
-    static COSTS: OnceLock<Mutex<BTreeMap<(&'static str, String), f64>>> = OnceLock::new();
+type Costs = BTreeMap<(&'static str, String), Arc<Dollars>>;
+
+fn lock_costs() -> std::sync::MutexGuard<'static, Costs> {
+    static COSTS: OnceLock<Mutex<Costs>> = OnceLock::new();
     COSTS
         .get_or_init(Mutex::default)
         .lock()
@@ -304,6 +431,7 @@ pub fn render(handle: &PrometheusHandle) -> String {
         }
         let _ = writeln!(page, "# HELP {name} {text}\n# TYPE {name} counter");
         for ((_, profile), value) in costs.iter().filter(|((metric, _), _)| *metric == name) {
+            let value = value.get();
             let _ = writeln!(page, "{name}{{profile=\"{profile}\"}} {value}");
         }
         let _ = writeln!(page);
@@ -350,13 +478,4 @@ pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
 
 pub fn router_error(code: &'static str) {
     counter!(ERRORS, "code" => code).increment(1);
-}
-
-fn status_class(status: u16) -> &'static str {
-    match status {
-        200..=299 => "2xx",
-        400..=499 => "4xx",
-        500..=599 => "5xx",
-        _ => "other",
-    }
 }

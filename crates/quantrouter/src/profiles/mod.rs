@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::resilience::ResilienceConfig;
-use crate::telemetry;
+use crate::telemetry::{self, ProfileTelemetry};
 use crate::upstream::Pool;
 
 pub mod diff;
@@ -47,6 +47,8 @@ pub struct Snapshot {
     pub pools: Vec<Arc<Pool>>,
     /// `model_json[i]` is `set.profiles[i].model` encoded as a JSON string, ready to splice.
     pub model_json: Vec<String>,
+    /// `telemetry[i]`: metric handles and header values of `set.profiles[i]`.
+    pub telemetry: Vec<Arc<ProfileTelemetry>>,
     pub source: SourceKind,
     pub loaded_at: SystemTime,
 }
@@ -151,10 +153,16 @@ impl Snapshot {
             .iter()
             .map(|p| serde_json::Value::from(p.model.as_str()).to_string())
             .collect();
+        let telemetry = set
+            .profiles
+            .iter()
+            .map(|p| Arc::new(ProfileTelemetry::new(p)))
+            .collect();
         Self {
             set,
             pools,
             model_json,
+            telemetry,
             source,
             loaded_at: SystemTime::now(),
         }

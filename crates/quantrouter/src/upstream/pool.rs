@@ -3,7 +3,7 @@
 //! admission slots and its retry budget.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -27,11 +27,19 @@ pub struct Pool {
     cold_waiting: AtomicU64,
 }
 
+/// The API paths requests are forwarded to.
+const GENERATION_PATHS: [&str; 2] = [
+    crate::openai::Endpoint::Chat.path(),
+    crate::openai::Endpoint::Completions.path(),
+];
+
 /// One upstream base URL (`http://host:port[/prefix]`, no trailing slash) and what the router
 /// knows about it.
 #[derive(Debug)]
 pub struct Endpoint {
     base: String,
+    /// [`Endpoint::uri`] of the generation paths, parsed once instead of per request.
+    generation_uris: [OnceLock<Uri>; GENERATION_PATHS.len()],
     inflight: AtomicU64,
     /// `vllm:num_requests_waiting` from the last scrape.
     waiting: AtomicU64,
@@ -247,6 +255,7 @@ impl Endpoint {
     pub(crate) fn new(base: &str, config: &ResilienceConfig, now: Instant) -> Self {
         Self {
             base: base.to_owned(),
+            generation_uris: Default::default(),
             inflight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             latency_ewma_us: AtomicU64::new(0f64.to_bits()),
@@ -256,10 +265,20 @@ impl Endpoint {
 
     /// The full URI for an API path such as `/v1/chat/completions`.
     pub fn uri(&self, path: &str) -> Result<Uri, UpstreamError> {
-        let mut s = String::with_capacity(self.base.len() + path.len());
-        s.push_str(&self.base);
-        s.push_str(path);
-        s.parse().map_err(|_| UpstreamError::InvalidUrl(s))
+        let parse = || {
+            let mut s = String::with_capacity(self.base.len() + path.len());
+            s.push_str(&self.base);
+            s.push_str(path);
+            s.parse().map_err(|_| UpstreamError::InvalidUrl(s))
+        };
+        let Some(i) = GENERATION_PATHS.iter().position(|p| *p == path) else {
+            return parse();
+        };
+        if let Some(uri) = self.generation_uris[i].get() {
+            return Ok(uri.clone());
+        }
+        let uri = parse()?;
+        Ok(self.generation_uris[i].get_or_init(|| uri).clone())
     }
 
     pub fn base(&self) -> &str {
