@@ -206,8 +206,17 @@ impl Body for UpstreamBody {
                             None => continue,
                         }
                     }
-                    let mut last = BytesMut::from(out.unwrap_or_default());
-                    last.extend_from_slice(&this.carry.split());
+                    // Copied only to append a held-back partial event: a whole answer in
+                    // one frame goes out as it came.
+                    let out = out.unwrap_or_default();
+                    let last = match this.carry.is_empty() {
+                        true => out,
+                        false => {
+                            let mut last = BytesMut::from(out);
+                            last.extend_from_slice(&this.carry.split());
+                            last.freeze()
+                        }
+                    };
                     let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
                     finish(
                         this.held,
@@ -220,7 +229,7 @@ impl Body for UpstreamBody {
                     if last.is_empty() {
                         return Poll::Ready(None);
                     }
-                    return Poll::Ready(Some(Ok(Frame::data(last.freeze()))));
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 Poll::Ready(None) => {
                     let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
