@@ -400,6 +400,18 @@ impl RoutingDecision {
 // === impl Reason ===
 
 impl Reason {
+    /// Every reason, for tables indexed by reason (metric handles).
+    pub const ALL: [Reason; 8] = [
+        Reason::Utility,
+        Reason::Pinned,
+        Reason::ConstraintsUnmet,
+        Reason::Shadow,
+        Reason::CanaryControl,
+        Reason::FallbackError,
+        Reason::FallbackQuality,
+        Reason::ColdStartAvoided,
+    ];
+
     /// The label used in headers and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

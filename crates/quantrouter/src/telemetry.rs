@@ -248,7 +248,7 @@ pub struct ProfileTelemetry {
     pub tier_header: Option<HeaderValue>,
     handles: OnceLock<Handles>,
     /// `quantrouter_requests_total` by status class and reason.
-    requests: [[OnceLock<Counter>; REASONS.len()]; STATUS_CLASSES.len()],
+    requests: [[OnceLock<Counter>; Reason::ALL.len()]; STATUS_CLASSES.len()],
 }
 
 #[derive(Debug)]
@@ -262,16 +262,6 @@ struct Handles {
 }
 
 const STATUS_CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
-const REASONS: [Reason; 8] = [
-    Reason::Utility,
-    Reason::Pinned,
-    Reason::ConstraintsUnmet,
-    Reason::Shadow,
-    Reason::CanaryControl,
-    Reason::FallbackError,
-    Reason::FallbackQuality,
-    Reason::ColdStartAvoided,
-];
 
 /// Labels of one routed request.
 #[derive(Debug, Clone)]
@@ -326,7 +316,7 @@ impl ProfileTelemetry {
                 "reason" => reason.as_str(),
             )
         };
-        match REASONS.iter().position(|r| *r == reason) {
+        match Reason::ALL.iter().position(|r| *r == reason) {
             Some(i) => self.requests[class][i].get_or_init(new).increment(1),
             None => new().increment(1),
         }

@@ -322,3 +322,21 @@ fn queue_wait_grows_with_load_beyond_capacity() {
     assert!((w - one_round).abs() < 1e-9, "{w}");
     assert!(queue_wait_ms(p, 0, 10, 100) > 0.0);
 }
+
+#[test]
+fn all_lists_every_reason_once_in_order() {
+    for (i, reason) in Reason::ALL.iter().enumerate() {
+        // Exhaustive: a new variant does not compile here until `ALL` has it too.
+        let position = match reason {
+            Reason::Utility => 0,
+            Reason::Pinned => 1,
+            Reason::ConstraintsUnmet => 2,
+            Reason::Shadow => 3,
+            Reason::CanaryControl => 4,
+            Reason::FallbackError => 5,
+            Reason::FallbackQuality => 6,
+            Reason::ColdStartAvoided => 7,
+        };
+        assert_eq!(i, position, "{}", reason.as_str());
+    }
+}
