@@ -13,3 +13,21 @@ wait_ready() {
     echo "$(basename "$0"): $1 never answered" >&2
     exit 1
 }
+
+# start_zero_sim: starts a zero-latency vllm-sim serving `sim-model` on a free port (its pid
+# joins PIDS, the port is in sim_port) and writes $WORK/profiles.json: one profile that
+# sends everything there. Needs BIN and WORK.
+start_zero_sim() {
+    sim_port="$(free_port)"
+    "$BIN/vllm-sim" --listen "127.0.0.1:$sim_port" --model sim-model --ttft-ms 0 --itl-ms 0 \
+        --max-num-seqs 1024 >"$WORK/sim.log" 2>&1 &
+    PIDS+=($!)
+    wait_ready "http://127.0.0.1:$sim_port/health"
+    cat >"$WORK/profiles.json" <<JSON
+{"version":1,"default_profile":"sim","policy":{},"profiles":[
+{"id":"sim","model":"sim-model","quantization":"fp16","tier":"fp16",
+ "upstream":{"urls":["http://127.0.0.1:$sim_port"]},
+ "cost_per_1m_input_tokens":0.1,"cost_per_1m_output_tokens":0.2,"latency":{"ttft_ms":10,"itl_ms":1},
+ "quality":{"default":0.99},"max_context_tokens":16384,"max_concurrency":4096,"chars_per_token":4.0}]}
+JSON
+}
