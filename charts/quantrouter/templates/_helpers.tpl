@@ -160,6 +160,7 @@ args:
   {{- end }}
   - --log-format={{ $v.router.logFormat }}
   - --discovery={{ $v.router.discovery }}
+  - --workers={{ $v.router.workers }}
   - --shutdown-delay-ms={{ $v.router.shutdown.delayMs }}
   - --shutdown-grace-ms={{ $v.router.shutdown.graceMs }}
   {{- range $v.router.modelAliases }}

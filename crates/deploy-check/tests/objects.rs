@@ -343,6 +343,8 @@ fn router_follows_the_flag_probe_shutdown_and_security_contract() {
                 "--redis-prefix",
                 "--log-format",
                 "--discovery",
+                // Without it a pod with no CPU limit starts a thread per node core.
+                "--workers",
             ] {
                 assert!(
                     flag(&a, required).is_some(),

@@ -213,6 +213,11 @@ pub struct ServeArgs {
     /// endpointslices; see docs/operations.md).
     #[arg(long, env = "QUANTROUTER_DISCOVERY", value_enum, default_value = "dns")]
     pub discovery: DiscoveryMode,
+    /// Threads serving the public port, each with its own runtime and listening socket; a
+    /// connection stays on one thread. Default: one per CPU the process may use (a cgroup
+    /// CPU limit counts; a node's cores do when the pod has none).
+    #[arg(long, env = "QUANTROUTER_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: Option<u16>,
     /// Log format.
     #[arg(
         long,
@@ -560,8 +565,12 @@ fn read_profile_file(path: &Path, seed_endpoints: &[String]) -> Result<ProfileSe
     result.map_err(|e| CliError::Invalid(format!("{}:\n{e}", path.display())))
 }
 
+/// The runtime of everything but the public port's requests (admin port, profile sources,
+/// discovery, scraping, KEDA): light work that one thread keeps up with. The requests run on
+/// the server's own worker threads.
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|e| CliError::Io(format!("starting the runtime: {e}")))
@@ -611,6 +620,9 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         }),
         log_prompts: args.log_prompts,
         keda,
+        workers: args
+            .workers
+            .map_or_else(crate::workers::default_count, usize::from),
     };
     let server = Server::start(config, store)
         .await
@@ -938,6 +950,15 @@ mod tests {
             OptionalListen(Some("127.0.0.1:7".parse().unwrap()))
         );
         assert!(parse_with_config(argv(&["serve", "--keda-scaler-listen", "nope"])).is_err());
+    }
+
+    #[test]
+    fn workers_are_one_per_cpu_unless_set_and_never_zero() {
+        let args = serve_args(parse_with_config(argv(&["serve"])).unwrap());
+        assert_eq!(args.workers, None);
+        let args = serve_args(parse_with_config(argv(&["serve", "--workers", "3"])).unwrap());
+        assert_eq!(args.workers, Some(3));
+        assert!(parse_with_config(argv(&["serve", "--workers", "0"])).is_err());
     }
 
     #[test]

@@ -17,3 +17,4 @@ pub mod telemetry;
 pub mod tls;
 pub mod traces;
 pub mod upstream;
+pub mod workers;

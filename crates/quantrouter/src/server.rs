@@ -25,7 +25,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
 use quantrouter_policy::{check_answer, Reason, RoutingDecision};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -46,6 +46,7 @@ use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{
     scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient, UpstreamIncoming,
 };
+use crate::workers;
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
@@ -77,6 +78,8 @@ pub struct ServerConfig {
     pub log_prompts: bool,
     /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
     pub keda: KedaConfig,
+    /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
+    pub workers: usize,
 }
 
 /// Request id, from `x-request-id` or assigned; a request extension.
@@ -134,16 +137,17 @@ const FORWARDED: [HeaderName; 5] = [
 impl Server {
     /// Binds both ports and starts serving on the current runtime.
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
-        let public = listen(config.listen)?;
+        let public = workers::bind(config.listen, config.workers, LISTEN_BACKLOG)?;
+        let public_addr = public[0].local_addr()?;
         let admin = listen(config.admin_listen)?;
         let scaler = match config.scaler_listen {
             Some(addr) => Some(listen(addr)?),
             None => None,
         };
-        let (public_addr, admin_addr) = (public.local_addr()?, admin.local_addr()?);
+        let admin_addr = admin.local_addr()?;
         let scaler_addr = scaler.as_ref().map(TcpListener::local_addr).transpose()?;
         store.configure(config.resilience);
-        let client = UpstreamClient::new(config.client);
+        let client = UpstreamClient::new(config.client, config.workers);
         let scraper = scrape::spawn(
             Arc::clone(&store),
             client.clone(),
@@ -168,18 +172,24 @@ impl Server {
         });
         let (stop, stopped) = watch::channel(false);
         let public_app = Arc::clone(&app);
-        let public_task = tokio::spawn(accept_loop(
-            public,
-            stopped.clone(),
-            move |stream, watcher| serve_public(Arc::clone(&public_app), stream, watcher),
-        ));
+        let public_stopped = stopped.clone();
+        let serve_worker = move |listener| {
+            let app = Arc::clone(&public_app);
+            accept_loop(listener, public_stopped.clone(), move |stream, watcher| {
+                serve_public(Arc::clone(&app), stream, watcher)
+            })
+        };
+        // The workers' ends are awaited like the tasks below.
+        let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, serve_worker)?
+            .into_iter()
+            .map(|finished| tokio::spawn(async { finished.await.unwrap_or(()) }))
+            .collect();
         let admin_app = Arc::clone(&app);
-        let admin_task = tokio::spawn(accept_loop(
+        tasks.push(tokio::spawn(accept_loop(
             admin,
             stopped.clone(),
             move |stream, watcher| serve_admin(Arc::clone(&admin_app), stream, watcher),
-        ));
-        let mut tasks = vec![public_task, admin_task];
+        )));
         if let Some(listener) = scaler {
             let scaler = Scaler::new(
                 Arc::clone(&app.store),
@@ -251,11 +261,7 @@ impl Server {
 const LISTEN_BACKLOG: u32 = 4096;
 
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
+    let socket = workers::socket(addr)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
 }
@@ -1037,6 +1043,7 @@ impl Default for ServerConfig {
             traces: None,
             log_prompts: false,
             keda: KedaConfig::default(),
+            workers: workers::default_count(),
         }
     }
 }

@@ -48,7 +48,8 @@ pub struct ClientConfig {
     /// vLLM sends headers when the first token is ready; a long queue can take a while, but
     /// a minute with nothing means the pod is stuck.
     pub header_timeout: Duration,
-    /// Idle keep-alive connections per endpoint; enough for bursts without hoarding sockets.
+    /// Idle keep-alive connections per endpoint and worker thread; enough for bursts without
+    /// hoarding sockets.
     pub max_idle_per_host: usize,
 }
 
@@ -89,10 +90,13 @@ const NOT_FORWARDED: [HeaderName; 6] = [
     header::UPGRADE,
 ];
 
-/// Idle keep-alive connections by `host:port`, most recently used last.
+/// Idle keep-alive connections by `host:port`, most recently used last, one pool per worker
+/// thread ([`crate::workers`]) and one for every other thread. A tokio socket is bound to the
+/// runtime that opened it: on another worker's runtime each of its events would first wake
+/// the thread that owns it.
 #[derive(Debug)]
 struct IdlePool {
-    by_authority: Mutex<IdleConnections>,
+    by_worker: Box<[Mutex<IdleConnections>]>,
     max_per_host: usize,
 }
 
@@ -118,10 +122,11 @@ struct ExchangeFailure {
 // === impl UpstreamClient ===
 
 impl UpstreamClient {
-    pub fn new(config: ClientConfig) -> Self {
+    /// A client for use on any thread and on the `workers` worker threads.
+    pub fn new(config: ClientConfig, workers: usize) -> Self {
         Self {
             idle: Arc::new(IdlePool {
-                by_authority: Mutex::default(),
+                by_worker: (0..=workers).map(|_| Mutex::default()).collect(),
                 max_per_host: config.max_idle_per_host,
             }),
             connect_timeout: config.connect_timeout,
@@ -566,9 +571,11 @@ impl IdlePool {
         self.lock().map.get(authority).map_or(0, Vec::len)
     }
 
+    /// The calling thread's pool: each worker's lock is only ever taken by that worker.
     fn lock(&self) -> MutexGuard<'_, IdleConnections> {
+        let pool = &self.by_worker[crate::workers::current() % self.by_worker.len()];
         // Every step under the lock is a push, pop or retain: never a half-done update.
-        super::pool::lock(&self.by_authority)
+        super::pool::lock(pool)
     }
 }
 

@@ -39,7 +39,7 @@ async fn server() -> Server {
 }
 
 fn client() -> UpstreamClient {
-    UpstreamClient::new(ClientConfig::default())
+    UpstreamClient::new(ClientConfig::default(), 0)
 }
 
 fn post(server: &Server, body: &'static str) -> Request<Bytes> {
@@ -182,6 +182,38 @@ async fn reuses_a_kept_alive_connection_once_the_body_ended() {
     assert!(
         server.accepted.try_recv().is_err(),
         "a second connection was opened"
+    );
+}
+
+#[tokio::test]
+async fn each_worker_thread_reuses_only_the_connections_it_opened() {
+    let mut server = server().await;
+    let client = UpstreamClient::new(ClientConfig::default(), 2);
+    for (worker, opens) in [(1, true), (2, true), (1, false), (2, false)] {
+        crate::workers::set_current(worker);
+        let sending = spawn_send(&client, &server, post(&server, "{}"), FIVE_S);
+        if opens {
+            let accepted = tokio::time::timeout(FIVE_S, server.accepted.recv()).await;
+            let mut conn = accepted.expect("no new connection").unwrap();
+            tokio::spawn(async move {
+                loop {
+                    read_request(&mut conn).await;
+                    conn.write_all(OK.as_bytes()).await.unwrap();
+                }
+            });
+        }
+        assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
+        assert_eq!(
+            client.idle_connections(&server.authority),
+            1,
+            "worker {worker}"
+        );
+    }
+    crate::workers::set_current(0);
+    assert_eq!(client.idle_connections(&server.authority), 0);
+    assert!(
+        server.accepted.try_recv().is_err(),
+        "a worker opened a connection while it had one idle"
     );
 }
 
