@@ -31,3 +31,29 @@ start_zero_sim() {
  "quality":{"default":0.99},"max_context_tokens":16384,"max_concurrency":4096,"chars_per_token":4.0}]}
 JSON
 }
+
+# settle: waits, at most SETTLE_MAX_S (default 120) seconds, until the machine is quiet —
+# under 10% of its CPU time busy over one second — so that a backlog one target is still
+# working through (LiteLLM after an overload) does not slow the run that comes next.
+settle() {
+    local i busy=0
+    for i in $(seq "${SETTLE_MAX_S:-120}"); do
+        busy="$(cpu_busy_percent)"
+        ((busy < 10)) && return 0
+    done
+    echo "$(basename "$0"): the machine stayed busy (${busy}% of CPU time) before the next run" >&2
+}
+
+# cpu_busy_percent: the share of all CPUs' time, in percent, spent busy over the next second.
+cpu_busy_percent() {
+    local before after
+    before="$(head -1 /proc/stat)"
+    sleep 1
+    after="$(head -1 /proc/stat)"
+    awk -v a="$before" -v b="$after" 'BEGIN {
+        n = split(a, x); split(b, y); total = 0
+        for (i = 2; i <= n; i++) total += y[i] - x[i]
+        idle = (y[5] - x[5]) + (y[6] - x[6])
+        print (total > 0) ? int(100 * (total - idle) / total) : 0
+    }'
+}
