@@ -135,7 +135,8 @@ const FORWARDED: [HeaderName; 5] = [
 // === impl Server ===
 
 impl Server {
-    /// Binds both ports and starts serving on the current runtime.
+    /// Binds the ports and starts serving: the public port on `config.workers` threads of its
+    /// own ([`crate::workers`]), everything else on the current runtime.
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
         let public = workers::bind(config.listen, config.workers, LISTEN_BACKLOG)?;
         let public_addr = public[0].local_addr()?;
