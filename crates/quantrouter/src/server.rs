@@ -183,7 +183,7 @@ impl Server {
         // The workers' ends are awaited like the tasks below.
         let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, serve_worker)?
             .into_iter()
-            .map(|finished| tokio::spawn(async { finished.await.unwrap_or(()) }))
+            .map(|finished| tokio::spawn(async { finished.await.unwrap_or_default() }))
             .collect();
         let admin_app = Arc::clone(&app);
         tasks.push(tokio::spawn(accept_loop(

@@ -80,6 +80,16 @@ async fn read_request(conn: &mut TcpStream) -> String {
 const OK: &str =
     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
 
+/// Answers [`OK`] to every request on a server-side connection, from a task of its own.
+fn answer_every_request(mut conn: TcpStream) {
+    tokio::spawn(async move {
+        loop {
+            read_request(&mut conn).await;
+            conn.write_all(OK.as_bytes()).await.unwrap();
+        }
+    });
+}
+
 async fn body_of(response: Response<UpstreamIncoming>) -> Bytes {
     response.into_body().collect().await.unwrap().to_bytes()
 }
@@ -168,13 +178,7 @@ async fn reuses_a_kept_alive_connection_once_the_body_ended() {
         let sending = spawn_send(&client, &server, request, FIVE_S);
         // Only the first request opens a connection; the others come on it.
         if client.idle_connections(&server.authority) == 0 && server.accepted.is_empty() {
-            let mut conn = server.accepted.recv().await.unwrap();
-            tokio::spawn(async move {
-                loop {
-                    read_request(&mut conn).await;
-                    conn.write_all(OK.as_bytes()).await.unwrap();
-                }
-            });
+            answer_every_request(server.accepted.recv().await.unwrap());
         }
         assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
         assert_eq!(client.idle_connections(&server.authority), 1);
@@ -194,13 +198,7 @@ async fn each_worker_thread_reuses_only_the_connections_it_opened() {
         let sending = spawn_send(&client, &server, post(&server, "{}"), FIVE_S);
         if opens {
             let accepted = tokio::time::timeout(FIVE_S, server.accepted.recv()).await;
-            let mut conn = accepted.expect("no new connection").unwrap();
-            tokio::spawn(async move {
-                loop {
-                    read_request(&mut conn).await;
-                    conn.write_all(OK.as_bytes()).await.unwrap();
-                }
-            });
+            answer_every_request(accepted.expect("no new connection").unwrap());
         }
         assert_eq!(sent_body(sending).await, r#"{"ok":true}"#);
         assert_eq!(
