@@ -15,9 +15,11 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
+use tokio::time::MissedTickBehavior;
 
 thread_local! {
     static WORKER: Cell<usize> = const { Cell::new(0) };
@@ -99,10 +101,12 @@ where
                 .spawn(move || {
                     WORKER.with(|w| w.set(i + 1));
                     runtime.block_on(async move {
+                        let tick = tokio::spawn(tick_every_second());
                         match TcpListener::from_std(listener) {
                             Ok(listener) => serve(listener).await,
                             Err(error) => tracing::error!(%error, "worker cannot listen"),
                         }
+                        tick.abort();
                     });
                     // Connections still open after `serve` (past the grace period) are
                     // dropped with the runtime.
@@ -111,6 +115,22 @@ where
             Ok(finished)
         })
         .collect()
+}
+
+/// Keeps a timer due within a second pending on a worker's runtime.
+///
+/// tokio wakes its own driver — an `eventfd` write, then one more `epoll_wait` — whenever a
+/// timer is registered that is due before the driver's planned wake-up, and always when no
+/// timer was pending as it went to sleep. A request's header and body timeouts (tens of
+/// seconds) were registered on an otherwise timer-free worker, so every request paid those
+/// two system calls. With this tick pending the planned wake-up is at most a second away and
+/// timeouts longer than that register without one; the cost is a wake-up a second.
+async fn tick_every_second() {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
 }
 
 #[cfg(test)]
