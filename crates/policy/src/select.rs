@@ -412,6 +412,11 @@ impl Reason {
         Reason::ColdStartAvoided,
     ];
 
+    /// Position in [`Reason::ALL`], for tables indexed by reason.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The label used in headers and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -307,19 +307,17 @@ impl ProfileTelemetry {
             500..=599 => 2,
             _ => 3,
         };
-        let new = || {
-            counter!(
-                REQUESTS,
-                "profile" => self.profile.clone(),
-                "tier" => self.tier.clone(),
-                "status" => STATUS_CLASSES[class],
-                "reason" => reason.as_str(),
-            )
-        };
-        match Reason::ALL.iter().position(|r| *r == reason) {
-            Some(i) => self.requests[class][i].get_or_init(new).increment(1),
-            None => new().increment(1),
-        }
+        self.requests[class][reason.index()]
+            .get_or_init(|| {
+                counter!(
+                    REQUESTS,
+                    "profile" => self.profile.clone(),
+                    "tier" => self.tier.clone(),
+                    "status" => STATUS_CLASSES[class],
+                    "reason" => reason.as_str(),
+                )
+            })
+            .increment(1);
     }
 }
 
@@ -468,4 +466,50 @@ pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
 
 pub fn router_error(code: &'static str) {
     counter!(ERRORS, "code" => code).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use quantrouter_policy::DEFAULT_PROFILE_SET;
+
+    use super::*;
+
+    #[test]
+    fn requests_are_counted_by_profile_status_class_and_reason() {
+        let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).expect("the default set parses");
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let page = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let first = ProfileTelemetry::new(&set.profiles[0]);
+            let second = ProfileTelemetry::new(&set.profiles[1]);
+            first.count_request(200, Reason::Utility);
+            first.count_request(204, Reason::Utility);
+            first.count_request(200, Reason::Pinned);
+            first.count_request(503, Reason::FallbackError);
+            second.count_request(429, Reason::ColdStartAvoided);
+            second.count_request(101, Reason::Pinned);
+        });
+        let page = page.render();
+        let series = |profile: &Profile, status: &str, reason: &str| {
+            format!(
+                "{REQUESTS}{{profile=\"{}\",tier=\"{}\",status=\"{status}\",reason=\"{reason}\"}}",
+                profile.id, profile.tier
+            )
+        };
+        let (p0, p1) = (&set.profiles[0], &set.profiles[1]);
+        for (series, count) in [
+            (series(p0, "2xx", "utility"), 2),
+            (series(p0, "2xx", "pinned"), 1),
+            (series(p0, "5xx", "fallback_error"), 1),
+            (series(p1, "4xx", "cold_start_avoided"), 1),
+            (series(p1, "other", "pinned"), 1),
+        ] {
+            assert!(
+                page.contains(&format!("{series} {count}\n")),
+                "{series} {count} in:\n{page}"
+            );
+        }
+        assert_eq!(page.matches(&format!("{REQUESTS}{{")).count(), 5, "{page}");
+    }
 }

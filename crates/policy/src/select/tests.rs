@@ -338,5 +338,6 @@ fn all_lists_every_reason_once_in_order() {
             Reason::ColdStartAvoided => 7,
         };
         assert_eq!(i, position, "{}", reason.as_str());
+        assert_eq!(reason.index(), i, "{}", reason.as_str());
     }
 }
