@@ -14,22 +14,42 @@ wait_ready() {
     exit 1
 }
 
-# start_zero_sim: starts a zero-latency vllm-sim serving `sim-model` on a free port (its pid
-# joins PIDS, the port is in sim_port) and writes $WORK/profiles.json: one profile that
-# sends everything there. Needs BIN and WORK.
+# start_zero_sim [MODEL]: starts a zero-latency vllm-sim serving MODEL (default `sim-model`)
+# on a free port (its pid joins PIDS, the port is in sim_port) and writes
+# $WORK/profiles.json: one profile that sends everything there. Needs BIN and WORK.
 start_zero_sim() {
+    local model=${1:-sim-model}
     sim_port="$(free_port)"
-    "$BIN/vllm-sim" --listen "127.0.0.1:$sim_port" --model sim-model --ttft-ms 0 --itl-ms 0 \
-        --max-num-seqs 1024 >"$WORK/sim.log" 2>&1 &
+    "$BIN/vllm-sim" --listen "127.0.0.1:$sim_port" --model "$model" --ttft-ms 0 --itl-ms 0 \
+        --max-num-seqs 1024 >>"$WORK/sim.log" 2>&1 &
     PIDS+=($!)
     wait_ready "http://127.0.0.1:$sim_port/health"
     cat >"$WORK/profiles.json" <<JSON
 {"version":1,"default_profile":"sim","policy":{},"profiles":[
-{"id":"sim","model":"sim-model","quantization":"fp16","tier":"fp16",
+{"id":"sim","model":"$model","quantization":"fp16","tier":"fp16",
  "upstream":{"urls":["http://127.0.0.1:$sim_port"]},
  "cost_per_1m_input_tokens":0.1,"cost_per_1m_output_tokens":0.2,"latency":{"ttft_ms":10,"itl_ms":1},
  "quality":{"default":0.99},"max_context_tokens":16384,"max_concurrency":4096,"chars_per_token":4.0}]}
 JSON
+}
+
+# serve_router PROFILES COMMAND...: runs `COMMAND... serve` (the router binary, or a wrapper
+# such as `env QUANTROUTER_WORKERS=1 valgrind ... BINARY`) on free loopback ports with the
+# profile file PROFILES and no KEDA port, logging to $WORK/router.log; waits until it is
+# ready (READY_TRIES polls of 0.1 s, default 100). Sets router_pid (joins PIDS), router_url
+# and router_admin_url.
+serve_router() {
+    local profiles=$1 port admin
+    shift
+    port="$(free_port)" admin="$(free_port)"
+    "$@" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+        --profiles "$profiles" --log-format text --keda-scaler-listen off \
+        >>"$WORK/router.log" 2>&1 &
+    router_pid=$!
+    PIDS+=("$router_pid")
+    router_url="http://127.0.0.1:$port"
+    router_admin_url="http://127.0.0.1:$admin"
+    wait_ready "$router_admin_url/readyz" "${READY_TRIES:-100}"
 }
 
 # settle: waits, at most SETTLE_MAX_S (default 120) seconds, until the machine is quiet —
