@@ -1,7 +1,7 @@
 //! The HTTP servers: the public OpenAI-compatible port and the admin port.
 //!
-//! The public request path reads top-down: [`public_service`] assigns a request id, then
-//! [`handle`] dispatches; a generation request goes auth → content type → bounded body read
+//! The public request path reads top-down: [`handle`] takes or assigns the request id and
+//! dispatches; a generation request goes auth → content type → bounded body read
 //! → parse ([`crate::openai`]) → decision ([`crate::routing`]) → upstream
 //! ([`crate::upstream`]), and the upstream body streams back frame by frame.
 
@@ -29,7 +29,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tower::ServiceBuilder;
 use tracing::Instrument;
 
 use crate::admin;
@@ -81,10 +80,6 @@ pub struct ServerConfig {
     /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
     pub workers: usize,
 }
-
-/// Request id, from `x-request-id` or assigned; a request extension.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
 
 /// Shared state of one router.
 #[derive(Debug)]
@@ -299,7 +294,7 @@ where
 /// HTTP/2 preface: an ingress or sidecar in front (Envoy, Istio) can multiplex many streams
 /// over a few connections instead of holding a descriptor per open stream.
 fn serve_public(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
-    let service = TowerToHyperService::new(public_service(app));
+    let service = public_service(app);
     Box::pin(async move {
         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -335,73 +330,59 @@ fn serve_scaler(scaler: Scaler, stream: TcpStream, watcher: Watcher) -> ServeFut
     })
 }
 
-/// The public request path as a tower stack, top-down:
-/// 1. `map_request(assign_request_id)` — every log line, upstream call and response
-///    carries one id; adds the [`RequestId`] extension.
-/// 2. `handle` — dispatch by route; consumes [`RequestId`].
-pub fn public_service(
+/// The public request path: [`handle`], boxed — the request's whole state machine (~5 KB)
+/// is freed once the response head is out. Inline, an HTTP/2 stream's task would hold it for
+/// as long as the body streams — minutes for a long generation.
+fn public_service(
     app: Arc<App>,
-) -> impl tower::Service<
+) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<ResponseBody>,
     Error = Infallible,
-    Future = impl Send,
+    Future = impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
 > + Clone {
-    let assign = Arc::clone(&app);
-    ServiceBuilder::new()
-        .map_request(move |req| assign_request_id(&assign, req))
-        .service(tower::service_fn(move |req| {
-            let app = Arc::clone(&app);
-            // Boxed: the request's whole state machine (~5 KB) is freed once the response
-            // head is out. Inline, an HTTP/2 stream's task would hold it for as long as the
-            // body streams — minutes for a long generation.
-            Box::pin(async move { Ok(handle(app, req).await) })
-        }))
+    hyper::service::service_fn(move |req| {
+        let app = Arc::clone(&app);
+        Box::pin(async move { Ok(handle(app, req).await) })
+    })
 }
 
-fn assign_request_id(app: &App, mut req: Request<Incoming>) -> Request<Incoming> {
-    let id = match req.headers().get(&REQUEST_ID) {
+/// The request's id: its `x-request-id` (1 to 128 bytes), else `qr-<prefix>-<counter>`.
+/// Every log line, upstream call and the response carry it.
+fn request_id_of(app: &App, headers: &HeaderMap) -> HeaderValue {
+    match headers.get(&REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => {
-            let n = app.next_id.fetch_add(1, Ordering::Relaxed);
-            request_id(app.id_prefix, n)
-        }
-    };
-    req.extensions_mut().insert(RequestId(id));
-    req
+        _ => request_id(app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed)),
+    }
 }
 
 async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ResponseBody> {
-    let id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let id = request_id_of(&app, req.headers());
     // Debug lines of a request carry its id through this span. It is a debug span: at the
     // default level an enabled span per request (its registry slot and formatted fields)
     // cost ~5-10% of the router's saturation throughput, so the few info and warn lines of
     // a request name `request_id` themselves.
-    let span = tracing::debug_span!(
-        "request",
-        id = id
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-    );
+    let span = tracing::debug_span!("request", id = id.to_str().unwrap_or_default());
     dispatch(app, req, id).instrument(span).await
 }
 
 async fn dispatch(
     app: Arc<App>,
     req: Request<Incoming>,
-    id: Option<HeaderValue>,
+    id: HeaderValue,
 ) -> Response<ResponseBody> {
     let started = Instant::now();
     // An HTTP/1.1 request whose body may be left unread by an early rejection (see below).
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     let result = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat, started).await,
+        (&Method::POST, "/v1/chat/completions") => {
+            proxy(&app, req, Endpoint::Chat, started, &id).await
+        }
         (&Method::POST, "/v1/completions") => {
-            proxy(&app, req, Endpoint::Completions, started).await
+            proxy(&app, req, Endpoint::Completions, started, &id).await
         }
         (&Method::GET, "/v1/models") => models(&app, req.headers()),
-        (&Method::POST, "/v1/route") => dry_run(&app, req).await,
+        (&Method::POST, "/v1/route") => dry_run(&app, req, &id).await,
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/v1/route") => {
             Err(ApiError::MethodNotAllowed)
         }
@@ -422,9 +403,7 @@ async fn dispatch(
         }
         response
     });
-    if let Some(id) = id {
-        response.headers_mut().insert(REQUEST_ID, id);
-    }
+    response.headers_mut().insert(REQUEST_ID, id);
     response
 }
 
@@ -434,13 +413,14 @@ async fn proxy(
     req: Request<Incoming>,
     endpoint: Endpoint,
     started: Instant,
+    id: &HeaderValue,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let trace = app
         .config
         .traces
         .as_ref()
         .map(|traces| RequestTrace::start(traces, req.headers(), endpoint.path()));
-    let result = route_and_forward(app, req, endpoint, started, trace.as_ref()).await;
+    let result = route_and_forward(app, req, endpoint, started, trace.as_ref(), id).await;
     if let (Err(error), Some(trace)) = (&result, &trace) {
         trace.fail(error.status().as_u16(), error.to_string());
     }
@@ -453,16 +433,13 @@ async fn route_and_forward(
     endpoint: Endpoint,
     started: Instant,
     trace: Option<&RequestTrace>,
+    id: &HeaderValue,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let (parts, body) = req.into_parts();
     app.authorize(&parts.headers)?;
     check_content_type(&parts.headers)?;
     let body = read_body(body, &parts.headers, app.config.body_limit).await?;
-    let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone());
-    let key = request_id
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let key = id.to_str().unwrap_or_default();
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
     let routed = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
@@ -510,7 +487,7 @@ async fn route_and_forward(
             ],
         );
     }
-    let headers = upstream_headers(&parts.headers, request_id.as_ref());
+    let headers = upstream_headers(&parts.headers, id);
     let plan = Plan {
         snapshot: &snapshot,
         decision: &decision,
@@ -874,7 +851,7 @@ fn request_id(prefix: u32, n: u64) -> HeaderValue {
 
 /// Headers for every upstream attempt: JSON content type, the client headers worth
 /// forwarding, and the request id.
-fn upstream_headers(client: &HeaderMap, request_id: Option<&HeaderValue>) -> HeaderMap {
+fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(FORWARDED.len() + 2);
     headers.insert(
         header::CONTENT_TYPE,
@@ -885,9 +862,7 @@ fn upstream_headers(client: &HeaderMap, request_id: Option<&HeaderValue>) -> Hea
             headers.insert(name.clone(), v.clone());
         }
     }
-    if let Some(id) = request_id {
-        headers.insert(REQUEST_ID, id.clone());
-    }
+    headers.insert(REQUEST_ID, request_id.clone());
     headers
 }
 
@@ -976,7 +951,11 @@ fn models(app: &App, headers: &HeaderMap) -> Result<Response<ResponseBody>, ApiE
 }
 
 /// `POST /v1/route`: the decision for a chat or completion body, with every candidate.
-async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseBody>, ApiError> {
+async fn dry_run(
+    app: &App,
+    req: Request<Incoming>,
+    id: &HeaderValue,
+) -> Result<Response<ResponseBody>, ApiError> {
     #[derive(Deserialize)]
     struct Shape {
         #[serde(default)]
@@ -993,11 +972,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     };
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
-    let key = parts
-        .extensions
-        .get::<RequestId>()
-        .and_then(|r| r.0.to_str().ok())
-        .unwrap_or_default();
+    let key = id.to_str().unwrap_or_default();
     let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
     let explain = crate::routing::explain(&snapshot.set, &decision.decision, decision_us);

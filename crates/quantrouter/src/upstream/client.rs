@@ -359,7 +359,9 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(Response<()>, usize)>> {
         .code
         .and_then(|c| StatusCode::from_u16(c).ok())
         .ok_or_else(|| invalid("invalid status code".into()))?;
-    let mut map = HeaderMap::with_capacity(parsed.headers.len());
+    // Room for the headers the router adds before passing the head on (the request id and
+    // the `x-quantrouter-*` ones): growing the map for them cost two reallocations.
+    let mut map = HeaderMap::with_capacity(parsed.headers.len() + 7);
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes());
         let value = HeaderValue::from_bytes(h.value);
