@@ -5,6 +5,7 @@
 //! from the pure `quantrouter-policy` crate.
 
 pub mod admin;
+pub mod allocator;
 pub mod cli;
 pub mod discovery;
 pub mod keda;

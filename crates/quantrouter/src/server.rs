@@ -106,6 +106,7 @@ pub struct Server {
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
     upkeep: JoinHandle<()>,
+    trim: JoinHandle<()>,
     publisher: Option<Publisher>,
 }
 
@@ -156,6 +157,7 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
+        let trim = crate::allocator::spawn_trim();
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
             store,
@@ -208,6 +210,7 @@ impl Server {
             tasks,
             scraper,
             upkeep,
+            trim,
             publisher,
         })
     }
@@ -239,6 +242,7 @@ impl Server {
         }
         self.scraper.abort();
         self.upkeep.abort();
+        self.trim.abort();
         // Last: until the requests above drained they were load KEDA had to see.
         if let Some(publisher) = self.publisher {
             publisher.stop().await;
