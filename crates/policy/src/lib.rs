@@ -23,6 +23,8 @@
 //! assert_eq!(decision.reason.as_str(), "utility");
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod audit;
 mod features;
 mod profile;
