@@ -1,5 +1,25 @@
 # Shell helpers shared by the bench scripts (sourced, not run).
 
+# temp_workdir NAME: WORK, a new temporary directory, and PIDS, an empty list; when the
+# script exits, every process in PIDS is killed and WORK removed.
+temp_workdir() {
+    WORK="$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")"
+    PIDS=()
+    trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+}
+
+# require_tool TOOL: exits the script, saying why, unless TOOL is installed.
+require_tool() {
+    command -v "$1" >/dev/null || { echo "$(basename "$0"): $1 is not installed" >&2; exit 1; }
+}
+
+# build_if_missing ROUTER: builds the release router, vllm-sim and loadtest unless BIN
+# already has vllm-sim and loadtest and ROUTER exists.
+build_if_missing() {
+    [[ -x "$BIN/vllm-sim" && -x "$BIN/loadtest" && -x "$1" ]] ||
+        cargo build --release -p quantrouter -p vllm-sim -p loadtest
+}
+
 # free_port: prints a TCP port free on loopback right now.
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
