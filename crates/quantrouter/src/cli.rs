@@ -218,6 +218,16 @@ pub struct ServeArgs {
     /// CPU limit counts; a node's cores do when the pod has none).
     #[arg(long, env = "QUANTROUTER_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub workers: Option<u16>,
+    /// Pin each worker to a CPU of its own: `auto` does when the process may run on exactly
+    /// one CPU per worker (a CPU set of its own, or a whole machine), `on` always, `off`
+    /// never. A worker the scheduler moves finds its caches cold on the other CPU.
+    #[arg(
+        long,
+        env = "QUANTROUTER_PIN_WORKERS",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub pin_workers: crate::workers::Pinning,
     /// Log format.
     #[arg(
         long,
@@ -623,6 +633,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         workers: args
             .workers
             .map_or_else(crate::workers::default_count, usize::from),
+        pin_workers: args.pin_workers,
     };
     let server = Server::start(config, store)
         .await
@@ -959,6 +970,16 @@ mod tests {
         let args = serve_args(parse_with_config(argv(&["serve", "--workers", "3"])).unwrap());
         assert_eq!(args.workers, Some(3));
         assert!(parse_with_config(argv(&["serve", "--workers", "0"])).is_err());
+    }
+
+    #[test]
+    fn workers_are_pinned_on_auto_unless_set() {
+        use crate::workers::Pinning;
+        let args = serve_args(parse_with_config(argv(&["serve"])).unwrap());
+        assert_eq!(args.pin_workers, Pinning::Auto);
+        let args = serve_args(parse_with_config(argv(&["serve", "--pin-workers", "off"])).unwrap());
+        assert_eq!(args.pin_workers, Pinning::Off);
+        assert!(parse_with_config(argv(&["serve", "--pin-workers", "yes"])).is_err());
     }
 
     #[test]

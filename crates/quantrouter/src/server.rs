@@ -79,6 +79,8 @@ pub struct ServerConfig {
     pub keda: KedaConfig,
     /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
     pub workers: usize,
+    /// Whether each of those threads is pinned to a CPU of its own.
+    pub pin_workers: workers::Pinning,
 }
 
 /// Shared state of one router.
@@ -135,6 +137,10 @@ impl Server {
     /// own ([`crate::workers`]), everything else on the current runtime.
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
         let public = workers::bind(config.listen, config.workers, LISTEN_BACKLOG)?;
+        let cpus = workers::cpus(config.pin_workers, config.workers);
+        if let Some(cpus) = &cpus {
+            tracing::info!(?cpus, "each worker pinned to a CPU of its own");
+        }
         let public_addr = public[0].local_addr()?;
         let admin = listen(config.admin_listen)?;
         let scaler = match config.scaler_listen {
@@ -178,7 +184,7 @@ impl Server {
             })
         };
         // The workers' ends are awaited like the tasks below.
-        let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, serve_worker)?
+        let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, cpus.as_deref(), serve_worker)?
             .into_iter()
             .map(|finished| tokio::spawn(async { finished.await.unwrap_or_default() }))
             .collect();
@@ -1024,6 +1030,7 @@ impl Default for ServerConfig {
             log_prompts: false,
             keda: KedaConfig::default(),
             workers: workers::default_count(),
+            pin_workers: workers::Pinning::default(),
         }
     }
 }

@@ -9,6 +9,11 @@
 //!
 //! Everything else — the admin port, profile sources, discovery, scraping, KEDA — runs on
 //! the runtime that started the server.
+//!
+//! When the process has exactly one CPU per worker (a dedicated CPU set, a whole machine),
+//! each worker is also pinned to a CPU of its own ([`Pinning`]): a worker that the
+//! scheduler moves to the other CPU finds its caches there cold, which cost ~45 µs of added
+//! p50 latency at 200 requests/s on the benchmark machine (docs/performance.md).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -40,6 +45,46 @@ pub(crate) fn set_current(index: usize) {
 /// limit and the affinity mask).
 pub fn default_count() -> usize {
     std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
+}
+
+/// Whether each worker thread is pinned to a CPU of its own (`--pin-workers`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pinning {
+    /// Pin when the process may run on exactly as many CPUs as there are workers: a CPU set
+    /// of its own (Kubernetes' static CPU manager, `taskset`) or a whole machine. With more
+    /// CPUs allowed than workers (a CPU limit on a shared node) the scheduler places them.
+    #[default]
+    Auto,
+    /// Pin worker i to the i-th CPU the process may use (round robin when workers outnumber
+    /// CPUs).
+    On,
+    /// Leave the workers' placement to the scheduler.
+    Off,
+}
+
+/// The CPU each of `count` workers is pinned to, or `None` to leave them unpinned, given the
+/// CPUs the process may run on (its affinity mask).
+pub fn placement(pinning: Pinning, count: usize, allowed: &[usize]) -> Option<Vec<usize>> {
+    let pin = match pinning {
+        Pinning::Off => false,
+        Pinning::Auto => allowed.len() == count,
+        Pinning::On => true,
+    };
+    (pin && !allowed.is_empty()).then(|| (0..count).map(|i| allowed[i % allowed.len()]).collect())
+}
+
+/// [`placement`] for the CPUs the calling thread may run on.
+pub fn cpus(pinning: Pinning, count: usize) -> Option<Vec<usize>> {
+    placement(pinning, count, &allowed_cpus())
+}
+
+/// The CPUs the calling thread may run on (its affinity mask; empty if unreadable).
+fn allowed_cpus() -> Vec<usize> {
+    core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|core| core.id)
+        .collect()
 }
 
 /// `count` listening sockets on `addr` (port 0 picks one port for all), bound together with
@@ -78,9 +123,11 @@ pub fn socket(addr: SocketAddr) -> io::Result<TcpSocket> {
 }
 
 /// Starts one worker thread per listener; worker `i` (1-based) runs `serve(listener)` on its
-/// own runtime. Each returned receiver fires when that worker's `serve` has returned.
+/// own runtime, pinned to `cpus[i - 1]` when `cpus` is given. Each returned receiver fires
+/// when that worker's `serve` has returned.
 pub fn spawn<F, Fut>(
     listeners: Vec<std::net::TcpListener>,
+    cpus: Option<&[usize]>,
     serve: F,
 ) -> io::Result<Vec<oneshot::Receiver<()>>>
 where
@@ -96,10 +143,16 @@ where
                 .build()?;
             let (done, finished) = oneshot::channel();
             let serve = serve.clone();
+            let cpu = cpus.and_then(|cpus| cpus.get(i).copied());
             std::thread::Builder::new()
                 .name(format!("quantrouter-worker-{}", i + 1))
                 .spawn(move || {
                     WORKER.with(|w| w.set(i + 1));
+                    if let Some(cpu) = cpu {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                            tracing::warn!(worker = i + 1, cpu, "cannot pin the worker to its CPU");
+                        }
+                    }
                     runtime.block_on(async move {
                         let tick = tokio::spawn(tick_every_second());
                         match TcpListener::from_std(listener) {
@@ -179,7 +232,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = Arc::clone(&seen);
         // Each worker answers one connection with its index, then returns.
-        let finished = spawn(listeners, move |listener: TcpListener| {
+        let finished = spawn(listeners, None, move |listener: TcpListener| {
             let record = Arc::clone(&record);
             async move {
                 let thread = std::thread::current().id();
@@ -216,5 +269,47 @@ mod tests {
         assert_eq!(indices, BTreeSet::from([1, 2]));
         assert_eq!(threads.len(), 2);
         assert!(!threads.contains(&std::thread::current().id()));
+    }
+
+    #[test]
+    fn auto_pins_only_when_the_process_has_one_cpu_per_worker() {
+        assert_eq!(placement(Pinning::Auto, 2, &[4, 7]), Some(vec![4, 7]));
+        assert_eq!(placement(Pinning::Auto, 2, &[0, 1, 2, 3]), None);
+        assert_eq!(placement(Pinning::Auto, 4, &[0, 1]), None);
+        assert_eq!(placement(Pinning::Off, 2, &[4, 7]), None);
+        assert_eq!(
+            placement(Pinning::On, 3, &[0, 1, 2, 3]),
+            Some(vec![0, 1, 2])
+        );
+        assert_eq!(placement(Pinning::On, 3, &[5, 6]), Some(vec![5, 6, 5]));
+        // No mask could be read: nothing to pin to.
+        assert_eq!(placement(Pinning::On, 2, &[]), None);
+    }
+
+    #[tokio::test]
+    async fn a_pinned_worker_runs_only_on_its_cpu() {
+        let allowed = allowed_cpus();
+        // Worker 1 on the last CPU the test may use, worker 2 on the first.
+        let cpus = [*allowed.last().unwrap(), allowed[0]];
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        let finished = spawn(
+            bind(LOOPBACK, 2, 16).unwrap(),
+            Some(&cpus),
+            move |_listener: TcpListener| {
+                let record = Arc::clone(&record);
+                async move {
+                    record.lock().unwrap().push((current(), allowed_cpus()));
+                }
+            },
+        )
+        .unwrap();
+        for done in finished {
+            done.await.unwrap();
+        }
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, vec![(1, vec![cpus[0]]), (2, vec![cpus[1]])]);
+        assert_eq!(allowed_cpus(), allowed, "the caller stays unpinned");
     }
 }
