@@ -11,9 +11,10 @@
 //! the runtime that started the server.
 //!
 //! When the process has exactly one CPU per worker (a dedicated CPU set, a whole machine),
-//! each worker is also pinned to a CPU of its own ([`Pinning`]): a worker that the
-//! scheduler moves to the other CPU finds its caches there cold, which cost ~45 µs of added
-//! p50 latency at 200 requests/s on the benchmark machine (docs/performance.md).
+//! each worker is also pinned to a CPU of its own ([`Pinning`]). Unpinned, the scheduler
+//! moved a worker 1.5 times per request at 200 requests/s on the benchmark machine, onto
+//! cores whose caches held other data; pinned, the router was ahead in 15 of 20 same-run
+//! rounds, by up to ~45 µs of p50 (docs/performance.md).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -64,7 +65,7 @@ pub enum Pinning {
 
 /// The CPU each of `count` workers is pinned to, or `None` to leave them unpinned, given the
 /// CPUs the process may run on (its affinity mask).
-pub fn placement(pinning: Pinning, count: usize, allowed: &[usize]) -> Option<Vec<usize>> {
+fn placement(pinning: Pinning, count: usize, allowed: &[usize]) -> Option<Vec<usize>> {
     let pin = match pinning {
         Pinning::Off => false,
         Pinning::Auto => allowed.len() == count,
