@@ -149,7 +149,7 @@ pub async fn forward(
             let timeout = client
                 .header_timeout
                 .min(plan.deadline.saturating_duration_since(sent_at));
-            let result = client.send(&pick.endpoint, request, timeout).await;
+            let result = client.send(&pick.endpoint, &request, timeout).await;
             if let Some(span) = &span {
                 let (attributes, error) = match &result {
                     Ok(r) => (

@@ -138,7 +138,7 @@ impl UpstreamClient {
     pub async fn send(
         &self,
         endpoint: &Endpoint,
-        request: Request<Bytes>,
+        request: &Request<Bytes>,
         timeout: Duration,
     ) -> Result<Response<UpstreamIncoming>, UpstreamError> {
         match tokio::time::timeout(timeout, self.exchange(endpoint, request)).await {
@@ -159,11 +159,11 @@ impl UpstreamClient {
     async fn exchange(
         &self,
         endpoint: &Endpoint,
-        request: Request<Bytes>,
+        request: &Request<Bytes>,
     ) -> Result<Response<UpstreamIncoming>, UpstreamError> {
         let invalid = || UpstreamError::InvalidUrl(request.uri().to_string());
         let target = Target::of(request.uri()).ok_or_else(invalid)?;
-        let wire = encode(&request, target.authority);
+        let wire = encode(request, target.authority);
         let head_only = request.method() == Method::HEAD;
         let failed = |error| UpstreamError::Exchange {
             endpoint: endpoint.base().to_owned(),

@@ -54,7 +54,7 @@ async fn scrape(client: &UpstreamClient, endpoint: Arc<Endpoint>, timeout: Durat
         return;
     };
     let page = async {
-        let response = client.send(&endpoint, request, timeout).await.ok()?;
+        let response = client.send(&endpoint, &request, timeout).await.ok()?;
         if !response.status().is_success() {
             return None;
         }

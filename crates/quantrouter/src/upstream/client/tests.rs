@@ -111,7 +111,7 @@ fn spawn_send(
         &ResilienceConfig::default(),
         Instant::now(),
     );
-    tokio::spawn(async move { client.send(&endpoint, request, timeout).await })
+    tokio::spawn(async move { client.send(&endpoint, &request, timeout).await })
 }
 
 /// The body of a sent request's response, in full.
@@ -337,7 +337,7 @@ async fn a_refused_connection_is_a_connect_error() {
         .body(Bytes::new())
         .unwrap();
     let error = client()
-        .send(&endpoint, request, Duration::from_secs(5))
+        .send(&endpoint, &request, Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
