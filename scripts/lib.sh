@@ -13,11 +13,19 @@ require_tool() {
     command -v "$1" >/dev/null || { echo "$(basename "$0"): $1 is not installed" >&2; exit 1; }
 }
 
-# build_if_missing ROUTER: builds the release router, vllm-sim and loadtest unless BIN
-# already has vllm-sim and loadtest and ROUTER exists.
+# build_release [router]: the release builds of vllm-sim and loadtest and, unless told
+# `no-router`, of the router, the router on its own: built in one cargo run, the three get
+# their dependencies' features unified, and the next `cargo build --release -p quantrouter`
+# (README, scripts/bench-ab) rebuilds the router and its dependencies.
+build_release() {
+    cargo build --release -p vllm-sim -p loadtest
+    [[ "${1:-}" == no-router ]] || cargo build --release -p quantrouter
+}
+
+# build_if_missing ROUTER: the release builds unless BIN already has vllm-sim and loadtest
+# and ROUTER exists.
 build_if_missing() {
-    [[ -x "$BIN/vllm-sim" && -x "$BIN/loadtest" && -x "$1" ]] ||
-        cargo build --release -p quantrouter -p vllm-sim -p loadtest
+    [[ -x "$BIN/vllm-sim" && -x "$BIN/loadtest" && -x "$1" ]] || build_release
 }
 
 # free_port: prints a TCP port free on loopback right now.
