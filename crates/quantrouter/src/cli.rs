@@ -980,6 +980,14 @@ mod tests {
         let args = serve_args(parse_with_config(argv(&["serve", "--pin-workers", "off"])).unwrap());
         assert_eq!(args.pin_workers, Pinning::Off);
         assert!(parse_with_config(argv(&["serve", "--pin-workers", "yes"])).is_err());
+        let dir = tempfile::Builder::new()
+            .prefix("qr-cli-pin-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, r#"{"pin_workers": "on"}"#).unwrap();
+        let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(serve_args(cli).pin_workers, Pinning::On);
     }
 
     #[test]
