@@ -898,26 +898,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn config_file_fills_unset_flags_and_the_command_line_wins() {
+    /// `serve --config <a file holding json> flags...`, parsed.
+    fn parse_with_config_file(json: &str, flags: &[&str]) -> Result<Cli, CliError> {
         let dir = tempfile::Builder::new()
             .prefix("qr-cli-")
             .tempdir()
             .unwrap();
         let path = dir.path().join("config.json");
-        std::fs::write(
-            &path,
+        std::fs::write(&path, json).unwrap();
+        let mut args = vec!["serve", "--config", path.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        parse_with_config(argv(&args))
+    }
+
+    #[test]
+    fn config_file_fills_unset_flags_and_the_command_line_wins() {
+        let cli = parse_with_config_file(
             r#"{"listen": "127.0.0.1:18080", "admin-listen": "127.0.0.1:19090",
                 "model_alias": ["gpt-4o", "smart"], "header_timeout_ms": 1234}"#,
+            &["--listen", "127.0.0.1:28080"],
         )
-        .unwrap();
-        let cli = parse_with_config(argv(&[
-            "serve",
-            "--config",
-            path.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:28080",
-        ]))
         .unwrap();
         let args = serve_args(cli);
         assert_eq!(args.listen, "127.0.0.1:28080".parse().unwrap());
@@ -933,13 +933,7 @@ mod tests {
         let args =
             serve_args(parse_with_config(argv(&["serve", "--discovery", "kubernetes"])).unwrap());
         assert_eq!(args.discovery, DiscoveryMode::Kubernetes);
-        let dir = tempfile::Builder::new()
-            .prefix("qr-cli-disc-")
-            .tempdir()
-            .unwrap();
-        let path = dir.path().join("config.json");
-        std::fs::write(&path, r#"{"discovery": "kubernetes"}"#).unwrap();
-        let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
+        let cli = parse_with_config_file(r#"{"discovery": "kubernetes"}"#, &[]).unwrap();
         assert_eq!(serve_args(cli).discovery, DiscoveryMode::Kubernetes);
         assert!(parse_with_config(argv(&["serve", "--discovery", "consul"])).is_err());
     }
@@ -980,13 +974,7 @@ mod tests {
         let args = serve_args(parse_with_config(argv(&["serve", "--pin-workers", "off"])).unwrap());
         assert_eq!(args.pin_workers, Pinning::Off);
         assert!(parse_with_config(argv(&["serve", "--pin-workers", "yes"])).is_err());
-        let dir = tempfile::Builder::new()
-            .prefix("qr-cli-pin-")
-            .tempdir()
-            .unwrap();
-        let path = dir.path().join("config.json");
-        std::fs::write(&path, r#"{"pin_workers": "on"}"#).unwrap();
-        let cli = parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap();
+        let cli = parse_with_config_file(r#"{"pin_workers": "on"}"#, &[]).unwrap();
         assert_eq!(serve_args(cli).pin_workers, Pinning::On);
     }
 
@@ -1002,14 +990,7 @@ mod tests {
 
     #[test]
     fn unknown_config_setting_is_an_error() {
-        let dir = tempfile::Builder::new()
-            .prefix("qr-cli-bad-")
-            .tempdir()
-            .unwrap();
-        let path = dir.path().join("config.json");
-        std::fs::write(&path, r#"{"lisen": "127.0.0.1:1"}"#).unwrap();
-        let err =
-            parse_with_config(argv(&["serve", "--config", path.to_str().unwrap()])).unwrap_err();
+        let err = parse_with_config_file(r#"{"lisen": "127.0.0.1:1"}"#, &[]).unwrap_err();
         assert!(err.to_string().contains("unknown setting `lisen`"), "{err}");
     }
 

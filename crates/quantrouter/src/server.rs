@@ -274,7 +274,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-type ServeFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Accepts connections until stopped, then waits for open connections to finish.
 async fn accept_loop<F>(listener: TcpListener, mut stopped: watch::Receiver<bool>, serve: F)
@@ -351,7 +351,7 @@ fn public_service(
     Request<Incoming>,
     Response = Response<ResponseBody>,
     Error = Infallible,
-    Future = impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
+    Future = impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
 > + Clone {
     hyper::service::service_fn(move |req| {
         let app = Arc::clone(&app);
@@ -558,22 +558,12 @@ fn route_and_forward<'a>(
             (quality.enabled, parsed.stream, plan.pinned, better)
         {
             if answer.response.status().is_success() {
-                let Answer {
-                    response,
-                    profile,
-                    held,
-                    attempts,
-                    fallback,
-                    ..
-                } = answer;
+                let served = Served::of(&answer);
+                let profile = served.profile;
+                let Answer { response, held, .. } = answer;
                 let (mut head, incoming) = response.into_parts();
                 let bytes = read_answer(incoming, deadline).await?;
                 drop(held);
-                let served = Served {
-                    profile,
-                    attempts,
-                    fallback,
-                };
                 // A body that is not a completion is passed on as it is, not judged.
                 let problem = crate::openai::answer_text(&bytes).and_then(|text| {
                     check_answer(&text, parsed.wants_json, quality.max_repetition_ratio)
@@ -605,9 +595,15 @@ fn route_and_forward<'a>(
                 tracing::info!(request_id = plan.request_id, %from, %to,
                 problem = problem.as_str(), "quality fallback");
                 telemetry::fallback(from, to, "quality");
-                answer =
-                    attempts::forward(&app.client, resilience, &plan, better, attempts, &body_for)
-                        .await?;
+                answer = attempts::forward(
+                    &app.client,
+                    resilience,
+                    &plan,
+                    better,
+                    served.attempts,
+                    &body_for,
+                )
+                .await?;
                 answer.fallback = Some(Fallback {
                     from: profile,
                     to: answer.profile,
@@ -623,11 +619,7 @@ fn route_and_forward<'a>(
         };
         let finish_trace = trace.map(|trace| {
             let trace = trace.clone();
-            let served = Served {
-                profile: answer.profile,
-                attempts: answer.attempts,
-                fallback: answer.fallback,
-            };
+            let served = Served::of(&answer);
             let status = answer.response.status();
             let base = span_attributes(&snapshot, &served, status, None, &parsed);
             move |usage: Option<Usage>| {
@@ -658,6 +650,14 @@ struct Served {
 }
 
 impl Served {
+    fn of(answer: &Answer) -> Self {
+        Self {
+            profile: answer.profile,
+            attempts: answer.attempts,
+            fallback: answer.fallback,
+        }
+    }
+
     fn reason(&self, decision: &RoutingDecision) -> Reason {
         match self.fallback {
             Some(Fallback {
@@ -685,19 +685,9 @@ fn respond_streaming(
     started: Instant,
     finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
 ) -> Response<ResponseBody> {
-    let Answer {
-        response,
-        profile,
-        held,
-        attempts,
-        fallback,
-        ..
-    } = answer;
-    let served = Served {
-        profile,
-        attempts,
-        fallback,
-    };
+    let served = Served::of(&answer);
+    let profile = served.profile;
+    let Answer { response, held, .. } = answer;
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16(), started.elapsed());
     let (mut head, incoming) = response.into_parts();
