@@ -13,7 +13,7 @@ require_tool() {
     command -v "$1" >/dev/null || { echo "$(basename "$0"): $1 is not installed" >&2; exit 1; }
 }
 
-# build_release [router]: the release builds of vllm-sim and loadtest and, unless told
+# build_release [no-router]: the release builds of vllm-sim and loadtest and, unless told
 # `no-router`, of the router, the router on its own: built in one cargo run, the three get
 # their dependencies' features unified, and the next `cargo build --release -p quantrouter`
 # (README, scripts/bench-ab) rebuilds the router and its dependencies.

@@ -381,7 +381,6 @@ fn handle(
     app: Arc<App>,
     req: Request<Incoming>,
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
-    // The head goes down the layers lent, only the body moves on from `dispatch`.
     let (parts, body) = req.into_parts();
     let id = request_id_of(&app, &parts.headers);
     // Debug lines of a request carry its id through this span. It is a debug span: at the
