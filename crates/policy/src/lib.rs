@@ -39,7 +39,7 @@ pub use profile::{
     Quality, QualityFallback, RequiredQuality, ServiceUpstream, StaticUpstream, Upstream,
     ValidationErrors, Weights,
 };
-pub use quality::{check_answer, repetition_ratio, AnswerProblem};
+pub use quality::{check_answer, check_choices, repetition_ratio, AnswerChoice, AnswerProblem};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
     decide, queue_wait_ms, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection,

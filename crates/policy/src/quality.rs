@@ -2,6 +2,7 @@
 //! (when JSON was asked for) unparseable answer from a cheaper profile is re-run on a better
 //! one.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// What is wrong with an answer.
@@ -55,6 +56,31 @@ pub fn check_answer(
     None
 }
 
+/// One choice of an answer, as the checks see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerChoice<'a> {
+    /// Generated text (empty when the choice had none).
+    Text(Cow<'a, str>),
+    /// A tool or function call, or a refusal: a complete answer with no text to judge.
+    NotText,
+}
+
+/// The first problem with any choice of an answer, each judged on its own (an `n > 1`
+/// answer is several answers, not one text); an answer without choices is empty.
+pub fn check_choices(
+    choices: &[AnswerChoice<'_>],
+    wants_json: bool,
+    max_repetition_ratio: f64,
+) -> Option<AnswerProblem> {
+    if choices.is_empty() {
+        return Some(AnswerProblem::Empty);
+    }
+    choices.iter().find_map(|choice| match choice {
+        AnswerChoice::Text(text) => check_answer(text, wants_json, max_repetition_ratio),
+        AnswerChoice::NotText => None,
+    })
+}
+
 /// Models often wrap JSON in a Markdown fence; the JSON inside still counts.
 fn strip_fence(answer: &str) -> &str {
     let trimmed = answer.trim();
@@ -96,5 +122,23 @@ mod tests {
             Some(AnswerProblem::InvalidJson)
         );
         assert_eq!(check_answer("sure: {\"a\": 1}", false, 0.5), None);
+    }
+
+    #[test]
+    fn each_choice_is_judged_on_its_own_and_calls_are_answers() {
+        let text = |t: &'static str| AnswerChoice::Text(Cow::Borrowed(t));
+        let two_objects = [text("{\"a\":8}"), text("{\"a\":8}")];
+        assert_eq!(check_choices(&two_objects, true, 0.5), None);
+        let short = "The capital of France is Paris. ";
+        assert_eq!(
+            check_choices(&[text(short), text(short), text(short)], false, 0.5),
+            None
+        );
+        assert_eq!(
+            check_choices(&[text(short), text(" ")], false, 0.5),
+            Some(AnswerProblem::Empty)
+        );
+        assert_eq!(check_choices(&[AnswerChoice::NotText], true, 0.5), None);
+        assert_eq!(check_choices(&[], false, 0.5), Some(AnswerProblem::Empty));
     }
 }
