@@ -130,6 +130,20 @@ impl Features {
         ))
     }
 
+    /// Features of a prompt with no text to score (an image-only message, blank content):
+    /// scored from nothing, it is the simplest prompt there is, except that a request for
+    /// JSON stays structured.
+    pub fn without_text(prompt: &Prompt<'_>, weights: &ComplexityWeights) -> Self {
+        scores(
+            &Scanner::default().finish(),
+            prompt.wants_json,
+            weights.scoring_window_chars.max(1),
+            weights,
+            prompt.segments.iter().map(|s| s.text.len()).sum(),
+            prompt.segments.len(),
+        )
+    }
+
     /// Estimated prompt tokens for a tokenizer averaging `chars_per_token`.
     pub fn estimated_input_tokens(&self, chars_per_token: f64) -> u64 {
         let per_char = if chars_per_token > 0.0 {
@@ -297,6 +311,25 @@ mod tests {
         assert_eq!(
             Features::extract(&Prompt::default(), &w),
             Err(FeatureError::EmptyPrompt)
+        );
+    }
+
+    #[test]
+    fn a_prompt_without_text_is_the_simplest_prompt() {
+        let w = ComplexityWeights::default();
+        let plain = Features::without_text(&Prompt::default(), &w);
+        assert_eq!(plain.complexity, 0.0, "{plain:?}");
+        assert_eq!(plain.task_class, TaskClass::General);
+        assert_eq!(plain.estimated_input_tokens(4.0), 0);
+        let shortest = features("Hi");
+        assert!(plain.complexity <= shortest.complexity);
+        let json = Prompt {
+            segments: vec![],
+            wants_json: true,
+        };
+        assert_eq!(
+            Features::without_text(&json, &w).task_class,
+            TaskClass::Structured
         );
     }
 
