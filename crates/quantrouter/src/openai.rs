@@ -337,9 +337,8 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
             None => {}
         }
     }
-    if segments.iter().all(|(_, text)| text.trim().is_empty()) {
-        return Err(invalid("messages must contain some text", "messages"));
-    }
+    // Messages without text (an image, audio, a tool call) are valid: routing scores what
+    // text there is, none included.
     Ok(segments)
 }
 

@@ -48,12 +48,11 @@ pub fn route(
         profile: pinned,
     };
     let prompt = parsed.prompt();
-    let features = Features::extract(&prompt, &set.policy.complexity).map_err(|e| match e {
-        FeatureError::EmptyPrompt => ApiError::InvalidRequest {
-            message: "the prompt has no text".into(),
-            param: Some("messages".into()),
-        },
-    })?;
+    let weights = &set.policy.complexity;
+    // A request with no text (an image-only message) is valid and routes as the simplest.
+    let features = Features::extract(&prompt, weights).unwrap_or_else(|e| match e {
+        FeatureError::EmptyPrompt => Features::without_text(&prompt, weights),
+    });
     let load = live_load(snapshot);
     let request = RouteRequest {
         features: &features,
