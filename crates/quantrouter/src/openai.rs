@@ -186,9 +186,19 @@ struct WireResponseFormat<'a> {
 impl<'a> ParsedRequest<'a> {
     /// Parses and validates a request body for `endpoint`.
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, ApiError> {
+        // JSON text is UTF-8 (RFC 8259 §8.1), also inside the fields the parser skips without
+        // looking, which are forwarded as they are. One pass checks it all; parsing from a
+        // `str` then skips the per-string check.
+        let text = std::str::from_utf8(body).map_err(|e| ApiError::InvalidRequest {
+            message: format!(
+                "request body is not valid UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            ),
+            param: None,
+        })?;
         // serde would accept a JSON array as a struct in sequence form; requests are objects.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            let message = match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        if text.trim_start().as_bytes().first() != Some(&b'{') {
+            let message = match serde_json::from_str::<serde::de::IgnoredAny>(text) {
                 Ok(_) => "request body must be a JSON object".to_owned(),
                 Err(e) => format!("request body is not valid JSON: {e}"),
             };
@@ -198,11 +208,20 @@ impl<'a> ParsedRequest<'a> {
             });
         }
         // The plain deserializer first; only a failure pays for tracking the JSON path.
-        let wire = match WireRequest::deserialize(&mut serde_json::Deserializer::from_slice(body)) {
-            Ok(wire) => wire,
-            Err(_) => {
-                let de = &mut serde_json::Deserializer::from_slice(body);
-                serde_path_to_error::deserialize::<_, WireRequest<'a>>(de).map_err(wire_error)?
+        // Nothing but whitespace may follow the object (`end`): bytes after it would be
+        // forwarded upstream unseen.
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let wire = match WireRequest::deserialize(&mut *de) {
+            Ok(wire) if de.end().is_ok() => wire,
+            _ => {
+                let de = &mut serde_json::Deserializer::from_str(text);
+                let wire = serde_path_to_error::deserialize::<_, WireRequest<'a>>(&mut *de)
+                    .map_err(wire_error)?;
+                de.end().map_err(|e| ApiError::InvalidRequest {
+                    message: format!("request body is not valid JSON: {e}"),
+                    param: None,
+                })?;
+                wire
             }
         };
         let raw_model = wire
