@@ -138,3 +138,253 @@ fn error_responses_have_the_openai_shape() {
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
 }
+
+// === The parser under arbitrary input ===
+//
+// Properties run by `cargo test` (a few hundred cases each, so CI runs them for a bounded
+// time) and a corpus of regression inputs kept in `tests/data/request-corpus/`: files named
+// `ok-*` must be accepted, `bad-*` rejected; every file also seeds the mutation property.
+
+mod fuzz {
+    use std::path::PathBuf;
+
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn corpus_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/request-corpus")
+    }
+
+    /// The corpus: (file name, bytes), sorted by name.
+    fn corpus() -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(corpus_dir())
+            .unwrap()
+            .map(|entry| {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read(&path).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn endpoint_of(name: &str) -> Endpoint {
+        match name.contains("completion") {
+            true => Endpoint::Completions,
+            false => Endpoint::Chat,
+        }
+    }
+
+    /// Whatever `body` is: no panic, a 400 or a request whose rewrite parses again.
+    fn parse_anything(body: &[u8], endpoint: Endpoint) -> bool {
+        match ParsedRequest::parse(body, endpoint) {
+            Ok(parsed) => {
+                let _ = parsed.prompt();
+                let bytes = Bytes::copy_from_slice(body);
+                let rewritten = parsed.upstream_body(&bytes, r#""org/model""#);
+                let again = ParsedRequest::parse(&rewritten, endpoint).unwrap();
+                assert_eq!(again.model, "org/model");
+                true
+            }
+            Err(error) => {
+                assert_eq!(error.status(), StatusCode::BAD_REQUEST, "{error}");
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn corpus_inputs_get_their_expected_answer() {
+        let files = corpus();
+        assert!(files.len() >= 20, "the corpus is in the repository");
+        for (name, body) in files {
+            let accepted = parse_anything(&body, endpoint_of(&name));
+            assert_eq!(accepted, name.starts_with("ok-"), "{name}");
+        }
+    }
+
+    /// JSON values of any shape, with the keys the parser reads among random ones.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            3 => prop::sample::select(vec![
+                "model", "messages", "prompt", "role", "content", "text", "type", "max_tokens",
+                "max_completion_tokens", "stream", "temperature", "top_p", "response_format",
+                "user", "stream_options", "n", "tools", "image_url",
+            ])
+            .prop_map(str::to_owned),
+            1 => ".{0,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            prop::sample::select(vec!["auto", "user", "json_object", "text", ""])
+                .prop_map(Value::from),
+            ".{0,24}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 96, 8, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((key.clone(), inner), 0..8)
+                    .prop_map(|fields| Value::Object(fields.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A message's content as generated: text, parts (`None` is an image) or null.
+    #[derive(Debug, Clone)]
+    enum Content {
+        Text(String),
+        Parts(Vec<Option<String>>),
+        Null,
+    }
+
+    fn message() -> impl Strategy<Value = (&'static str, Content)> {
+        let role = prop::sample::select(vec!["system", "developer", "user", "assistant", "tool"]);
+        let content = prop_oneof![
+            3 => any::<String>().prop_map(Content::Text),
+            1 => prop::collection::vec(proptest::option::of(any::<String>()), 0..4)
+                .prop_map(Content::Parts),
+            1 => Just(Content::Null),
+        ];
+        (role, content)
+    }
+
+    fn role_of(role: &str) -> Role {
+        match role {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            _ => Role::Other,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..600)) {
+            parse_anything(&body, Endpoint::Chat);
+            parse_anything(&body, Endpoint::Completions);
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics(value in json_value(), pretty in any::<bool>()) {
+            let text = match pretty {
+                true => serde_json::to_string_pretty(&value).unwrap(),
+                false => value.to_string(),
+            };
+            parse_anything(text.as_bytes(), Endpoint::Chat);
+            parse_anything(text.as_bytes(), Endpoint::Completions);
+        }
+
+        #[test]
+        fn mutated_corpus_inputs_never_panic_and_only_json_is_accepted(
+            seed in prop::sample::select(corpus()),
+            edits in prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 1..6),
+        ) {
+            let (name, mut body) = seed;
+            for (at, byte, kind) in edits {
+                let at = at % (body.len() + 1);
+                match kind {
+                    0 => body.insert(at, byte),
+                    1 if at < body.len() => body[at] = byte,
+                    _ => body.truncate(at),
+                }
+            }
+            if parse_anything(&body, endpoint_of(&name)) {
+                // Accepted means one valid JSON document, nothing before or after it.
+                let text = std::str::from_utf8(&body);
+                prop_assert!(text.is_ok_and(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok()));
+            }
+        }
+
+        #[test]
+        fn accepted_requests_round_trip_what_routing_needs(
+            model in any::<String>(),
+            messages in prop::collection::vec(message(), 1..5),
+            max_tokens in proptest::option::of(1u32..),
+            stream in any::<bool>(),
+            wants_json in any::<bool>(),
+            user in proptest::option::of(any::<String>()),
+            stream_options in any::<bool>(),
+            extra in prop::collection::vec(("x_[a-z]{1,6}", json_value()), 0..3),
+            pretty in any::<bool>(),
+            new_model in any::<String>(),
+        ) {
+            let wire_messages: Vec<Value> = messages
+                .iter()
+                .map(|(role, content)| {
+                    let content = match content {
+                        Content::Text(text) => json!(text),
+                        Content::Parts(parts) => Value::Array(parts.iter().map(|p| match p {
+                            Some(text) => json!({"type": "text", "text": text}),
+                            None => json!({"type": "image_url", "image_url": {"url": "data:,"}}),
+                        }).collect()),
+                        Content::Null => Value::Null,
+                    };
+                    json!({"role": role, "content": content})
+                })
+                .collect();
+            let mut request = json!({"model": model, "messages": wire_messages, "stream": stream});
+            let fields = request.as_object_mut().unwrap();
+            for (key, value) in extra {
+                fields.insert(key, value);
+            }
+            if let Some(n) = max_tokens {
+                fields.insert("max_tokens".into(), json!(n));
+            }
+            if wants_json {
+                fields.insert("response_format".into(), json!({"type": "json_object"}));
+            }
+            if let Some(user) = &user {
+                fields.insert("user".into(), json!(user));
+            }
+            if stream_options {
+                fields.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+            let body = Bytes::from(match pretty {
+                true => serde_json::to_string_pretty(&request).unwrap(),
+                false => request.to_string(),
+            });
+
+            let parsed = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+            prop_assert_eq!(&parsed.model, &model);
+            prop_assert_eq!(parsed.max_tokens, max_tokens);
+            prop_assert_eq!(parsed.stream, stream);
+            prop_assert_eq!(parsed.wants_json, wants_json);
+            prop_assert_eq!(parsed.user.as_deref(), user.as_deref());
+            prop_assert_eq!(parsed.has_stream_options, stream_options);
+            let expected: Vec<(Role, &str)> = messages
+                .iter()
+                .flat_map(|(role, content)| {
+                    let texts: Vec<&str> = match content {
+                        Content::Text(text) => vec![text.as_str()],
+                        Content::Parts(parts) => parts.iter().flatten().map(String::as_str).collect(),
+                        Content::Null => vec![],
+                    };
+                    texts.into_iter().map(move |text| (role_of(role), text))
+                })
+                .collect();
+            let prompt = parsed.prompt();
+            let texts: Vec<(Role, &str)> = prompt.segments.iter().map(|s| (s.role, s.text)).collect();
+            prop_assert_eq!(texts, expected);
+
+            // The upstream body is the request with only `model` (and, for a stream the
+            // client asked no usage of, `stream_options`) changed.
+            let rewritten = parsed.upstream_body(&body, &serde_json::to_string(&new_model).unwrap());
+            // Compared as parsed from text, both: float parsing need not round-trip.
+            let mut want: Value = serde_json::from_slice(&body).unwrap();
+            want["model"] = json!(new_model);
+            if stream && !stream_options {
+                want["stream_options"] = json!({"include_usage": true});
+            }
+            let got: Value = serde_json::from_slice(&rewritten).unwrap();
+            prop_assert_eq!(got, want);
+            let again = ParsedRequest::parse(&rewritten, Endpoint::Chat).unwrap();
+            prop_assert_eq!(&again.model, &new_model);
+        }
+    }
+}
