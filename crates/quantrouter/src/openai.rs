@@ -500,6 +500,12 @@ impl ApiError {
         }
     }
 
+    /// The message may quote what the client sent (a field's value, prompt text
+    /// included), so it stays out of logs unless prompts may be logged.
+    pub fn quotes_request(&self) -> bool {
+        matches!(self, ApiError::InvalidRequest { .. })
+    }
+
     /// Raised before the request body is read (so the body may still be on the wire).
     pub fn before_body(&self) -> bool {
         matches!(

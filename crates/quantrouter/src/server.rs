@@ -418,8 +418,13 @@ fn dispatch(
             (_, path) => Err(ApiError::RouteNotFound(path.to_owned())),
         };
         let mut response = result.unwrap_or_else(|error| {
-            telemetry::router_error(error.kind().1);
-            tracing::debug!(%error, "request rejected");
+            let code = error.kind().1;
+            telemetry::router_error(code);
+            // What a client sent can be quoted in the message, prompt text included.
+            match error.quotes_request() && !app.config.log_prompts {
+                true => tracing::debug!(code, "request rejected"),
+                false => tracing::debug!(%error, code, "request rejected"),
+            }
             let close = unread_body && error.before_body();
             let mut response = error.into_response().map(Either::Left);
             if close {
@@ -457,7 +462,12 @@ fn proxy<'a>(
         let result =
             route_and_forward(app, parts, body, endpoint, started, trace.as_ref(), id).await;
         if let (Err(error), Some(trace)) = (&result, &trace) {
-            trace.fail(error.status().as_u16(), error.to_string());
+            // Spans leave the process like logs: no quoted request there either.
+            let message = match error.quotes_request() && !app.config.log_prompts {
+                true => error.kind().1.to_owned(),
+                false => error.to_string(),
+            };
+            trace.fail(error.status().as_u16(), message);
         }
         result
     }

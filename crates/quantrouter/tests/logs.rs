@@ -23,29 +23,45 @@ async fn log_lines(args: &[&str]) -> Vec<serde_json::Value> {
 
 /// [`log_lines`] in front of the given profile set.
 async fn log_lines_with(set: &ProfileSet, args: &[&str]) -> Vec<serde_json::Value> {
+    let (lines, _) = exchange_logs(set, args, &[], &chat("auto", SECRET), StatusCode::OK).await;
+    lines
+}
+
+/// Sends `body` to the binary started with `args` and `env`, expects `status`; returns the
+/// process's log lines and the response body.
+async fn exchange_logs(
+    set: &ProfileSet,
+    args: &[&str],
+    env: &[(&str, &str)],
+    body: &str,
+    status: StatusCode,
+) -> (Vec<serde_json::Value>, String) {
     let mut all = vec!["--log-format", "json"];
     all.extend_from_slice(args);
-    let mut router = RouterProcess::spawn(set, &all, Stdio::piped()).await;
+    let mut router = RouterProcess::spawn_with_env(set, &all, env, Stdio::piped()).await;
     let r = send(
         &client(),
         "POST",
         &router.url("/v1/chat/completions"),
-        &chat("auto", SECRET),
+        body,
         &[
             ("content-type", "application/json"),
             ("x-request-id", "req-42"),
         ],
     )
     .await;
-    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.status, status, "{:?}", r.body);
+    let answer = String::from_utf8_lossy(&r.body).into_owned();
     router.terminate();
     let mut stderr = router.child.stderr.take().unwrap();
     let mut text = String::new();
     stderr.read_to_string(&mut text).await.unwrap();
     router.child.wait().await.unwrap();
-    text.lines()
+    let lines = text
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
+        .collect();
+    (lines, answer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,4 +110,74 @@ async fn a_failed_upstream_attempt_is_logged_with_the_request_id() {
         assert_eq!(line["fields"]["request_id"], "req-42", "{line}");
         assert_eq!(line["level"], "WARN", "{line}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_at_debug_quote_no_prompt_text_unless_prompts_may_be_logged() {
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    // The parser's message quotes the value it could not take: here, the prompt.
+    let body = serde_json::json!({"model": "auto", "messages": SECRET}).to_string();
+    let debug = [("RUST_LOG", "debug")];
+    let (quiet, answer) = exchange_logs(&set, &[], &debug, &body, StatusCode::BAD_REQUEST).await;
+    assert!(
+        answer.contains("secret-marker-7"),
+        "the client sees its input: {answer}"
+    );
+    let rejected: Vec<_> = quiet
+        .iter()
+        .filter(|l| l["fields"]["message"] == "request rejected")
+        .collect();
+    assert!(
+        quiet
+            .iter()
+            .all(|l| !l.to_string().contains("secret-marker-7")),
+        "no prompt text at debug: {quiet:?}"
+    );
+    assert_eq!(rejected.len(), 1, "{quiet:?}");
+    assert_eq!(rejected[0]["fields"]["code"], "invalid_request");
+
+    let (verbose, _) = exchange_logs(
+        &set,
+        &["--log-prompts"],
+        &debug,
+        &body,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert!(
+        verbose
+            .iter()
+            .any(|l| l["fields"]["message"] == "request rejected"
+                && l.to_string().contains("secret-marker-7")),
+        "{verbose:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_addresses_stay_in_the_logs_and_out_of_the_answer() {
+    let (mut set, _sims) = sim_tiers(Duration::ZERO).await;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    for p in &mut set.profiles {
+        p.upstream = quantrouter_policy::Upstream::Static(quantrouter_policy::StaticUpstream {
+            urls: vec![format!("http://{address}")],
+        });
+    }
+    let (lines, answer) = exchange_logs(
+        &set,
+        &[],
+        &[],
+        &chat("auto", SECRET),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    assert!(!answer.contains(&address), "{answer}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "upstream attempt failed"
+                && l.to_string().contains(&address)),
+        "{lines:?}"
+    );
 }

@@ -53,6 +53,9 @@ pub struct Answer {
     pub held: (InflightGuard, Option<OwnedSemaphorePermit>),
     pub attempts: u32,
     pub fallback: Option<Fallback>,
+    /// When the request that got this answer was sent: the header timeout runs from here
+    /// until the first output (see [`super::BodyLimits::first_output_by`]).
+    pub sent_at: Instant,
 }
 
 /// A switch to another profile: from, to, why.
@@ -63,13 +66,17 @@ pub struct Fallback {
     pub reason: &'static str,
 }
 
-/// The last thing that went wrong, to answer the client with.
+/// The last thing that went wrong, to answer the client with. The details (which
+/// endpoint, what error) are for logs and traces: clients learn the profile, never the
+/// upstream's address.
 #[derive(Debug)]
 enum Failure {
     Nothing,
     Status(StatusCode),
-    Connect(String),
-    Timeout(String),
+    Connect,
+    Timeout,
+    /// The upstream answered, but not in HTTP.
+    Invalid,
 }
 
 /// Sends the request to `start` and onwards. `body_for(profile)` is the body with that
@@ -135,7 +142,7 @@ pub async fn forward(
             };
             attempts += 1;
             endpoints_tried.push(Arc::clone(&pick.endpoint));
-            let mut request = build(plan, &pick.endpoint, body_for(profile))?;
+            let mut request = build(plan, id, &pick.endpoint, body_for(profile))?;
             let span = plan.trace.map(|trace| {
                 let attributes = vec![
                     KeyValue::new("server.address", pick.endpoint.base().to_owned()),
@@ -186,6 +193,7 @@ pub async fn forward(
                         held: (guard, permit.take()),
                         attempts,
                         fallback,
+                        sent_at,
                     });
                 }
                 Err(error) => {
@@ -193,18 +201,17 @@ pub async fn forward(
                     retry_after = None;
                     tracing::warn!(request_id = plan.request_id, %error, profile = id,
                         "upstream attempt failed");
-                    failure = match error {
-                        UpstreamError::HeaderTimeout { .. } => {
-                            telemetry::upstream_error(id, "header_timeout");
-                            Failure::Timeout(error.to_string())
+                    let (kind, next) = match error {
+                        UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
+                        UpstreamError::InvalidResponse { .. } => {
+                            ("invalid_response", Failure::Invalid)
                         }
                         UpstreamError::Connect { .. }
                         | UpstreamError::Exchange { .. }
-                        | UpstreamError::InvalidUrl(_) => {
-                            telemetry::upstream_error(id, "connect");
-                            Failure::Connect(error.to_string())
-                        }
+                        | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
                     };
+                    telemetry::upstream_error(id, kind);
+                    failure = next;
                 }
             }
         }
@@ -241,13 +248,18 @@ fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
     None
 }
 
-fn build(plan: &Plan<'_>, endpoint: &Endpoint, body: Bytes) -> Result<Request<Bytes>, ApiError> {
-    let uri = endpoint
-        .uri(plan.path)
-        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    let mut request = Request::post(uri)
-        .body(body)
-        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+fn build(
+    plan: &Plan<'_>,
+    profile: &str,
+    endpoint: &Endpoint,
+    body: Bytes,
+) -> Result<Request<Bytes>, ApiError> {
+    let invalid = |error: &dyn std::fmt::Display| {
+        tracing::warn!(request_id = plan.request_id, %error, profile, "invalid upstream request");
+        ApiError::BadGateway(format!("profile {profile} has an invalid upstream URL"))
+    };
+    let uri = endpoint.uri(plan.path).map_err(|e| invalid(&e))?;
+    let mut request = Request::post(uri).body(body).map_err(|e| invalid(&e))?;
     *request.headers_mut() = plan.headers.clone();
     Ok(request)
 }
@@ -290,10 +302,17 @@ fn exhausted(failure: Failure, deadline: Instant, profile: &str) -> ApiError {
             reason: "its upstreams answered 429".into(),
             retry_after_s: 1,
         },
-        Failure::Status(status) => {
-            ApiError::Unavailable(format!("the upstreams answered {status}"))
-        }
-        Failure::Connect(message) => ApiError::Unavailable(message),
-        Failure::Timeout(message) => ApiError::Timeout(message),
+        Failure::Status(status) => ApiError::Unavailable(format!(
+            "the upstreams of profile {profile} answered {status}"
+        )),
+        Failure::Connect => ApiError::Unavailable(format!(
+            "the upstreams of profile {profile} could not be reached"
+        )),
+        Failure::Timeout => ApiError::Timeout(format!(
+            "the upstreams of profile {profile} sent no response headers in time"
+        )),
+        Failure::Invalid => ApiError::BadGateway(format!(
+            "the upstreams of profile {profile} did not answer in HTTP"
+        )),
     }
 }

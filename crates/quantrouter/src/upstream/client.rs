@@ -165,9 +165,16 @@ impl UpstreamClient {
         let target = Target::of(request.uri()).ok_or_else(invalid)?;
         let wire = encode(request, target.authority);
         let head_only = request.method() == Method::HEAD;
-        let failed = |error| UpstreamError::Exchange {
-            endpoint: endpoint.base().to_owned(),
-            source: error,
+        let failed = |error: io::Error| match error.kind() {
+            // What the parser refused (a head that is not HTTP, bad framing headers).
+            io::ErrorKind::InvalidData => UpstreamError::InvalidResponse {
+                endpoint: endpoint.base().to_owned(),
+                source: error,
+            },
+            _ => UpstreamError::Exchange {
+                endpoint: endpoint.base().to_owned(),
+                source: error,
+            },
         };
         // A kept-alive connection may have been closed by the server a moment ago; when it
         // fails before any byte of an answer, the request goes once more on a new one.

@@ -36,9 +36,15 @@ pub enum UpstreamError {
         endpoint: String,
         source: std::io::Error,
     },
-    /// The connection failed, or the answer was not HTTP, before a response head.
+    /// The connection failed before a response head.
     #[error("{endpoint} failed before a response head: {source}")]
     Exchange {
+        endpoint: String,
+        source: std::io::Error,
+    },
+    /// The upstream answered, but not with a valid HTTP response head.
+    #[error("{endpoint} answered with an invalid response: {source}")]
+    InvalidResponse {
         endpoint: String,
         source: std::io::Error,
     },

@@ -298,13 +298,16 @@ async fn a_body_cut_short_is_an_error() {
 }
 
 #[tokio::test]
-async fn garbage_instead_of_a_head_is_an_exchange_error() {
+async fn garbage_instead_of_a_head_is_an_invalid_response() {
     let mut server = server().await;
     let client = client();
     let answer = b"SSH-2.0-OpenSSH\r\n\r\n";
     let (sent, _conn) = answered(&mut server, &client, FIVE_S, answer).await;
     let error = sent.unwrap_err();
-    assert!(matches!(error, UpstreamError::Exchange { .. }), "{error}");
+    assert!(
+        matches!(error, UpstreamError::InvalidResponse { .. }),
+        "{error}"
+    );
 }
 
 #[tokio::test]
