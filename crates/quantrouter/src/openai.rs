@@ -10,7 +10,7 @@ use std::ops::Range;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use quantrouter_policy::{Prompt, Role, Segment};
+use quantrouter_policy::{AnswerChoice, Prompt, Role, Segment};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -401,9 +401,11 @@ fn wire_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
 }
 
-/// The generated text of a non-streamed completion (`choices[].message.content` or
-/// `choices[].text`, joined), or `None` when the body is not a completion.
-pub fn answer_text(body: &[u8]) -> Option<String> {
+/// The choices of a non-streamed completion as the answer checks see them, or `None` when
+/// the body is not a completion. A choice is its text (`message.content` or `text`), or
+/// [`AnswerChoice::NotText`] when it calls a tool or function or refuses: `content` is then
+/// `null` (vLLM, OpenAI) or `""` (llama.cpp), and the answer is complete.
+pub fn answer_choices(body: &[u8]) -> Option<Vec<AnswerChoice<'_>>> {
     #[derive(Deserialize)]
     struct Completion<'a> {
         #[serde(borrow)]
@@ -420,14 +422,77 @@ pub fn answer_text(body: &[u8]) -> Option<String> {
     struct Message<'a> {
         #[serde(borrow, default)]
         content: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        refusal: Option<Cow<'a, str>>,
+        #[serde(default)]
+        tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+        #[serde(default)]
+        function_call: Option<serde::de::IgnoredAny>,
     }
     let completion: Completion<'_> = serde_json::from_slice(body).ok()?;
-    let mut text = String::new();
-    for choice in completion.choices {
-        let part = choice.message.and_then(|m| m.content).or(choice.text);
-        text.push_str(part.as_deref().unwrap_or_default());
+    let choices = completion
+        .choices
+        .into_iter()
+        .map(|choice| match choice.message {
+            Some(m)
+                if m.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
+                    || m.function_call.is_some()
+                    || m.refusal.as_ref().is_some_and(|r| !r.is_empty()) =>
+            {
+                AnswerChoice::NotText
+            }
+            Some(m) => AnswerChoice::Text(m.content.unwrap_or_default()),
+            None => AnswerChoice::Text(choice.text.unwrap_or_default()),
+        });
+    Some(choices.collect())
+}
+
+/// A streamed chunk (an SSE event's data) that carries generated output: text, reasoning,
+/// a refusal or a tool call, in any choice. Role-only and finish chunks, usage chunks,
+/// errors and `[DONE]` carry none.
+pub fn carries_output(chunk: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Chunk<'a> {
+        #[serde(borrow, default)]
+        choices: Vec<ChunkChoice<'a>>,
     }
-    Some(text)
+    #[derive(Deserialize)]
+    struct ChunkChoice<'a> {
+        #[serde(borrow, default)]
+        delta: Option<Delta<'a>>,
+        #[serde(borrow, default)]
+        text: Option<Cow<'a, str>>,
+    }
+    #[derive(Deserialize)]
+    struct Delta<'a> {
+        #[serde(borrow, default)]
+        content: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        reasoning_content: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        reasoning: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        refusal: Option<Cow<'a, str>>,
+        #[serde(default)]
+        tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+        #[serde(default)]
+        function_call: Option<serde::de::IgnoredAny>,
+    }
+    let filled = |s: &Option<Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
+    let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(chunk) else {
+        return false;
+    };
+    chunk.choices.iter().any(|choice| {
+        filled(&choice.text)
+            || choice.delta.as_ref().is_some_and(|d| {
+                filled(&d.content)
+                    || filled(&d.reasoning_content)
+                    || filled(&d.reasoning)
+                    || filled(&d.refusal)
+                    || d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
+                    || d.function_call.is_some()
+            })
+    })
 }
 
 /// Token counts from an upstream `usage` object.

@@ -25,10 +25,10 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
-use quantrouter_policy::{check_answer, Reason, RoutingDecision};
+use quantrouter_policy::{check_choices, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -41,11 +41,12 @@ use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, AUTO_MODEL};
-use crate::telemetry::{self, RequestLabels};
+use crate::telemetry::{self, ProfileTelemetry, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{
-    scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient, UpstreamIncoming,
+    scrape, BodyEnd, BodyError, BodyEvent, BodyLimits, ClientConfig, InflightGuard, UpstreamBody,
+    UpstreamClient, UpstreamIncoming,
 };
 use crate::workers;
 
@@ -569,17 +570,31 @@ fn route_and_forward<'a>(
             if answer.response.status().is_success() {
                 let served = Served::of(&answer);
                 let profile = served.profile;
-                let Answer { response, held, .. } = answer;
+                let Answer {
+                    response,
+                    held,
+                    sent_at,
+                    ..
+                } = answer;
                 let (mut head, incoming) = response.into_parts();
-                let bytes = read_answer(incoming, deadline).await?;
-                drop(held);
+                let limits = BodyLimits {
+                    idle: resilience.idle_timeout,
+                    deadline,
+                    first_output_by: sent_at + app.client.header_timeout,
+                    sse: false,
+                    strip_usage: false,
+                };
+                let served_by = &snapshot.telemetry[profile];
+                let bytes = read_answer(incoming, held, limits, started, served_by).await?;
                 // A body that is not a completion is passed on as it is, not judged.
-                let problem = crate::openai::answer_text(&bytes).and_then(|text| {
-                    check_answer(&text, parsed.wants_json, quality.max_repetition_ratio)
+                let problem = crate::openai::answer_choices(&bytes).and_then(|choices| {
+                    check_choices(&choices, parsed.wants_json, quality.max_repetition_ratio)
                 });
                 let Some(problem) = problem else {
                     let labels = served.labels(&snapshot, &decision);
-                    telemetry::response_headers(&labels, head.status.as_u16(), started.elapsed());
+                    telemetry::response_headers(&labels, head.status.as_u16());
+                    // The answer's first token reaches the client with the whole answer.
+                    telemetry::first_token(&labels, started.elapsed());
                     let usage = crate::openai::find_usage(&bytes);
                     if let Some(usage) = usage {
                         Prices::new(&snapshot, profile).record(&labels, usage);
@@ -623,6 +638,7 @@ fn route_and_forward<'a>(
         let limits = BodyLimits {
             idle: resilience.idle_timeout,
             deadline,
+            first_output_by: answer.sent_at + app.client.header_timeout,
             sse: false,
             strip_usage: parsed.adds_usage(),
         };
@@ -698,27 +714,36 @@ fn respond_streaming(
     let profile = served.profile;
     let Answer { response, held, .. } = answer;
     let labels = served.labels(snapshot, decision);
-    telemetry::response_headers(&labels, response.status().as_u16(), started.elapsed());
+    telemetry::response_headers(&labels, response.status().as_u16());
     let (mut head, incoming) = response.into_parts();
     limits.sse = head
         .headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !limits.sse {
+        // Not a stream: the first token comes with the head (vLLM, and any server that
+        // answers whole). A stream reports its first output event below.
+        telemetry::first_token(&labels, started.elapsed());
+    }
     finish_head(&mut head, snapshot, decision, &served);
     let prices = Prices::new(snapshot, profile);
-    let on_end = Box::new(move |end: BodyEnd| {
-        if let Some(failure) = end.failure {
-            telemetry::upstream_error(labels.profile.id(), failure.kind());
+    let mut finish_trace = finish_trace;
+    let on_event = Box::new(move |event| match event {
+        BodyEvent::FirstOutput(elapsed) => telemetry::first_token(&labels, elapsed),
+        BodyEvent::End(end) => {
+            if let Some(failure) = end.failure {
+                telemetry::upstream_error(labels.profile.id(), failure.kind());
+            }
+            if let Some(usage) = end.usage {
+                prices.record(&labels, usage);
+            }
+            if let Some(finish) = finish_trace.take() {
+                finish(end.usage);
+            }
+            telemetry::finished(&labels, end.elapsed);
         }
-        if let Some(usage) = end.usage {
-            prices.record(&labels, usage);
-        }
-        if let Some(finish) = finish_trace {
-            finish(end.usage);
-        }
-        telemetry::finished(&labels, end.elapsed);
     });
-    let body = UpstreamBody::new(incoming, held, started, limits, on_end);
+    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
     Response::from_parts(head, Either::Right(body))
 }
 
@@ -907,14 +932,37 @@ fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     headers
 }
 
-/// A non-streamed answer in full (bounded), for the quality check.
-async fn read_answer(body: UpstreamIncoming, deadline: Instant) -> Result<Bytes, ApiError> {
+/// A non-streamed answer in full (bounded), for the quality check, read under the same
+/// time limits as an answer on its way to the client: the idle timeout, not just the
+/// deadline, for an upstream that goes silent after its head.
+async fn read_answer(
+    incoming: UpstreamIncoming,
+    held: (InflightGuard, Option<OwnedSemaphorePermit>),
+    limits: BodyLimits,
+    started: Instant,
+    served_by: &Arc<ProfileTelemetry>,
+) -> Result<Bytes, ApiError> {
     /// Far above any completion; a bigger body is not an answer.
     const LIMIT: usize = 16 * 1024 * 1024;
-    match tokio::time::timeout_at(deadline, Limited::new(body, LIMIT).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) => Err(ApiError::BadGateway(format!("reading the answer: {e}"))),
-        Err(_) => Err(ApiError::Timeout("reading the answer".into())),
+    let served_by = Arc::clone(served_by);
+    let on_event = Box::new(move |event| {
+        if let BodyEvent::End(BodyEnd {
+            failure: Some(failure),
+            ..
+        }) = event
+        {
+            telemetry::upstream_error(served_by.id(), failure.kind());
+        }
+    });
+    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
+    match Limited::new(body, LIMIT).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => match e.downcast_ref::<BodyError>() {
+            Some(BodyError::Upstream) | None => {
+                Err(ApiError::BadGateway(format!("reading the answer: {e}")))
+            }
+            Some(timeout) => Err(ApiError::Timeout(format!("reading the answer: {timeout}"))),
+        },
     }
 }
 

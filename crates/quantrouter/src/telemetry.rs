@@ -19,8 +19,9 @@ use crate::resilience::CircuitState;
 pub const REQUESTS: &str = "quantrouter_requests_total";
 /// End-to-end request duration (to the last byte) by profile.
 pub const REQUEST_DURATION: &str = "quantrouter_request_duration_seconds";
-/// Time to the upstream's response headers (first token for vLLM streams) by profile.
-pub const TIME_TO_FIRST_BYTE: &str = "quantrouter_time_to_first_token_seconds";
+/// Time to the first token by profile: a stream's first event with generated output, or
+/// the response headers of an answer sent whole.
+pub const TIME_TO_FIRST_TOKEN: &str = "quantrouter_time_to_first_token_seconds";
 /// Router overhead: body read, parse, decision and request rewrite, before the upstream call.
 pub const OVERHEAD: &str = "quantrouter_router_overhead_seconds";
 /// Complexity scores, to watch the prompt mix drift.
@@ -137,9 +138,9 @@ fn describe() {
         "Request duration to the last byte, by profile."
     );
     metrics::describe_histogram!(
-        TIME_TO_FIRST_BYTE,
+        TIME_TO_FIRST_TOKEN,
         metrics::Unit::Seconds,
-        "Time to upstream response headers, by profile."
+        "Time to the first token (a stream's first output event, else the response headers), by profile."
     );
     metrics::describe_histogram!(
         OVERHEAD,
@@ -253,7 +254,7 @@ pub struct ProfileTelemetry {
 
 #[derive(Debug)]
 struct Handles {
-    time_to_first_byte: Histogram,
+    time_to_first_token: Histogram,
     duration: Histogram,
     input_tokens: Counter,
     output_tokens: Counter,
@@ -290,7 +291,7 @@ impl ProfileTelemetry {
         self.handles.get_or_init(|| {
             let (profile, tier) = (self.profile.clone(), self.tier.clone());
             Handles {
-                time_to_first_byte: histogram!(TIME_TO_FIRST_BYTE, "profile" => profile.clone(), "tier" => tier.clone()),
+                time_to_first_token: histogram!(TIME_TO_FIRST_TOKEN, "profile" => profile.clone(), "tier" => tier.clone()),
                 duration: histogram!(REQUEST_DURATION, "profile" => profile.clone(), "tier" => tier),
                 input_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "input"),
                 output_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "output"),
@@ -337,13 +338,18 @@ pub fn routed(complexity: f64, overhead: Duration) {
     }
 }
 
-pub fn response_headers(labels: &RequestLabels, status: u16, elapsed: Duration) {
-    let profile = &labels.profile;
-    profile
+/// An upstream's answer is on its way to the client: counted by its status.
+pub fn response_headers(labels: &RequestLabels, status: u16) {
+    labels.profile.count_request(status, labels.reason);
+}
+
+/// The first token reached the router, `elapsed` after the request arrived.
+pub fn first_token(labels: &RequestLabels, elapsed: Duration) {
+    labels
+        .profile
         .handles()
-        .time_to_first_byte
+        .time_to_first_token
         .record(elapsed.as_secs_f64());
-    profile.count_request(status, labels.reason);
 }
 
 pub fn finished(labels: &RequestLabels, elapsed: Duration) {

@@ -286,7 +286,12 @@ async fn a_stream_that_goes_silent_ends_with_a_timeout_event() {
             ..SimConfig::default()
         },
         |_| {},
-        resilience(|r| r.idle_timeout = Duration::from_millis(300)),
+        // The sim sends its head and role chunk at once, then nothing: until the first token
+        // the header timeout bounds that silence, after it the idle timeout. Both are short.
+        |c| {
+            c.resilience.idle_timeout = Duration::from_millis(300);
+            c.client.header_timeout = Duration::from_millis(300);
+        },
     )
     .await;
     let body = simple_stream(5);

@@ -2,13 +2,14 @@
 //! retrying ([`attempts`]), the queue scraper ([`scrape`]), the keep-alive HTTP/1.1 client
 //! ([`client`], with body framing in [`framing`]),
 //! and the response body wrapper that keeps accounting honest for the whole life of a stream
-//! and turns a mid-stream failure into an SSE error event.
+//! (with SSE events found in [`sse`]) and turns a mid-stream failure into an SSE error event.
 
 pub mod attempts;
 mod client;
 mod framing;
 pub mod pool;
 pub mod scrape;
+mod sse;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,7 +25,8 @@ use tokio::time::{Instant, Sleep};
 pub use client::{ClientConfig, UpstreamClient, UpstreamIncoming};
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
 
-use crate::openai::{find_usage, is_usage_event, Usage};
+use crate::openai::{find_usage, Usage};
+use sse::{EventScan, Scanned};
 
 /// Why an upstream call failed before a response arrived.
 #[derive(Debug, thiserror::Error)]
@@ -56,40 +58,63 @@ pin_project_lite::pin_project! {
     /// The upstream response body on its way to the client, frame by frame.
     ///
     /// Holds the in-flight guard and the admission slot until the body ends or is dropped
-    /// (the client went away, which also cancels the upstream request), enforces the idle
-    /// timeout between chunks and the request deadline, and reports how the body ended. A
-    /// failure after bytes were sent cannot be retried: an SSE stream then ends with an
-    /// `data: {"error": …}` event, any other body with an aborted connection.
+    /// (the client went away, which also cancels the upstream request), enforces the time
+    /// limits — the header timeout until the first output, then the idle timeout between
+    /// chunks, and the request deadline throughout — and reports the first output and how
+    /// the body ended. A failure after bytes were sent cannot be retried: an SSE stream then
+    /// ends with an `data: {"error": …}` event, any other body with an aborted connection.
     pub struct UpstreamBody {
         #[pin]
         inner: UpstreamIncoming,
-        held: Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
-        on_end: Option<Box<dyn FnOnce(BodyEnd) + Send + Sync>>,
-        started: Instant,
         timer: Pin<Box<Sleep>>,
-        idle: Duration,
-        deadline: Instant,
-        last_frame: Instant,
-        sse: bool,
-        done: bool,
-        // The end of the body so far, to read `usage` from at the end (unused when usage
-        // events are stripped: their counts are taken as they pass).
-        tail: VecDeque<u8>,
-        // Usage events are cut out of the stream (the router asked for them, not the
-        // client); partial events wait here.
-        strip_usage: bool,
-        carry: BytesMut,
-        stripped: Option<Usage>,
+        state: BodyState,
     }
 
     impl PinnedDrop for UpstreamBody {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(on_end) = this.on_end.take() {
-                on_end(BodyEnd { completed: false, failure: None, usage: None, elapsed: this.started.elapsed() });
+            let state = this.project().state;
+            if let Some(mut on_event) = state.on_event.take() {
+                on_event(BodyEvent::End(BodyEnd {
+                    completed: false,
+                    failure: None,
+                    usage: None,
+                    elapsed: state.started.elapsed(),
+                }));
             }
         }
     }
+}
+
+/// Everything of an [`UpstreamBody`] but the body and its timer.
+struct BodyState {
+    held: Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
+    on_event: Option<Box<dyn FnMut(BodyEvent) + Send + Sync>>,
+    started: Instant,
+    idle: Duration,
+    deadline: Instant,
+    /// Until the first output, the latest it may come (`None` once it came). Servers that
+    /// send their head before the prompt is processed (llama.cpp) leave the whole prefill to
+    /// this wait, so it gets the header timeout, not the idle one.
+    first_output_by: Option<Instant>,
+    last_frame: Instant,
+    sse: bool,
+    done: bool,
+    // The end of the body so far, to read `usage` from at the end (unused when usage
+    // events are stripped: their counts are taken as they pass).
+    tail: VecDeque<u8>,
+    // An SSE stream's events: the first output, and usage events cut out of the stream (the
+    // router asked for them, not the client).
+    events: Option<EventScan>,
+}
+
+/// What an [`UpstreamBody`] reports as it goes.
+#[derive(Debug, Clone, Copy)]
+pub enum BodyEvent {
+    /// The first event of an SSE stream with generated output (text, reasoning, a tool
+    /// call) passed, this long after the request started: the time to first token.
+    FirstOutput(Duration),
+    /// The body ended; the last event.
+    End(BodyEnd),
 }
 
 /// How an upstream body ended.
@@ -111,6 +136,8 @@ pub enum BodyError {
     Upstream,
     #[error("the upstream sent nothing for {0:?}")]
     Idle(Duration),
+    #[error("the upstream sent no output within the header timeout")]
+    FirstOutput,
     #[error("the request deadline passed")]
     Deadline,
 }
@@ -121,6 +148,7 @@ impl BodyError {
         match self {
             Self::Upstream => "mid_stream",
             Self::Idle(_) => "idle_timeout",
+            Self::FirstOutput => "header_timeout",
             Self::Deadline => "deadline",
         }
     }
@@ -131,6 +159,8 @@ impl BodyError {
 pub struct BodyLimits {
     pub idle: Duration,
     pub deadline: Instant,
+    /// The latest the first output may come: the request was sent + the header timeout.
+    pub first_output_by: Instant,
     /// The response is an SSE stream (`text/event-stream`).
     pub sse: bool,
     /// Cut usage-only events out of the stream (the client did not ask for them).
@@ -151,26 +181,27 @@ impl UpstreamBody {
         held: (InflightGuard, Option<OwnedSemaphorePermit>),
         started: Instant,
         limits: BodyLimits,
-        on_end: Box<dyn FnOnce(BodyEnd) + Send + Sync>,
+        on_event: Box<dyn FnMut(BodyEvent) + Send + Sync>,
     ) -> Self {
         let now = Instant::now();
-        Self {
-            inner,
+        let state = BodyState {
             held: Some(held),
-            on_end: Some(on_end),
+            on_event: Some(on_event),
             started,
-            timer: Box::pin(tokio::time::sleep_until(
-                (now + limits.idle).min(limits.deadline),
-            )),
             idle: limits.idle,
             deadline: limits.deadline,
+            first_output_by: Some(limits.first_output_by.min(limits.deadline)),
             last_frame: now,
             sse: limits.sse,
             done: false,
             tail: VecDeque::new(),
-            strip_usage: limits.sse && limits.strip_usage,
-            carry: BytesMut::new(),
-            stripped: None,
+            events: limits.sse.then(|| EventScan::new(limits.strip_usage)),
+        };
+        let (until, _) = state.expiry();
+        Self {
+            inner,
+            timer: Box::pin(tokio::time::sleep_until(until)),
+            state,
         }
     }
 }
@@ -184,7 +215,8 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let mut this = self.project();
-        if *this.done {
+        let state = this.state;
+        if state.done {
             return Poll::Ready(None);
         }
         let failure = loop {
@@ -192,18 +224,21 @@ impl Body for UpstreamBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     // Re-arming the timer per chunk would cost a timer-wheel update per
                     // token; noting the time and re-arming lazily when it fires is enough.
-                    *this.last_frame = Instant::now();
-                    let frame = match frame.into_data() {
+                    state.last_frame = Instant::now();
+                    let data = match frame.into_data() {
                         Ok(data) => data,
                         Err(other) => return Poll::Ready(Some(Ok(other))),
                     };
-                    let out = match *this.strip_usage {
-                        true => strip_usage_events(this.carry, this.stripped, frame),
-                        false => {
-                            keep_tail(this.tail, &frame);
-                            Some(frame)
+                    let awaiting_output = state.first_output_by.is_some();
+                    let out = state.pass(data);
+                    if awaiting_output && state.first_output_by.is_none() {
+                        // The wait for the first output may have been the longer one: the
+                        // idle timeout applies from now on.
+                        let (until, _) = state.expiry();
+                        if until < this.timer.deadline() {
+                            this.timer.as_mut().reset(until);
                         }
-                    };
+                    }
                     // hyper stops polling a body that reports its end (a sized body after
                     // its last byte), so the end is handled together with the last frame.
                     if !this.inner.is_end_stream() {
@@ -212,45 +247,10 @@ impl Body for UpstreamBody {
                             None => continue,
                         }
                     }
-                    // Copied only to append a held-back partial event: a whole answer in
-                    // one frame goes out as it came.
-                    let out = out.unwrap_or_default();
-                    let last = match this.carry.is_empty() {
-                        true => out,
-                        false => {
-                            let mut last = BytesMut::from(out);
-                            last.extend_from_slice(&this.carry.split());
-                            last.freeze()
-                        }
-                    };
-                    let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
-                    finish(
-                        this.held,
-                        this.on_end,
-                        this.done,
-                        *this.started,
-                        None,
-                        usage,
-                    );
-                    if last.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                    return Poll::Ready(state.end(out).map(|last| Ok(Frame::data(last))));
                 }
                 Poll::Ready(None) => {
-                    let usage = body_usage(*this.strip_usage, *this.stripped, this.tail);
-                    finish(
-                        this.held,
-                        this.on_end,
-                        this.done,
-                        *this.started,
-                        None,
-                        usage,
-                    );
-                    if this.carry.is_empty() {
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(this.carry.split().freeze()))));
+                    return Poll::Ready(state.end(None).map(|last| Ok(Frame::data(last))));
                 }
                 Poll::Ready(Some(Err(_))) => break BodyError::Upstream,
                 Poll::Pending => {
@@ -258,29 +258,18 @@ impl Body for UpstreamBody {
                         if this.timer.as_mut().poll(cx).is_pending() {
                             return Poll::Pending;
                         }
-                        let now = Instant::now();
-                        if now >= *this.deadline {
-                            break BodyError::Deadline;
+                        let (until, failure) = state.expiry();
+                        if Instant::now() >= until {
+                            break failure;
                         }
-                        let idle_until = *this.last_frame + *this.idle;
-                        if now >= idle_until {
-                            break BodyError::Idle(*this.idle);
-                        }
-                        this.timer.as_mut().reset(idle_until.min(*this.deadline));
+                        this.timer.as_mut().reset(until);
                     };
                     break expired;
                 }
             }
         };
-        finish(
-            this.held,
-            this.on_end,
-            this.done,
-            *this.started,
-            Some(failure),
-            None,
-        );
-        if *this.sse {
+        state.finish(Some(failure), None);
+        if state.sse {
             Poll::Ready(Some(Ok(Frame::data(sse_error_event(failure)))))
         } else {
             Poll::Ready(Some(Err(failure)))
@@ -288,7 +277,7 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        self.state.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -296,40 +285,95 @@ impl Body for UpstreamBody {
     }
 }
 
-fn finish(
-    held: &mut Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
-    on_end: &mut Option<Box<dyn FnOnce(BodyEnd) + Send + Sync>>,
-    done: &mut bool,
-    started: Instant,
-    failure: Option<BodyError>,
-    usage: Option<Usage>,
-) {
-    *done = true;
-    held.take();
-    if let Some(on_end) = on_end.take() {
-        on_end(BodyEnd {
-            completed: failure.is_none(),
-            failure,
-            usage,
-            elapsed: started.elapsed(),
-        });
+// === impl BodyState ===
+
+impl BodyState {
+    /// One frame of data: what of it goes on now.
+    fn pass(&mut self, data: Bytes) -> Option<Bytes> {
+        let Some(events) = &mut self.events else {
+            // Not a stream: any data is the answer coming.
+            self.first_output_by = None;
+            keep_tail(&mut self.tail, &data);
+            return Some(data);
+        };
+        let scanned = events.feed(data);
+        if scanned.first_output {
+            self.first_output();
+        }
+        if let (Some(out), false) = (&scanned.out, self.strips_usage()) {
+            keep_tail(&mut self.tail, out);
+        }
+        scanned.out
+    }
+
+    /// The body ended after `out`: the last data to send, with anything held back.
+    fn end(&mut self, out: Option<Bytes>) -> Option<Bytes> {
+        let rest = match &mut self.events {
+            Some(events) => events.finish(),
+            None => Scanned::default(),
+        };
+        if rest.first_output {
+            self.first_output();
+        }
+        let last = match (out, rest.out) {
+            (out, None) => out,
+            (None, rest) => rest,
+            // Copied only to append a held-back partial event: a whole answer in one frame
+            // goes out as it came.
+            (Some(out), Some(rest)) => {
+                let mut last = BytesMut::from(out);
+                last.extend_from_slice(&rest);
+                Some(last.freeze())
+            }
+        };
+        let usage = match (self.strips_usage(), &self.events) {
+            (true, Some(events)) => events.usage,
+            _ => find_usage(self.tail.make_contiguous()),
+        };
+        self.finish(None, usage);
+        last.filter(|last| !last.is_empty())
+    }
+
+    fn strips_usage(&self) -> bool {
+        self.events.as_ref().is_some_and(EventScan::strips_usage)
+    }
+
+    fn first_output(&mut self) {
+        self.first_output_by = None;
+        if let Some(on_event) = &mut self.on_event {
+            on_event(BodyEvent::FirstOutput(self.started.elapsed()));
+        }
+    }
+
+    /// When the body times out if nothing comes, and what the failure then is.
+    fn expiry(&self) -> (Instant, BodyError) {
+        let idle_until = self.last_frame + self.idle;
+        let (until, failure) = match self.first_output_by {
+            Some(by) if by > idle_until => (by, BodyError::FirstOutput),
+            _ => (idle_until, BodyError::Idle(self.idle)),
+        };
+        match until < self.deadline {
+            true => (until, failure),
+            false => (self.deadline, BodyError::Deadline),
+        }
+    }
+
+    fn finish(&mut self, failure: Option<BodyError>, usage: Option<Usage>) {
+        self.done = true;
+        self.held.take();
+        if let Some(mut on_event) = self.on_event.take() {
+            on_event(BodyEvent::End(BodyEnd {
+                completed: failure.is_none(),
+                failure,
+                usage,
+                elapsed: self.started.elapsed(),
+            }));
+        }
     }
 }
 
-/// Usage of a finished body: the stripped usage event, or the last `usage` in its tail.
-fn body_usage(
-    stripped_mode: bool,
-    stripped: Option<Usage>,
-    tail: &mut VecDeque<u8>,
-) -> Option<Usage> {
-    match stripped_mode {
-        true => stripped,
-        false => find_usage(tail.make_contiguous()),
-    }
-}
-
-/// Bytes kept from the end of a body for [`body_usage`]: the usage event of a stream
-/// (~300 bytes with `data: [DONE]`), or the end of a JSON answer, with room to spare.
+/// Bytes kept from the end of a body for its usage: the usage event of a stream (~300
+/// bytes with `data: [DONE]`), or the end of a JSON answer, with room to spare.
 const USAGE_TAIL: usize = 1024;
 
 /// Appends `data` to the copied tail of a body, keeping its last [`USAGE_TAIL`] bytes.
@@ -345,36 +389,11 @@ fn keep_tail(tail: &mut VecDeque<u8>, data: &[u8]) {
     tail.extend(data);
 }
 
-/// Passes SSE events through except usage-only ones, whose counts go to `stripped`.
-/// Returns what to send now, if anything. Whole events without usage pass untouched.
-fn strip_usage_events(
-    carry: &mut BytesMut,
-    stripped: &mut Option<Usage>,
-    data: Bytes,
-) -> Option<Bytes> {
-    const USAGE_KEY: &[u8] = b"\"usage\"";
-    let whole = data.ends_with(b"\n\n");
-    if carry.is_empty() && whole && !data.windows(USAGE_KEY.len()).any(|w| w == USAGE_KEY) {
-        return Some(data);
-    }
-    carry.extend_from_slice(&data);
-    let mut out = BytesMut::new();
-    while let Some(end) = carry.windows(2).position(|w| w == b"\n\n") {
-        let event = carry.split_to(end + 2);
-        if is_usage_event(&event) {
-            *stripped = find_usage(&event);
-        } else {
-            out.extend_from_slice(&event);
-        }
-    }
-    (!out.is_empty()).then(|| out.freeze())
-}
-
 /// The last event of a stream that failed after bytes were sent, in the OpenAI error shape.
 fn sse_error_event(failure: BodyError) -> Bytes {
     let code = match failure {
         BodyError::Upstream => "upstream_error",
-        BodyError::Idle(_) | BodyError::Deadline => "timeout",
+        BodyError::Idle(_) | BodyError::FirstOutput | BodyError::Deadline => "timeout",
     };
     let error = serde_json::json!({"error": {
         "message": failure.to_string(),
@@ -425,7 +444,7 @@ mod tests {
         keep_tail(&mut tail, &usage[..40]);
         keep_tail(&mut tail, &usage[40..]);
         keep_tail(&mut tail, b"\n\ndata: [DONE]\n\n");
-        let found = body_usage(false, None, &mut tail).unwrap();
+        let found = find_usage(tail.make_contiguous()).unwrap();
         assert_eq!((found.prompt_tokens, found.completion_tokens), (7, 1000));
     }
 }

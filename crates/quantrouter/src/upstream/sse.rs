@@ -1,0 +1,298 @@
+//! Server-sent events as they pass through: where each event ends, whatever line endings
+//! the upstream uses, and what the router takes from the events — the first one with
+//! generated output (time to first token) and token counts — while cutting out the usage
+//! events it asked for on the client's behalf. A pure state machine over the bytes as they
+//! arrive: no I/O, every split of the input gives the same events.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::openai::{carries_output, find_usage, is_usage_event, Usage};
+
+/// An unfinished event longer than this is passed on without being looked at: usage and
+/// first-token chunks are a few hundred bytes, and holding more would let an upstream that
+/// never ends an event grow the router's memory.
+const MAX_EVENT: usize = 64 * 1024;
+
+/// Finds the ends of events: an event ends with an empty line, and a line ends with CRLF,
+/// LF or CR (the SSE standard), so `\n\n`, `\r\n\r\n` and `\r\r` all end one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventEnds {
+    state: Line,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Line {
+    /// Inside a line (or at the start of the stream).
+    #[default]
+    Text,
+    /// A line just ended.
+    Ended,
+    /// A line ended with CR, unless an LF follows (then CRLF ended it).
+    Cr,
+    /// A line ended and an empty one followed, ended by a CR that may be the start of CRLF:
+    /// the event is over, and the next byte tells whether that LF belongs to it.
+    EmptyCr,
+}
+
+/// Finds events in an SSE stream as it passes and decides what of it goes on.
+#[derive(Debug, Default)]
+pub struct EventScan {
+    ends: EventEnds,
+    /// Usage-only events are cut out (the router asked for them, not the client), so each
+    /// event is held until it is whole.
+    strip_usage: bool,
+    /// Still looking for the first event with generated output.
+    awaiting_output: bool,
+    /// The unfinished event: held back when stripping, else a copy to look at once whole.
+    pending: BytesMut,
+    /// The unfinished event outgrew [`MAX_EVENT`]: the rest of it passes unexamined.
+    oversize: bool,
+    /// Token counts from the last event that carried them.
+    pub usage: Option<Usage>,
+}
+
+/// What became of one piece of a stream.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// What to send on now, if anything.
+    pub out: Option<Bytes>,
+    /// The first event with generated output ended in this piece.
+    pub first_output: bool,
+}
+
+/// The output of one piece: a prefix of it (no copy) until something is cut or held-back
+/// bytes join it.
+enum Out {
+    Prefix(usize),
+    Built(BytesMut),
+}
+
+// === impl EventEnds ===
+
+impl EventEnds {
+    /// The end (exclusive) of the first event that ends in `data[from..]`, with the scan
+    /// state carried across calls and pieces. It can be `from` itself: the event ended with
+    /// the previous piece, which this piece's first byte confirmed.
+    pub fn next_end(&mut self, data: &[u8], from: usize) -> Option<usize> {
+        let mut i = from;
+        while i < data.len() {
+            if self.state == Line::Text {
+                // Most bytes are text: jump to the next line end.
+                match data[i..].iter().position(|b| matches!(b, b'\n' | b'\r')) {
+                    Some(n) => i += n,
+                    None => return None,
+                }
+            }
+            let byte = data[i];
+            self.state = match (self.state, byte) {
+                (Line::EmptyCr, b'\n') | (Line::Ended, b'\n') => {
+                    self.state = Line::Text;
+                    return Some(i + 1);
+                }
+                (Line::EmptyCr, _) => {
+                    // The CR alone ended the empty line; this byte starts the next event.
+                    self.state = Line::Text;
+                    return Some(i);
+                }
+                (Line::Ended | Line::Cr, b'\r') => Line::EmptyCr,
+                (Line::Text, b'\r') => Line::Cr,
+                (Line::Text | Line::Cr, b'\n') => Line::Ended,
+                _ => Line::Text,
+            };
+            i += 1;
+        }
+        None
+    }
+}
+
+// === impl EventScan ===
+
+impl EventScan {
+    pub fn new(strip_usage: bool) -> Self {
+        Self {
+            strip_usage,
+            awaiting_output: true,
+            ..Self::default()
+        }
+    }
+
+    /// Usage-only events are cut out of this stream.
+    pub fn strips_usage(&self) -> bool {
+        self.strip_usage
+    }
+
+    /// Takes one piece of the stream.
+    pub fn feed(&mut self, data: Bytes) -> Scanned {
+        if !self.strip_usage && !self.awaiting_output {
+            return Scanned {
+                out: Some(data),
+                first_output: false,
+            };
+        }
+        let mut first_output = false;
+        let mut out = Out::Prefix(0);
+        let mut start = 0;
+        while let Some(end) = self.ends.next_end(&data, start) {
+            let part = start..end;
+            start = end;
+            if self.oversize {
+                self.oversize = false;
+                out.keep(&data, part);
+                continue;
+            }
+            let held = !self.pending.is_empty();
+            if held {
+                self.pending.extend_from_slice(&data[part.clone()]);
+            }
+            let event: &[u8] = if held {
+                &self.pending
+            } else {
+                &data[part.clone()]
+            };
+            let (keep, usage, output) = self.examine(event);
+            if usage.is_some() {
+                self.usage = usage;
+            }
+            if output {
+                self.awaiting_output = false;
+                first_output = true;
+            }
+            // Held-back bytes were not sent yet; copied ones (not stripping) were.
+            match (keep, held && self.strip_usage) {
+                (true, true) => out.push(&data, &self.pending),
+                (true, false) => out.keep(&data, part),
+                (false, _) => {}
+            }
+            self.pending.clear();
+        }
+        let rest = start..data.len();
+        if !rest.is_empty() {
+            if self.oversize {
+                out.keep(&data, rest);
+            } else {
+                if self.strip_usage || self.awaiting_output {
+                    self.pending.extend_from_slice(&data[rest.clone()]);
+                }
+                if self.pending.len() > MAX_EVENT {
+                    self.oversize = true;
+                    match self.strip_usage {
+                        true => out.push(&data, &self.pending.split()),
+                        false => self.pending.clear(),
+                    }
+                }
+                if !self.strip_usage {
+                    out.keep(&data, rest);
+                }
+            }
+        }
+        Scanned {
+            out: out.finish(data),
+            first_output,
+        }
+    }
+
+    /// The stream ended: what is still held back, an event the upstream never ended (or
+    /// ended with a lone CR as the stream's last byte, which only the end confirms).
+    pub fn finish(&mut self) -> Scanned {
+        let mut scanned = Scanned::default();
+        if self.pending.is_empty() {
+            return scanned;
+        }
+        let pending = self.pending.split();
+        let (keep, usage, output) = match self.ends.state == Line::EmptyCr {
+            true => self.examine(&pending),
+            false => (true, None, false),
+        };
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if output {
+            self.awaiting_output = false;
+            scanned.first_output = true;
+        }
+        if self.strip_usage && keep {
+            scanned.out = Some(pending.freeze());
+        }
+        scanned
+    }
+
+    /// Whether to pass `event` on, the usage it carries and whether it carries output.
+    fn examine(&self, event: &[u8]) -> (bool, Option<Usage>, bool) {
+        const USAGE_KEY: &[u8] = b"\"usage\"";
+        let mut keep = true;
+        let mut usage = None;
+        if event.windows(USAGE_KEY.len()).any(|w| w == USAGE_KEY) {
+            usage = find_usage(event);
+            // Only the usage-only events the router asked for are cut; usage inside a choice
+            // chunk (llama.cpp) is the upstream's own and passes, counted.
+            keep = !(self.strip_usage && is_usage_event(event));
+        }
+        let output = self.awaiting_output && data_of(event).is_some_and(|d| carries_output(&d));
+        (keep, usage, output)
+    }
+}
+
+/// The data of an event: its `data:` lines joined by LF, without the field name and the
+/// one optional space; `None` for an event with no data.
+fn data_of(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    let mut lines = event
+        .split(|b| matches!(b, b'\n' | b'\r'))
+        .filter_map(|line| line.strip_prefix(b"data:"))
+        .map(|value| value.strip_prefix(b" ").unwrap_or(value));
+    let first = lines.next()?;
+    let Some(second) = lines.next() else {
+        return Some(std::borrow::Cow::Borrowed(first));
+    };
+    let mut joined = first.to_vec();
+    for line in std::iter::once(second).chain(lines) {
+        joined.push(b'\n');
+        joined.extend_from_slice(line);
+    }
+    Some(std::borrow::Cow::Owned(joined))
+}
+
+// === impl Out ===
+
+impl Out {
+    /// Sends `range` of the piece on.
+    fn keep(&mut self, data: &Bytes, range: Range<usize>) {
+        match self {
+            Out::Prefix(end) if *end == range.start => *end = range.end,
+            Out::Prefix(end) => {
+                let mut built = BytesMut::with_capacity(*end + range.len());
+                built.extend_from_slice(&data[..*end]);
+                built.extend_from_slice(&data[range]);
+                *self = Out::Built(built);
+            }
+            Out::Built(built) => built.extend_from_slice(&data[range]),
+        }
+    }
+
+    /// Sends bytes held from earlier pieces on.
+    fn push(&mut self, data: &Bytes, bytes: &[u8]) {
+        match self {
+            Out::Prefix(end) => {
+                let mut built = BytesMut::with_capacity(*end + bytes.len());
+                built.extend_from_slice(&data[..*end]);
+                built.extend_from_slice(bytes);
+                *self = Out::Built(built);
+            }
+            Out::Built(built) => built.extend_from_slice(bytes),
+        }
+    }
+
+    fn finish(self, data: Bytes) -> Option<Bytes> {
+        match self {
+            Out::Prefix(0) => None,
+            Out::Prefix(end) if end == data.len() => Some(data),
+            Out::Prefix(end) => Some(data.slice(..end)),
+            Out::Built(built) if built.is_empty() => None,
+            Out::Built(built) => Some(built.freeze()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
