@@ -756,9 +756,7 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
         let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
             .await
             .map_err(|e| CliError::Io(format!("starting a simulated tier: {e}")))?;
-        profile.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![sim.url()],
-        });
+        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
         sims.push(sim);
     }
     set.validate()

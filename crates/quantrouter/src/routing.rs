@@ -146,6 +146,7 @@ fn cold_start(
             true => ProfileLoad {
                 available: true,
                 queue_wait_ms: profiles[i].cold_start_timeout_ms as f64,
+                ..*l
             },
             false => *l,
         })
@@ -222,6 +223,7 @@ fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
                 pool.upstream_waiting(),
                 expected,
             ),
+            chars_per_token: None,
         })
         .collect()
 }
