@@ -486,8 +486,15 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
             let version = match expect_version {
                 None => store.push(set).await,
                 Some(expected) => {
-                    set.version = expected + 1;
-                    store.push_expecting(&set, expected as i64).await
+                    let too_large = || {
+                        CliError::Invalid(format!(
+                            "--expect-version {expected}: versions are at most {}",
+                            quantrouter_policy::MAX_VERSION
+                        ))
+                    };
+                    let expected = i64::try_from(expected).map_err(|_| too_large())?;
+                    set.version = (expected as u64).saturating_add(1);
+                    store.push_expecting(&set, expected).await
                 }
             }
             .map_err(store_error)?;
@@ -541,9 +548,10 @@ fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
         StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
-        StoreError::Invalid(_) | StoreError::NotInHistory(_) | StoreError::EmptyHistory => {
-            CliError::Invalid(e.to_string())
-        }
+        StoreError::Invalid(_)
+        | StoreError::NotADocument { .. }
+        | StoreError::NotInHistory(_)
+        | StoreError::EmptyHistory => CliError::Invalid(e.to_string()),
     }
 }
 
