@@ -760,6 +760,7 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
             itl: Duration::from_secs_f64(profile.latency.itl_ms / 1000.0),
             max_num_seqs: profile.max_concurrency as usize,
             seed: 7,
+            ..vllm_sim::SimConfig::default()
         };
         let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
             .await
