@@ -194,9 +194,24 @@ pub struct ServeArgs {
     /// Longest wait for an admission slot before answering 429.
     #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
     pub queue_timeout_ms: u64,
-    /// How often each endpoint's /metrics is scraped for vLLM's queue.
+    /// How often each endpoint's /metrics is scraped for its queue.
     #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = 1000)]
     pub scrape_interval_ms: u64,
+    /// How often each endpoint is health-checked (`GET /health`, else `/v1/models`); 0 turns
+    /// active checks off.
+    #[arg(
+        long,
+        env = "QUANTROUTER_HEALTH_CHECK_INTERVAL_MS",
+        default_value_t = 2000
+    )]
+    pub health_check_interval_ms: u64,
+    /// A health check slower than this failed.
+    #[arg(
+        long,
+        env = "QUANTROUTER_HEALTH_CHECK_TIMEOUT_MS",
+        default_value_t = 1000
+    )]
+    pub health_check_timeout_ms: u64,
     /// After SIGTERM: readiness fails at once, connections are still accepted this long.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = 0)]
     pub shutdown_delay_ms: u64,
@@ -676,6 +691,12 @@ fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
         default_deadline: Duration::from_millis(args.request_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
         scrape_interval: Duration::from_millis(args.scrape_interval_ms.max(10)),
+        // Zero stays zero (off); anything else at least 10 ms, like the scrape.
+        health_interval: Duration::from_millis(match args.health_check_interval_ms {
+            0 => 0,
+            ms => ms.max(10),
+        }),
+        health_timeout: Duration::from_millis(args.health_check_timeout_ms.max(1)),
         admission: crate::resilience::AdmissionConfig {
             queue_timeout: Duration::from_millis(args.queue_timeout_ms),
             ..defaults.admission

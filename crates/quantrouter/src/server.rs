@@ -45,7 +45,8 @@ use crate::telemetry::{self, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{
-    scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient, UpstreamIncoming,
+    health, scrape, BodyEnd, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient,
+    UpstreamIncoming,
 };
 use crate::workers;
 
@@ -109,6 +110,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
+    health: Option<JoinHandle<()>>,
     upkeep: JoinHandle<()>,
     trim: JoinHandle<()>,
     publisher: Option<Publisher>,
@@ -159,6 +161,14 @@ impl Server {
             config.resilience.scrape_interval,
             config.resilience.scrape_timeout,
         );
+        let health = (!config.resilience.health_interval.is_zero()).then(|| {
+            health::spawn(
+                Arc::clone(&store),
+                client.clone(),
+                config.resilience.health_interval,
+                config.resilience.health_timeout,
+            )
+        });
         let publisher = config
             .keda
             .redis
@@ -217,6 +227,7 @@ impl Server {
             stop,
             tasks,
             scraper,
+            health,
             upkeep,
             trim,
             publisher,
@@ -249,6 +260,9 @@ impl Server {
             tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
         self.scraper.abort();
+        if let Some(health) = self.health {
+            health.abort();
+        }
         self.upkeep.abort();
         self.trim.abort();
         // Last: until the requests above drained they were load KEDA had to see.

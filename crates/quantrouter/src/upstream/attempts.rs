@@ -136,6 +136,9 @@ pub async fn forward(
             attempts += 1;
             endpoints_tried.push(Arc::clone(&pick.endpoint));
             let mut request = build(plan, &pick.endpoint, body_for(profile))?;
+            if let Some(auth) = pool.authorization() {
+                request.headers_mut().insert(header::AUTHORIZATION, auth);
+            }
             let span = plan.trace.map(|trace| {
                 let attributes = vec![
                     KeyValue::new("server.address", pick.endpoint.base().to_owned()),

@@ -146,6 +146,16 @@ pub struct RouterProcess {
 impl RouterProcess {
     /// Starts the binary with `args` added and waits until `/readyz` answers 200.
     pub async fn spawn(set: &ProfileSet, args: &[&str], stderr: std::process::Stdio) -> Self {
+        Self::spawn_with_env(set, args, &[], stderr).await
+    }
+
+    /// [`RouterProcess::spawn`] with environment variables added for the process.
+    pub async fn spawn_with_env(
+        set: &ProfileSet,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: std::process::Stdio,
+    ) -> Self {
         let free = || {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -177,6 +187,7 @@ impl RouterProcess {
         }
         let child = command
             .args(args)
+            .envs(env.iter().copied())
             .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
