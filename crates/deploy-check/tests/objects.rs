@@ -525,8 +525,14 @@ fn upstream_api_keys_come_from_secrets_in_router_and_tiers() {
             }
         }
     }
-    assert!(router_keys >= 2, "all-on values give the router two upstream keys");
-    assert!(tier_keys >= 3, "all-on values give every managed tier its key");
+    assert!(
+        router_keys >= 2,
+        "all-on values give the router two upstream keys"
+    );
+    assert!(
+        tier_keys >= 3,
+        "all-on values give every managed tier its key"
+    );
 }
 
 #[test]

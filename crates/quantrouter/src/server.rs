@@ -40,7 +40,7 @@ use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
-use crate::routing::{self, AUTO_MODEL};
+use crate::routing::{self, PromptSize, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
@@ -587,6 +587,7 @@ fn route_and_forward<'a>(
                     let usage = crate::openai::find_usage(&bytes);
                     if let Some(usage) = usage {
                         Prices::new(&snapshot, profile).record(&labels, usage);
+                        routed.prompt.observe(&snapshot.pools[profile], usage);
                     }
                     if let Some(trace) = trace {
                         trace.finish(span_attributes(
@@ -649,7 +650,7 @@ fn route_and_forward<'a>(
             answer,
             limits,
             started,
-            finish_trace,
+            (routed.prompt, finish_trace),
         ))
     }
 }
@@ -696,10 +697,14 @@ fn respond_streaming(
     answer: Answer,
     mut limits: BodyLimits,
     started: Instant,
-    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
+    (prompt, finish_trace): (
+        PromptSize,
+        Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
+    ),
 ) -> Response<ResponseBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
+    let pool = Arc::clone(&snapshot.pools[profile]);
     let Answer { response, held, .. } = answer;
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16(), started.elapsed());
@@ -716,6 +721,7 @@ fn respond_streaming(
         }
         if let Some(usage) = end.usage {
             prices.record(&labels, usage);
+            prompt.observe(&pool, usage);
         }
         if let Some(finish) = finish_trace {
             finish(end.usage);

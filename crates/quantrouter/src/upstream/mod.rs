@@ -7,6 +7,7 @@
 
 pub mod attempts;
 mod client;
+pub mod context;
 pub mod credential;
 mod framing;
 pub mod health;
