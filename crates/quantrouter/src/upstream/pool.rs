@@ -245,7 +245,8 @@ impl Pool {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Requests waiting upstream (vLLM's queue) over all endpoints, as last scraped.
+    /// Requests waiting upstream (the servers' own queues) over all endpoints, as last
+    /// scraped.
     pub fn upstream_waiting(&self) -> u64 {
         self.endpoints
             .load()
