@@ -650,7 +650,8 @@ fn route_and_forward<'a>(
             answer,
             limits,
             started,
-            (routed.prompt, finish_trace),
+            routed.prompt,
+            finish_trace,
         ))
     }
 }
@@ -697,10 +698,8 @@ fn respond_streaming(
     answer: Answer,
     mut limits: BodyLimits,
     started: Instant,
-    (prompt, finish_trace): (
-        PromptSize,
-        Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
-    ),
+    prompt: PromptSize,
+    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
 ) -> Response<ResponseBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
