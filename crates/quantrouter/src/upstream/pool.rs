@@ -591,6 +591,60 @@ mod tests {
     }
 
     #[test]
+    fn passed_health_checks_close_circuits_but_hide_no_request_failures() {
+        let config = ResilienceConfig {
+            breaker: BreakerConfig {
+                consecutive_failures: 2,
+                open_base: Duration::ZERO,
+                ..BreakerConfig::default()
+            },
+            ..ResilienceConfig::default()
+        };
+        let pool = Arc::new(Pool::new(&["http://a:1".into()], 8, &config));
+        let a = Arc::clone(&pool.endpoints()[0]);
+        let now = Instant::now();
+        pool.pick(&[], now).unwrap().failed();
+        a.admit_check(now).unwrap().checked(true);
+        pool.pick(&[], now).unwrap().failed();
+        assert!(
+            a.open_until().is_some(),
+            "two request failures open it, whatever the check said between them"
+        );
+        // Open time is up: checks are the probes that close it again.
+        let later = Instant::now();
+        for _ in 0..2 {
+            a.admit_check(later).unwrap().checked(true);
+        }
+        assert_eq!(a.circuit(later), CircuitState::Closed);
+        // Failed checks count like failed requests.
+        a.admit_check(later).unwrap().checked(false);
+        a.admit_check(later).unwrap().checked(false);
+        assert!(a.open_until().is_some());
+    }
+
+    #[test]
+    fn learned_chars_per_token_follow_reported_usage_within_bounds() {
+        let pool = pool(&["http://a:1"]);
+        assert_eq!(pool.chars_per_token(4.0), None, "nothing learned yet");
+        // 4000 bytes the upstream counted as 2000 tokens, plus 4 of framing.
+        for _ in 0..30 {
+            pool.observe_prompt(4000, 4, 2004);
+        }
+        let learned = pool.chars_per_token(4.0).unwrap();
+        assert!((2.0..2.2).contains(&learned), "{learned}");
+        // An upstream reporting absurd counts moves the figure at most fourfold.
+        for _ in 0..100 {
+            pool.observe_prompt(4000, 4, 1_000_000);
+        }
+        assert_eq!(pool.chars_per_token(4.0), Some(1.0));
+        // Usage that carries nothing beyond the framing teaches nothing.
+        let fresh = self::pool(&["http://b:2"]);
+        fresh.observe_prompt(4000, 8, 8);
+        fresh.observe_prompt(0, 0, 100);
+        assert_eq!(fresh.chars_per_token(4.0), None);
+    }
+
+    #[test]
     fn endpoint_uri_joins_base_and_path() {
         let pool = pool(&["http://127.0.0.1:8000/prefix/"]);
         let uri = pool.endpoints()[0].uri("/v1/models").unwrap();
