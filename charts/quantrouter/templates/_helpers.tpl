@@ -170,10 +170,18 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- $env := include "quantrouter.redisEnv" $ }}
-{{- if or $env $v.router.extraEnv (include "quantrouter.externalScaler" $) }}
+{{- if or $env $v.router.extraEnv $v.router.upstreamApiKeys (include "quantrouter.externalScaler" $) }}
 env:
   {{- with $env }}
   {{- . | trim | nindent 2 }}
+  {{- end }}
+  {{- /* Upstream API keys: only ever from a Secret, named by the profiles' api_key_env. */}}
+  {{- range $v.router.upstreamApiKeys }}
+  - name: {{ .name }}
+    valueFrom:
+      secretKeyRef:
+        name: {{ .secretName }}
+        key: {{ .secretKey | default "api-key" }}
   {{- end }}
   {{- if include "quantrouter.externalScaler" $ }}
   - name: QUANTROUTER_KEDA_SCALER_LISTEN

@@ -481,6 +481,60 @@ fn redis_url_password_comes_from_a_secret() {
     }
 }
 
+/// `router.upstreamApiKeys` and `tierDefaults.apiKeySecret` put the upstream key into the
+/// router and the vLLM tiers only through `secretKeyRef`, never as a literal.
+#[test]
+fn upstream_api_keys_come_from_secrets_in_router_and_tiers() {
+    let Some(renders) = all_renders() else { return };
+    let mut router_keys = 0;
+    let mut tier_keys = 0;
+    for render in &renders {
+        let from_secret = |env: &Value, name: &str, secret: &str| {
+            assert!(
+                env.get("value").is_none(),
+                "{}: {name} is a literal",
+                render.source
+            );
+            assert_eq!(
+                env["valueFrom"]["secretKeyRef"]["name"], secret,
+                "{}: {name}",
+                render.source
+            );
+            assert_eq!(env["valueFrom"]["secretKeyRef"]["key"], "api-key");
+        };
+        for (_, container) in router_containers(render) {
+            for env in container["env"].as_array().into_iter().flatten() {
+                match env["name"].as_str().unwrap() {
+                    name @ "VLLM_API_KEY" => from_secret(env, name, "vllm-api-key"),
+                    name @ "LLAMA_API_KEY" => from_secret(env, name, "llama-api-key"),
+                    _ => continue,
+                }
+                router_keys += 1;
+            }
+        }
+        for workload in render
+            .of_kind("Deployment")
+            .filter(|d| d["metadata"]["name"].as_str().unwrap().starts_with("vllm-"))
+        {
+            let vllm = &pod_spec(workload)["containers"][0];
+            for env in vllm["env"].as_array().into_iter().flatten() {
+                if env["name"] == "VLLM_API_KEY" {
+                    from_secret(env, "VLLM_API_KEY", "vllm-api-key");
+                    tier_keys += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        router_keys >= 2,
+        "all-on values give the router two upstream keys"
+    );
+    assert!(
+        tier_keys >= 3,
+        "all-on values give every managed tier its key"
+    );
+}
+
 #[test]
 fn discovery_rbac_grants_only_endpointslice_reads_to_the_router() {
     let Some(renders) = all_renders() else { return };

@@ -35,9 +35,9 @@ mod select;
 pub use audit::{audit, AuditError, AuditReport, LabelStats};
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
-    ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet, ProfileSetError,
-    Quality, QualityFallback, RequiredQuality, ServiceUpstream, StaticUpstream, Upstream,
-    ValidationErrors, Weights,
+    ApiKeySource, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet,
+    ProfileSetError, Quality, QualityFallback, QueueMetrics, RequiredQuality, ServiceUpstream,
+    StaticUpstream, Upstream, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{check_answer, check_choices, repetition_ratio, AnswerChoice, AnswerProblem};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};

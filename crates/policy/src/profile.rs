@@ -14,7 +14,8 @@ use crate::features::TaskClass;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileSet {
-    /// Monotonic document version; a router never replaces a set with an older one.
+    /// Monotonic document version; a router never replaces a set with an older one. At most
+    /// [`MAX_VERSION`].
     pub version: u64,
     /// When the document was written (RFC 3339), informational.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -25,6 +26,11 @@ pub struct ProfileSet {
     pub policy: Policy,
     pub profiles: Vec<Profile>,
 }
+
+/// The largest document version: 2^53 − 1, the largest integer every JSON reader (and the
+/// Lua numbers of the Redis push script) holds exactly. A larger one would be read back
+/// rounded or negative and break every later compare-and-set push.
+pub const MAX_VERSION: u64 = (1 << 53) - 1;
 
 /// How profiles are scored and chosen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +146,9 @@ pub enum Upstream {
     Static(StaticUpstream),
 }
 
+/// A Kubernetes service upstream. The access fields (`api_key_env`, `api_key_file`,
+/// `metrics`) are the same for both kinds of upstream; see [`Upstream::api_key`] and
+/// [`Upstream::queue_metrics`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceUpstream {
@@ -149,12 +158,65 @@ pub struct ServiceUpstream {
     /// vLLM's OpenAI server listens on 8000 by default.
     #[serde(default = "default_port")]
     pub port: u16,
+    /// Environment variable holding the bearer token for this upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// File holding the bearer token for this upstream (a mounted Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
+    /// Names of the upstream's queue metrics; detected when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<QueueMetrics>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Fixed base URLs.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StaticUpstream {
     pub urls: Vec<String>,
+    /// Environment variable holding the bearer token for this upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// File holding the bearer token for this upstream (a mounted Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<String>,
+    /// Names of the upstream's queue metrics; detected when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<QueueMetrics>,
+}
+
+// === impl StaticUpstream ===
+
+impl StaticUpstream {
+    /// Fixed URLs with no API key and detected queue metrics.
+    pub fn new(urls: Vec<String>) -> Self {
+        Self {
+            urls,
+            ..Self::default()
+        }
+    }
+}
+
+/// Prometheus metric names the router reads an upstream's queue from, overriding detection.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueMetrics {
+    /// Requests waiting to start (vLLM: `vllm:num_requests_waiting`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+    /// Requests being generated (vLLM: `vllm:num_requests_running`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+}
+
+/// Where an upstream's bearer token is read from. The document names the place, never the
+/// token itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKeySource<'a> {
+    /// An environment variable of the router process.
+    Env(&'a str),
+    /// A file (a mounted Kubernetes Secret); surrounding whitespace is trimmed.
+    File(&'a str),
 }
 
 /// Unloaded latency of a profile.
@@ -220,6 +282,12 @@ impl ProfileSet {
                 message: message.to_owned(),
             })
         };
+        if self.version > MAX_VERSION {
+            err(
+                "version".into(),
+                "must be at most 9007199254740991 (2^53 - 1), the largest integer JSON numbers hold exactly",
+            );
+        }
         self.policy.check(&mut err);
         if self.profiles.is_empty() {
             err("profiles".into(), "must contain at least one profile");
@@ -267,13 +335,19 @@ pub(crate) fn parse_with_path<T: serde::de::DeserializeOwned>(
     text: &str,
 ) -> Result<T, ProfileSetError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         ProfileSetError::Parse {
             path: if path == "." { "$".into() } else { path },
             message: e.into_inner().to_string(),
         }
-    })
+    })?;
+    // One document: bytes after it mean the text is not what the operator thinks it is.
+    de.end().map_err(|e| ProfileSetError::Parse {
+        path: "$".into(),
+        message: e.to_string(),
+    })?;
+    Ok(value)
 }
 
 // === impl Policy ===
@@ -503,6 +577,65 @@ impl Upstream {
                 }
             }
         }
+        let (key_env, key_file, metrics) = self.access();
+        if let Some(var) = key_env {
+            if !is_env_name(var) {
+                err(
+                    format!("{path}.api_key_env"),
+                    "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                );
+            }
+        }
+        match key_file {
+            Some(_) if key_env.is_some() => err(
+                format!("{path}.api_key_file"),
+                "set api_key_env or api_key_file, not both",
+            ),
+            Some(file) if file.trim().is_empty() => {
+                err(format!("{path}.api_key_file"), "must not be empty")
+            }
+            _ => {}
+        }
+        if let Some(metrics) = metrics {
+            for (name, value) in [("waiting", &metrics.waiting), ("running", &metrics.running)] {
+                if value.as_deref().is_some_and(|v| !is_metric_name(v)) {
+                    err(
+                        format!("{path}.metrics.{name}"),
+                        "must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
+                    );
+                }
+            }
+        }
+    }
+
+    /// The fields both kinds of upstream share: `api_key_env`, `api_key_file`, `metrics`.
+    fn access(&self) -> (Option<&str>, Option<&str>, Option<&QueueMetrics>) {
+        match self {
+            Upstream::Service(s) => (
+                s.api_key_env.as_deref(),
+                s.api_key_file.as_deref(),
+                s.metrics.as_ref(),
+            ),
+            Upstream::Static(s) => (
+                s.api_key_env.as_deref(),
+                s.api_key_file.as_deref(),
+                s.metrics.as_ref(),
+            ),
+        }
+    }
+
+    /// Where this upstream's bearer token comes from, if it needs one.
+    pub fn api_key(&self) -> Option<ApiKeySource<'_>> {
+        match self.access() {
+            (Some(var), _, _) => Some(ApiKeySource::Env(var)),
+            (None, Some(file), _) => Some(ApiKeySource::File(file)),
+            (None, None, _) => None,
+        }
+    }
+
+    /// The queue metric names the document sets, if any.
+    pub fn queue_metrics(&self) -> Option<&QueueMetrics> {
+        self.access().2
     }
 
     /// Base URLs to reach this upstream without discovery: the static list, or the
@@ -516,6 +649,22 @@ impl Upstream {
             Upstream::Static(s) => s.urls.clone(),
         }
     }
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn is_metric_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_' || b == b':')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -537,13 +686,25 @@ fn check_base_url(url: &str) -> Result<(), &'static str> {
         return Err("must not contain whitespace");
     }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => {
-            (host, Some(port))
+    let (host, port) = match authority.strip_prefix('[') {
+        // An IPv6 literal: `[addr]` or `[addr]:port`.
+        Some(bracketed) => {
+            let (host, after) = bracketed
+                .split_once(']')
+                .ok_or("must close the IPv6 address with ]")?;
+            let port = match after {
+                "" => None,
+                after => Some(after.strip_prefix(':').ok_or("must have a host")?),
+            };
+            (host, port)
         }
-        _ => (authority, None),
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
     };
-    if host.is_empty() || host.contains('@') {
+    let bracketed = authority.starts_with('[');
+    if host.is_empty() || host.contains(['@', '[', ']']) || (!bracketed && host.contains(':')) {
         return Err("must have a host");
     }
     if let Some(port) = port {

@@ -70,9 +70,7 @@ pub fn from_seed_list(
                 model: s.model_id.clone(),
                 quantization: s.quantization.clone(),
                 tier: s.quantization.to_ascii_lowercase(),
-                upstream: Upstream::Static(StaticUpstream {
-                    urls: url.into_iter().collect(),
-                }),
+                upstream: Upstream::Static(StaticUpstream::new(url.into_iter().collect())),
                 cost_per_1m_input_tokens: s.cost_per_1m_tokens,
                 cost_per_1m_output_tokens: s.cost_per_1m_tokens,
                 latency: Latency {

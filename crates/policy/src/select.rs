@@ -37,6 +37,9 @@ pub struct ProfileLoad {
     pub available: bool,
     /// Expected wait before the upstream starts the request.
     pub queue_wait_ms: f64,
+    /// Characters per token learned from what the upstream reported for earlier prompts;
+    /// `None` uses the profile's `chars_per_token`.
+    pub chars_per_token: Option<f64>,
 }
 
 /// Why a profile was chosen.
@@ -119,6 +122,7 @@ pub enum RouteError {
 const AVAILABLE: ProfileLoad = ProfileLoad {
     available: true,
     queue_wait_ms: 0.0,
+    chars_per_token: None,
 };
 
 /// Chooses a profile for one request.
@@ -208,7 +212,11 @@ fn score(
     required: f64,
     budget: f64,
 ) -> Candidate {
-    let input_tokens = features.estimated_input_tokens(p.chars_per_token);
+    let chars_per_token = load
+        .chars_per_token
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .unwrap_or(p.chars_per_token);
+    let input_tokens = features.estimated_input_tokens(chars_per_token);
     let predicted_latency_ms = load.queue_wait_ms.max(0.0)
         + p.latency.ttft_ms
         + p.latency.itl_ms * f64::from(expected_out);

@@ -40,6 +40,7 @@ fn loads() -> impl Strategy<Value = Vec<ProfileLoad>> {
         (any::<bool>(), 0.0f64..20_000.0).prop_map(|(available, queue_wait_ms)| ProfileLoad {
             available,
             queue_wait_ms,
+            chars_per_token: None,
         }),
         3,
     )

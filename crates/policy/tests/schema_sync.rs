@@ -68,7 +68,7 @@ fn every_shipped_profile_set_validates_against_the_schema_and_the_types() {
 fn schema_rejects_what_the_types_reject() {
     let validator = jsonschema::validator_for(&schema()).unwrap();
     let base: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
-    let cases: [(&str, Value); 5] = [
+    let cases: [(&str, Value); 9] = [
         ("/profiles/0/bogus", Value::from(1)),
         ("/profiles/0/quality/default", Value::from(1.5)),
         ("/profiles/0/latency/itl_ms", Value::from(0)),
@@ -76,6 +76,19 @@ fn schema_rejects_what_the_types_reject() {
         (
             "/profiles/0/upstream",
             serde_json::json!({"urls": ["ftp://x"]}),
+        ),
+        ("/version", Value::from(9_007_199_254_740_992u64)),
+        (
+            "/profiles/0/upstream",
+            serde_json::json!({"service": "a", "api_key_env": "A", "api_key_file": "/k"}),
+        ),
+        (
+            "/profiles/0/upstream",
+            serde_json::json!({"urls": ["http://a:1"], "api_key_env": "not a name"}),
+        ),
+        (
+            "/profiles/0/upstream",
+            serde_json::json!({"urls": ["http://a:1"], "metrics": {"waiting": "a b"}}),
         ),
     ];
     for (pointer, bad) in cases {
@@ -146,7 +159,15 @@ fn schema_property_names_match_the_rust_fields() {
         math: Some(0.9),
         structured: Some(0.9),
     };
-    set.profiles[1].upstream = serde_json::from_str(r#"{"urls": ["http://127.0.0.1:1"]}"#).unwrap();
+    set.profiles[1].upstream = serde_json::from_str(
+        r#"{"urls": ["http://127.0.0.1:1"], "api_key_file": "/k",
+            "metrics": {"waiting": "w", "running": "r"}}"#,
+    )
+    .unwrap();
+    set.profiles[2].upstream = serde_json::from_str(
+        r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"}}"#,
+    )
+    .unwrap();
     let mut from_types = BTreeSet::new();
     value_paths(&serde_json::to_value(&set).unwrap(), "", &mut from_types);
     let schema = schema();

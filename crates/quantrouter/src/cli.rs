@@ -194,9 +194,24 @@ pub struct ServeArgs {
     /// Longest wait for an admission slot before answering 429.
     #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
     pub queue_timeout_ms: u64,
-    /// How often each endpoint's /metrics is scraped for vLLM's queue.
+    /// How often each endpoint's /metrics is scraped for its queue.
     #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = 1000)]
     pub scrape_interval_ms: u64,
+    /// How often each endpoint is health-checked (`GET /health`, else `/v1/models`); 0 turns
+    /// active checks off.
+    #[arg(
+        long,
+        env = "QUANTROUTER_HEALTH_CHECK_INTERVAL_MS",
+        default_value_t = 2000
+    )]
+    pub health_check_interval_ms: u64,
+    /// A health check slower than this failed.
+    #[arg(
+        long,
+        env = "QUANTROUTER_HEALTH_CHECK_TIMEOUT_MS",
+        default_value_t = 1000
+    )]
+    pub health_check_timeout_ms: u64,
     /// After SIGTERM: readiness fails at once, connections are still accepted this long.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = 0)]
     pub shutdown_delay_ms: u64,
@@ -486,8 +501,15 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
             let version = match expect_version {
                 None => store.push(set).await,
                 Some(expected) => {
-                    set.version = expected + 1;
-                    store.push_expecting(&set, expected as i64).await
+                    let too_large = || {
+                        CliError::Invalid(format!(
+                            "--expect-version {expected}: versions are at most {}",
+                            quantrouter_policy::MAX_VERSION
+                        ))
+                    };
+                    let expected = i64::try_from(expected).map_err(|_| too_large())?;
+                    set.version = (expected as u64).saturating_add(1);
+                    store.push_expecting(&set, expected).await
                 }
             }
             .map_err(store_error)?;
@@ -541,9 +563,10 @@ fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
         StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
-        StoreError::Invalid(_) | StoreError::NotInHistory(_) | StoreError::EmptyHistory => {
-            CliError::Invalid(e.to_string())
-        }
+        StoreError::Invalid(_)
+        | StoreError::NotADocument { .. }
+        | StoreError::NotInHistory(_)
+        | StoreError::EmptyHistory => CliError::Invalid(e.to_string()),
     }
 }
 
@@ -668,6 +691,12 @@ fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
         default_deadline: Duration::from_millis(args.request_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
         scrape_interval: Duration::from_millis(args.scrape_interval_ms.max(10)),
+        // Zero stays zero (off); anything else at least 10 ms, like the scrape.
+        health_interval: Duration::from_millis(match args.health_check_interval_ms {
+            0 => 0,
+            ms => ms.max(10),
+        }),
+        health_timeout: Duration::from_millis(args.health_check_timeout_ms.max(1)),
         admission: crate::resilience::AdmissionConfig {
             queue_timeout: Duration::from_millis(args.queue_timeout_ms),
             ..defaults.admission
@@ -752,13 +781,12 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
             itl: Duration::from_secs_f64(profile.latency.itl_ms / 1000.0),
             max_num_seqs: profile.max_concurrency as usize,
             seed: 7,
+            ..vllm_sim::SimConfig::default()
         };
         let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
             .await
             .map_err(|e| CliError::Io(format!("starting a simulated tier: {e}")))?;
-        profile.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![sim.url()],
-        });
+        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
         sims.push(sim);
     }
     set.validate()

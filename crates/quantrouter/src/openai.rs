@@ -67,6 +67,10 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json.")]
     UnsupportedMediaType,
+    /// The prompt (with `max_tokens`) does not fit the context of any profile that could
+    /// serve it; the message is the upstream's.
+    #[error("{0}")]
+    ContextLengthExceeded(String),
     #[error("The upstream answered with an invalid response: {0}")]
     BadGateway(String),
     #[error("No healthy profile can serve this request: {0}")]
@@ -535,7 +539,9 @@ impl ApiError {
     /// HTTP status; the only place that decides it.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::ContextLengthExceeded(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -558,6 +564,9 @@ impl ApiError {
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::UnsupportedMediaType => ("invalid_request_error", "unsupported_media_type"),
+            ApiError::ContextLengthExceeded(_) => {
+                ("invalid_request_error", "context_length_exceeded")
+            }
             ApiError::BadGateway(_) => ("upstream_error", "bad_gateway"),
             ApiError::Unavailable(_) => ("server_error", "no_healthy_profile"),
             ApiError::Timeout(_) => ("timeout_error", "deadline_exceeded"),
@@ -598,6 +607,7 @@ impl ApiError {
         let (kind, code) = self.kind();
         let param = match &self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
+            ApiError::ContextLengthExceeded(_) => Some("messages".to_owned()),
             _ => None,
         };
         let body = serde_json::json!({

@@ -9,8 +9,9 @@ use quantrouter_policy::{
     RouteRequest, RoutingDecision,
 };
 
-use crate::openai::{ApiError, ParsedRequest};
+use crate::openai::{ApiError, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
+use crate::upstream::Pool;
 
 /// Header: latency budget for this request, in milliseconds.
 pub const LATENCY_BUDGET_HEADER: HeaderName =
@@ -87,6 +88,11 @@ pub fn route(
         decision,
         wait_for,
         cold_preferred,
+        prompt: PromptSize {
+            bytes: features.prompt_bytes,
+            // The estimate's own count for text that costs nothing: its per-message framing.
+            overhead_tokens: features.estimated_input_tokens(f64::INFINITY),
+        },
     })
 }
 
@@ -99,6 +105,24 @@ pub struct Routed {
     /// A scaled-to-zero profile that would have won; a warm one serves instead, but the
     /// demand should still wake the cold tier.
     pub cold_preferred: Option<usize>,
+    /// The prompt as the context check sized it.
+    pub prompt: PromptSize,
+}
+
+/// A prompt's size as the context check estimates it, to compare with the tokens the
+/// upstream counted.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptSize {
+    pub bytes: usize,
+    /// Tokens the estimate adds for message framing, whatever the text.
+    pub overhead_tokens: u64,
+}
+
+impl PromptSize {
+    /// Learns the serving profile's characters per token from the `usage` it reported.
+    pub fn observe(self, pool: &Pool, usage: Usage) {
+        pool.observe_prompt(self.bytes, self.overhead_tokens, usage.prompt_tokens);
+    }
 }
 
 /// Scale from zero: a profile with no endpoint (scaled to zero) and a cold-start allowance
@@ -145,6 +169,7 @@ fn cold_start(
             true => ProfileLoad {
                 available: true,
                 queue_wait_ms: profiles[i].cold_start_timeout_ms as f64,
+                ..*l
             },
             false => *l,
         })
@@ -203,8 +228,9 @@ fn resolve_model<'s>(
 
 /// What the router observes of each profile right now.
 ///
-/// Requests waiting for admission count as in flight beyond `max_concurrency`; vLLM's own
-/// queue comes from the scraper.
+/// Requests waiting for admission count as in flight beyond `max_concurrency`; the
+/// upstream's own queue comes from the scraper, and the characters per token from what the
+/// upstream counted for earlier prompts.
 fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
     let expected = snapshot.set.policy.expected_output_tokens;
     let now = tokio::time::Instant::now();
@@ -221,6 +247,7 @@ fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
                 pool.upstream_waiting(),
                 expected,
             ),
+            chars_per_token: pool.chars_per_token(profile.chars_per_token),
         })
         .collect()
 }

@@ -40,13 +40,13 @@ use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::resilience::ResilienceConfig;
-use crate::routing::{self, AUTO_MODEL};
+use crate::routing::{self, PromptSize, AUTO_MODEL};
 use crate::telemetry::{self, ProfileTelemetry, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
 use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{
-    scrape, BodyEnd, BodyError, BodyEvent, BodyLimits, ClientConfig, InflightGuard, UpstreamBody,
-    UpstreamClient, UpstreamIncoming,
+    health, scrape, BodyEnd, BodyError, BodyEvent, BodyLimits, ClientConfig, InflightGuard,
+    UpstreamBody, UpstreamClient, UpstreamIncoming,
 };
 use crate::workers;
 
@@ -110,6 +110,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
+    health: Option<JoinHandle<()>>,
     upkeep: JoinHandle<()>,
     trim: JoinHandle<()>,
     publisher: Option<Publisher>,
@@ -160,6 +161,14 @@ impl Server {
             config.resilience.scrape_interval,
             config.resilience.scrape_timeout,
         );
+        let health = (!config.resilience.health_interval.is_zero()).then(|| {
+            health::spawn(
+                Arc::clone(&store),
+                client.clone(),
+                config.resilience.health_interval,
+                config.resilience.health_timeout,
+            )
+        });
         let publisher = config
             .keda
             .redis
@@ -218,6 +227,7 @@ impl Server {
             stop,
             tasks,
             scraper,
+            health,
             upkeep,
             trim,
             publisher,
@@ -250,6 +260,9 @@ impl Server {
             tracing::warn!(?grace, "in-flight requests outlived the grace period");
         }
         self.scraper.abort();
+        if let Some(health) = self.health {
+            health.abort();
+        }
         self.upkeep.abort();
         self.trim.abort();
         // Last: until the requests above drained they were load KEDA had to see.
@@ -598,6 +611,7 @@ fn route_and_forward<'a>(
                     let usage = crate::openai::find_usage(&bytes);
                     if let Some(usage) = usage {
                         Prices::new(&snapshot, profile).record(&labels, usage);
+                        routed.prompt.observe(&snapshot.pools[profile], usage);
                     }
                     if let Some(trace) = trace {
                         trace.finish(span_attributes(
@@ -661,6 +675,7 @@ fn route_and_forward<'a>(
             answer,
             limits,
             started,
+            routed.prompt,
             finish_trace,
         ))
     }
@@ -708,10 +723,12 @@ fn respond_streaming(
     answer: Answer,
     mut limits: BodyLimits,
     started: Instant,
+    prompt: PromptSize,
     finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
 ) -> Response<ResponseBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
+    let pool = Arc::clone(&snapshot.pools[profile]);
     let Answer { response, held, .. } = answer;
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16());
@@ -736,6 +753,7 @@ fn respond_streaming(
             }
             if let Some(usage) = end.usage {
                 prices.record(&labels, usage);
+                prompt.observe(&pool, usage);
             }
             if let Some(finish) = finish_trace.take() {
                 finish(end.usage);

@@ -44,6 +44,8 @@ pub const CIRCUIT_STATE: &str = "quantrouter_circuit_state";
 pub const QUEUE_DEPTH: &str = "quantrouter_queue_depth";
 /// Per tier: endpoints whose circuit is not open.
 pub const READY_ENDPOINTS: &str = "quantrouter_ready_endpoints";
+/// Per endpoint: 1 when its `/metrics` page has a queue metric the router reads, else 0.
+pub const UPSTREAM_QUEUE_METRIC: &str = "quantrouter_upstream_queue_metric_found";
 /// Tokens from upstream `usage`, by profile and direction (`input`, `output`).
 pub const TOKENS: &str = "quantrouter_tokens_total";
 /// Estimated cost in USD of the requests served, by profile.
@@ -171,6 +173,10 @@ fn describe() {
     metrics::describe_gauge!(
         READY_ENDPOINTS,
         "Endpoints of a tier whose circuit is not open."
+    );
+    metrics::describe_gauge!(
+        UPSTREAM_QUEUE_METRIC,
+        "1 when the endpoint's /metrics has a queue metric the router reads, else 0."
     );
     metrics::describe_gauge!(PROFILE_SET_VERSION, "Version of the active profile set.");
     metrics::describe_counter!(
@@ -461,6 +467,10 @@ pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
             };
             gauge!(CIRCUIT_STATE, "profile" => profile.id.clone(), "endpoint" => endpoint.base().to_owned())
                 .set(state);
+            if let Some(found) = endpoint.queue_source().found() {
+                gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.id.clone(), "endpoint" => endpoint.base().to_owned())
+                    .set(if found { 1.0 } else { 0.0 });
+            }
         }
     }
     for (tier, stats) in crate::keda::local_tiers(snapshot, now) {

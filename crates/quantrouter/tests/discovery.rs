@@ -453,10 +453,12 @@ async fn profile_reloads_start_and_stop_watches() {
         service: "vllm-fp8-b".into(),
         namespace: NS.into(),
         port: 8000,
+        api_key_env: None,
+        api_key_file: None,
+        metrics: None,
     });
-    v2.profiles[2].upstream = Upstream::Static(StaticUpstream {
-        urls: vec!["http://127.0.0.1:9".into()],
-    });
+    v2.profiles[2].upstream =
+        Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));
     rig.store
         .apply(v2.clone(), SourceKind::Embedded, false)
         .unwrap();

@@ -139,9 +139,7 @@ fn set_on(url: &str, tag: &str) -> ProfileSet {
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
         p.id = format!("{tag}-{}", p.id);
-        p.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![url.to_owned()],
-        });
+        p.upstream = Upstream::Static(StaticUpstream::new(vec![url.to_owned()]));
     }
     set.default_profile = format!("{tag}-{}", set.default_profile);
     set

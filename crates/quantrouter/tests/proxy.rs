@@ -126,9 +126,7 @@ async fn body_is_forwarded_byte_for_byte_except_the_model() {
     let (url, seen) = support::capture_upstream().await;
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
-        p.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![url.clone()],
-        });
+        p.upstream = Upstream::Static(StaticUpstream::new(vec![url.clone()]));
     }
     let router = start_router(set, |_| {}).await;
     // Odd spacing, unknown fields, escapes, unicode and a tools array must survive intact.
@@ -382,9 +380,7 @@ async fn an_upstream_that_is_down_gives_503_fast() {
     drop(closed);
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
-        p.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![url.clone()],
-        });
+        p.upstream = Upstream::Static(StaticUpstream::new(vec![url.clone()]));
     }
     let router = start_router(set, |_| {}).await;
     let r = send(

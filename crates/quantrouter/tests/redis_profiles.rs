@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use quantrouter::profiles::redis_store::{StoreError, HISTORY_CAP};
 use quantrouter::profiles::{redis_source, ProfileStore, SourceKind};
-use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET, MAX_VERSION};
 use support::redis_server::RedisServer;
 use support::{eventually, rejected_since, reloads};
 
@@ -142,6 +142,126 @@ async fn compare_and_set_refuses_a_stale_writer() {
         theirs,
         "nothing was written"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_past_what_json_numbers_hold_are_refused_by_push_and_by_routers() {
+    quantrouter::telemetry::metrics_handle();
+    let redis = RedisServer::start(None);
+    let ops = redis.store().await;
+    // A push of 2^64 - 1 is refused before anything is written.
+    let mut huge = default_set();
+    huge.version = u64::MAX;
+    match ops.push_expecting(&huge, -1).await {
+        Err(StoreError::Invalid(e)) => assert!(e.to_string().contains("version: "), "{e}"),
+        other => panic!("expected a validation error naming `version`, got {other:?}"),
+    }
+    assert!(
+        ops.active_raw().await.unwrap().is_none(),
+        "nothing was written"
+    );
+
+    // At the largest version, the next push is refused instead of rounding.
+    let mut top = default_set();
+    top.version = MAX_VERSION;
+    assert_eq!(ops.push(top).await.unwrap(), MAX_VERSION);
+    match ops.push(default_set()).await {
+        Err(StoreError::Invalid(e)) => assert!(e.to_string().contains("version: "), "{e}"),
+        other => panic!("expected a validation error naming `version`, got {other:?}"),
+    }
+    assert_eq!(ops.active().await.unwrap().unwrap().version, MAX_VERSION);
+
+    // Written past the CLI, such a document is rejected by every router.
+    let r = router(&redis);
+    assert!(applied(&r, MAX_VERSION).await);
+    let text = serde_json::to_string(&default_set())
+        .unwrap()
+        .replace("\"version\":1,", &format!("\"version\":{},", u64::MAX));
+    assert!(text.contains(&u64::MAX.to_string()));
+    let before = reloads("redis", "rejected");
+    redis
+        .raw_set("qr:profiles", &text, Some(("qr:profiles:updates", "x")))
+        .await;
+    assert!(rejected_since("redis", before, 1).await);
+    assert_eq!(r.load().set.version, MAX_VERSION);
+}
+
+/// `INFO` fields of a Redis server, as numbers.
+async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let text: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_default();
+    // `cmdstat_get:calls=N,...` or `total_connections_received:N`.
+    let value = line.strip_prefix("calls=").unwrap_or(line);
+    value.split(',').next().unwrap().trim().parse().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_cannot_hold_a_document_is_rejected_without_reconnecting() {
+    let redis = RedisServer::start(None);
+    let admin = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let connections = || {
+        let mut admin = admin.clone();
+        async move { info(&mut admin, "stats", "total_connections_received").await }
+    };
+    let gets = || {
+        let mut admin = admin.clone();
+        async move { info(&mut admin, "commandstats", "cmdstat_get").await }
+    };
+    let command = |args: &[&[u8]]| {
+        let mut admin = admin.clone();
+        let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        async move { cmd.query_async::<()>(&mut admin).await.unwrap() }
+    };
+    command(&[b"RPUSH", b"qr:profiles", b"not a document"]).await;
+    let r = router(&redis);
+    for round in ["a list", "invalid UTF-8"] {
+        if round == "invalid UTF-8" {
+            command(&[b"DEL", b"qr:profiles"]).await;
+            command(&[b"SET", b"qr:profiles", b"{\"version\": \xff\xfe}"]).await;
+        }
+        // The source polls every 50 ms: let it read the key a few times, then count the
+        // connections opened over ten more reads (one on reconnect with the old code).
+        let start = gets().await;
+        let polled = eventually(Duration::from_secs(5), || async {
+            gets().await >= start + 3
+        })
+        .await;
+        assert!(polled, "{round}: the source never read the key");
+        let (c0, g0) = (connections().await, gets().await);
+        let read_ten = eventually(Duration::from_secs(10), || async {
+            gets().await >= g0 + 10
+        })
+        .await;
+        assert!(read_ten, "{round}: the source stopped reading the key");
+        let opened = connections().await - c0;
+        assert!(
+            opened <= 1,
+            "{round}: {opened} connections over ten reads: a bad document made the source reconnect"
+        );
+        assert_eq!(
+            r.load().source,
+            SourceKind::Embedded,
+            "{round}: nothing applied"
+        );
+    }
+    // A good document replaces it without a reconnect.
+    command(&[b"DEL", b"qr:profiles"]).await;
+    let version = redis.store().await.push(default_set()).await.unwrap();
+    assert!(applied(&r, version).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

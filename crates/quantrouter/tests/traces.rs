@@ -75,9 +75,7 @@ async fn a_request_exports_request_route_and_attempt_spans_linked_to_the_client_
     let (upstream, seen) = capture_upstream().await;
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
-        p.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![upstream.clone()],
-        });
+        p.upstream = Upstream::Static(StaticUpstream::new(vec![upstream.clone()]));
     }
     let traces = Traces::to_endpoint(&collector).unwrap();
     let exporter = traces.clone();

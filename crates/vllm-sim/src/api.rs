@@ -57,6 +57,8 @@ pub(crate) enum ApiError {
     RouteNotFound(String),
     #[error("Method not allowed.")]
     MethodNotAllowed,
+    #[error("Unauthorized: a valid API key is required.")]
+    Unauthorized,
     #[error("Request body is larger than {0} bytes.")]
     PayloadTooLarge(usize),
     #[error("Simulated failure (HTTP {}) injected by vllm-sim.", .status.as_u16())]
@@ -511,6 +513,7 @@ impl ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Injected { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

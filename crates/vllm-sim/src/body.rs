@@ -29,8 +29,12 @@ pub(crate) enum SimBody {
     /// Events from a producer task; the channel closing ends the body.
     Channel {
         rx: mpsc::Receiver<StreamItem>,
+        /// An event taken from the channel before the head went out, sent first.
+        first: Option<Bytes>,
         /// An error received but not yet returned; see `poll_frame`.
         deferred: Option<BodyError>,
+        /// The producer finished before the head went out.
+        ended: bool,
     },
 }
 
@@ -46,8 +50,24 @@ impl SimBody {
         Self::Full((!data.is_empty()).then_some(data))
     }
 
-    pub(crate) fn channel(rx: mpsc::Receiver<StreamItem>) -> Self {
-        Self::Channel { rx, deferred: None }
+    /// A streamed body; `first` is what was already taken from `rx` (`Some(None)`: the
+    /// channel had closed).
+    pub(crate) fn channel(
+        first: Option<Option<StreamItem>>,
+        rx: mpsc::Receiver<StreamItem>,
+    ) -> Self {
+        let (first, deferred, ended) = match first {
+            None => (None, None, false),
+            Some(None) => (None, None, true),
+            Some(Some(Ok(data))) => (Some(data), None, false),
+            Some(Some(Err(error))) => (None, Some(error), false),
+        };
+        Self::Channel {
+            rx,
+            first,
+            deferred,
+            ended,
+        }
     }
 }
 
@@ -61,9 +81,20 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Self::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Self::Channel { rx, deferred } => {
+            Self::Channel {
+                rx,
+                first,
+                deferred,
+                ended,
+            } => {
+                if let Some(data) = first.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
                 if let Some(error) = deferred.take() {
                     return Poll::Ready(Some(Err(error)));
+                }
+                if *ended {
+                    return Poll::Ready(None);
                 }
                 match rx.poll_recv(cx) {
                     Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),

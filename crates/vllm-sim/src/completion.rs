@@ -77,9 +77,20 @@ pub(crate) async fn serve(
         }
     };
     if job.request.stream {
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
+        let head_early = state.config.metrics_flavor.head_before_prefill();
         tokio::spawn(produce_stream(state, job, guard, tx));
-        let mut response = Response::new(SimBody::channel(rx));
+        // vLLM's head leaves with the first event (after the queue and the time to first
+        // token); llama.cpp's as soon as the request is accepted.
+        let first = match head_early {
+            true => None,
+            false => match rx.recv().await {
+                // A reset before the first event: no response at all, as for a whole answer.
+                Some(Err(_)) => return Err(InjectedAbort),
+                first => Some(first),
+            },
+        };
+        let mut response = Response::new(SimBody::channel(first, rx));
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

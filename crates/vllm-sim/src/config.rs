@@ -15,6 +15,34 @@ pub struct SimConfig {
     pub max_num_seqs: usize,
     /// Mixed into the prompt hash so two simulators can answer the same prompt differently.
     pub seed: u64,
+    /// Which server's metric names `/metrics` uses, and when a stream's head goes out.
+    pub metrics_flavor: MetricsFlavor,
+    /// Bearer token every route but `/health` and `/sim/*` requires (vLLM's and
+    /// llama.cpp's `--api-key`); `None` accepts anyone.
+    pub api_key: Option<String>,
+}
+
+/// An OpenAI-compatible server the simulator imitates on the wire, beyond the OpenAI API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MetricsFlavor {
+    /// vLLM: `vllm:num_requests_waiting` / `vllm:num_requests_running`.
+    #[default]
+    Vllm,
+    /// SGLang: `sglang:num_queue_reqs` / `sglang:num_running_reqs`.
+    Sglang,
+    /// llama.cpp's `llama-server`: `llamacpp:requests_deferred` /
+    /// `llamacpp:requests_processing`, and a stream's response head leaves before prefill.
+    Llamacpp,
+    /// Text Generation Inference: `tgi_queue_size` / `tgi_batch_current_size`.
+    Tgi,
+}
+
+impl MetricsFlavor {
+    /// Whether a stream's response head goes out as soon as the request is accepted, before
+    /// the queue and the time to first token (llama.cpp), rather than with the first event.
+    pub fn head_before_prefill(self) -> bool {
+        self == Self::Llamacpp
+    }
 }
 
 impl Default for SimConfig {
@@ -27,6 +55,8 @@ impl Default for SimConfig {
             itl: Duration::ZERO,
             max_num_seqs: 256,
             seed: 0,
+            metrics_flavor: MetricsFlavor::Vllm,
+            api_key: None,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! `/v1/models`, `/health`, `/metrics` with vLLM's metric names), produces deterministic text
 //! derived from the prompt and a seed, follows a simple latency model (time to first token,
 //! then a fixed inter-token latency, at most `max_num_seqs` requests running at once) and lets
-//! tests inject faults at run time (`POST /sim/faults`).
+//! tests inject faults at run time (`POST /sim/faults`). It can also wear the metric names of
+//! SGLang, llama.cpp or TGI ([`MetricsFlavor`]) and require an API key like `--api-key`.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -32,7 +33,7 @@ mod routes;
 mod server;
 mod state;
 
-pub use config::SimConfig;
+pub use config::{MetricsFlavor, SimConfig};
 pub use faults::{Faults, FaultsError};
 pub use metrics::SimStats;
 pub use server::SimServer;

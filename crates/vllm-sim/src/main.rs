@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use vllm_sim::{SimConfig, SimServer};
+use vllm_sim::{MetricsFlavor, SimConfig, SimServer};
 
 /// A vLLM-compatible OpenAI server simulator with a latency model and run-time fault
 /// injection (`POST /sim/faults`).
@@ -31,6 +31,13 @@ struct Args {
     /// Seed mixed into the generated text.
     #[arg(long, env = "VLLM_SIM_SEED", default_value_t = 0)]
     seed: u64,
+    /// The server whose metric names `/metrics` uses; `llamacpp` also sends a stream's
+    /// response headers before prefill, as llama.cpp does.
+    #[arg(long, env = "VLLM_SIM_METRICS_FLAVOR", value_enum, default_value_t = MetricsFlavor::Vllm)]
+    metrics_flavor: MetricsFlavor,
+    /// Require `Authorization: Bearer KEY` on every route but `/health` and `/sim/*`.
+    #[arg(long, env = "VLLM_SIM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 #[tokio::main]
@@ -49,6 +56,8 @@ async fn main() -> ExitCode {
         itl: Duration::from_millis(args.itl_ms),
         max_num_seqs: args.max_num_seqs,
         seed: args.seed,
+        metrics_flavor: args.metrics_flavor,
+        api_key: args.api_key,
     };
     let model = config.model.clone();
     let server = match SimServer::bind(args.listen, config).await {

@@ -1,12 +1,15 @@
 //! Counters, gauges and histograms kept in atomics and rendered by hand in the Prometheus
-//! text format under vLLM's metric names, so dashboards and the router's scrapers see what a
-//! real vLLM would export.
+//! text format under the metric names of the server the simulator imitates (vLLM by
+//! default; SGLang, llama.cpp or TGI), so dashboards and the router's scrapers see what that
+//! server would export.
 
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::MetricsFlavor;
 
 /// vLLM's bucket bounds (seconds) for `vllm:time_to_first_token_seconds`.
 const TTFT_BUCKETS: &[f64] = &[
@@ -80,54 +83,71 @@ impl Metrics {
         }
     }
 
-    /// Renders the Prometheus text exposition (format 0.0.4).
-    pub(crate) fn render(&self, model: &str, max_num_seqs: usize) -> Result<String, fmt::Error> {
-        let label = format!("model_name=\"{}\"", escape_label(model));
+    /// Renders the Prometheus text exposition (format 0.0.4) under `flavor`'s names.
+    pub(crate) fn render(
+        &self,
+        model: &str,
+        max_num_seqs: usize,
+        flavor: MetricsFlavor,
+    ) -> Result<String, fmt::Error> {
+        let names = Names::of(flavor);
+        // vLLM and SGLang label every sample with the model; llama.cpp and TGI serve one
+        // model and label nothing.
+        let label = match names.labelled {
+            true => format!("model_name=\"{}\"", escape_label(model)),
+            false => String::new(),
+        };
+        let braces = |extra: &str| match (label.is_empty(), extra.is_empty()) {
+            (true, true) => String::new(),
+            (true, false) => format!("{{{extra}}}"),
+            (false, true) => format!("{{{label}}}"),
+            (false, false) => format!("{{{label},{extra}}}"),
+        };
         let running = self.running.load(Ordering::Relaxed);
         let waiting = self.waiting.load(Ordering::Relaxed);
         let usage = running as f64 / max_num_seqs.max(1) as f64;
         let mut out = String::with_capacity(4096);
         let gauges: [(&str, &str, f64); 3] = [
+            (names.running, "Requests being generated.", running as f64),
             (
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                running as f64,
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
+                names.waiting,
+                "Requests waiting to be processed.",
                 waiting as f64,
             ),
             (
-                "vllm:kv_cache_usage_perc",
+                names.usage,
                 "KV-cache usage. 1 means 100 percent usage.",
                 usage,
             ),
         ];
         for (name, help, value) in gauges {
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge")?;
-            writeln!(out, "{name}{{{label}}} {value}")?;
+            writeln!(out, "{name}{} {value}", braces(""))?;
         }
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &label,
-        )?;
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of end to end request latency in seconds.",
-            &label,
-        )?;
+        for (histogram, name, help) in [
+            (
+                &self.ttft,
+                names.ttft,
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                &self.e2e,
+                names.e2e,
+                "Histogram of end to end request latency in seconds.",
+            ),
+        ] {
+            if let Some(name) = name {
+                histogram.render(&mut out, name, help, &braces)?;
+            }
+        }
         let counters = [
             (
-                "vllm:prompt_tokens_total",
+                names.prompt_tokens,
                 "Number of prefill tokens processed.",
                 &self.prompt_tokens,
             ),
             (
-                "vllm:generation_tokens_total",
+                names.generation_tokens,
                 "Number of generation tokens processed.",
                 &self.generation_tokens,
             ),
@@ -140,9 +160,69 @@ impl Metrics {
         for (name, help, counter) in counters {
             let value = counter.load(Ordering::Relaxed);
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter")?;
-            writeln!(out, "{name}{{{label}}} {value}")?;
+            writeln!(out, "{name}{} {value}", braces(""))?;
         }
         Ok(out)
+    }
+}
+
+/// The metric names of one server.
+#[derive(Debug, Clone, Copy)]
+struct Names {
+    running: &'static str,
+    waiting: &'static str,
+    usage: &'static str,
+    ttft: Option<&'static str>,
+    e2e: Option<&'static str>,
+    prompt_tokens: &'static str,
+    generation_tokens: &'static str,
+    labelled: bool,
+}
+
+impl Names {
+    fn of(flavor: MetricsFlavor) -> Self {
+        match flavor {
+            MetricsFlavor::Vllm => Self {
+                running: "vllm:num_requests_running",
+                waiting: "vllm:num_requests_waiting",
+                usage: "vllm:kv_cache_usage_perc",
+                ttft: Some("vllm:time_to_first_token_seconds"),
+                e2e: Some("vllm:e2e_request_latency_seconds"),
+                prompt_tokens: "vllm:prompt_tokens_total",
+                generation_tokens: "vllm:generation_tokens_total",
+                labelled: true,
+            },
+            MetricsFlavor::Sglang => Self {
+                running: "sglang:num_running_reqs",
+                waiting: "sglang:num_queue_reqs",
+                usage: "sglang:token_usage",
+                ttft: Some("sglang:time_to_first_token_seconds"),
+                e2e: Some("sglang:e2e_request_latency_seconds"),
+                prompt_tokens: "sglang:prompt_tokens_total",
+                generation_tokens: "sglang:generation_tokens_total",
+                labelled: true,
+            },
+            MetricsFlavor::Llamacpp => Self {
+                running: "llamacpp:requests_processing",
+                waiting: "llamacpp:requests_deferred",
+                usage: "llamacpp:kv_cache_usage_ratio",
+                ttft: None,
+                e2e: None,
+                prompt_tokens: "llamacpp:prompt_tokens_total",
+                generation_tokens: "llamacpp:tokens_predicted_total",
+                labelled: false,
+            },
+            MetricsFlavor::Tgi => Self {
+                running: "tgi_batch_current_size",
+                waiting: "tgi_queue_size",
+                usage: "tgi_batch_current_max_tokens_ratio",
+                ttft: None,
+                e2e: Some("tgi_request_duration"),
+                prompt_tokens: "tgi_request_input_length_total",
+                generation_tokens: "tgi_request_generated_tokens_total",
+                labelled: false,
+            },
+        }
     }
 }
 
@@ -174,21 +254,26 @@ impl Histogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) -> fmt::Result {
+    /// `braces(extra)` writes the label set of a sample with `extra` labels added.
+    fn render(
+        &self,
+        out: &mut String,
+        name: &str,
+        help: &str,
+        braces: &dyn Fn(&str) -> String,
+    ) -> fmt::Result {
         writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram")?;
         let mut cumulative = 0;
         for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
             cumulative += bucket.load(Ordering::Relaxed);
-            writeln!(
-                out,
-                "{name}_bucket{{{label},le=\"{bound:?}\"}} {cumulative}"
-            )?;
+            let labels = braces(&format!("le=\"{bound:?}\""));
+            writeln!(out, "{name}_bucket{labels} {cumulative}")?;
         }
         let count = self.count.load(Ordering::Relaxed);
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {count}")?;
-        writeln!(out, "{name}_sum{{{label}}} {sum}")?;
-        writeln!(out, "{name}_count{{{label}}} {count}")
+        writeln!(out, "{name}_bucket{} {count}", braces("le=\"+Inf\""))?;
+        writeln!(out, "{name}_sum{} {sum}", braces(""))?;
+        writeln!(out, "{name}_count{} {count}", braces(""))
     }
 }
 
@@ -210,7 +295,7 @@ mod tests {
         metrics.ttft.observe(Duration::from_millis(3));
         metrics.ttft.observe(Duration::from_millis(30));
         metrics.ttft.observe(Duration::from_secs(5000));
-        let text = metrics.render("m", 4).unwrap();
+        let text = metrics.render("m", 4, MetricsFlavor::Vllm).unwrap();
         let line = |needle: &str| {
             text.lines()
                 .find(|l| l.starts_with(needle))
@@ -231,8 +316,53 @@ mod tests {
     fn kv_cache_usage_is_running_share() {
         let metrics = Metrics::new();
         metrics.running.store(1, Ordering::Relaxed);
-        let text = metrics.render("m", 4).unwrap();
+        let text = metrics.render("m", 4, MetricsFlavor::Vllm).unwrap();
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
+    }
+
+    #[test]
+    fn each_flavor_exports_its_servers_queue_names() {
+        let metrics = Metrics::new();
+        metrics.waiting.store(3, Ordering::Relaxed);
+        metrics.running.store(2, Ordering::Relaxed);
+        for (flavor, waiting, running) in [
+            (
+                MetricsFlavor::Vllm,
+                "vllm:num_requests_waiting{model_name=\"m\"} 3",
+                "vllm:num_requests_running{model_name=\"m\"} 2",
+            ),
+            (
+                MetricsFlavor::Sglang,
+                "sglang:num_queue_reqs{model_name=\"m\"} 3",
+                "sglang:num_running_reqs{model_name=\"m\"} 2",
+            ),
+            (
+                MetricsFlavor::Llamacpp,
+                "llamacpp:requests_deferred 3",
+                "llamacpp:requests_processing 2",
+            ),
+            (
+                MetricsFlavor::Tgi,
+                "tgi_queue_size 3",
+                "tgi_batch_current_size 2",
+            ),
+        ] {
+            let text = metrics.render("m", 4, flavor).unwrap();
+            assert!(
+                text.contains(&format!("{waiting}\n")),
+                "{flavor:?}:\n{text}"
+            );
+            assert!(
+                text.contains(&format!("{running}\n")),
+                "{flavor:?}:\n{text}"
+            );
+            let vllm_names = text.lines().any(|l| l.starts_with("vllm:"));
+            assert_eq!(
+                vllm_names,
+                flavor == MetricsFlavor::Vllm,
+                "{flavor:?}:\n{text}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The route table and the small handlers that are not completions.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -38,6 +39,13 @@ pub(crate) async fn dispatch(
     request: Request<Incoming>,
 ) -> Result<Response<SimBody>, InjectedAbort> {
     let route = route(request.method(), request.uri().path());
+    if !authorized(&state, route, request.headers()) {
+        if let Route::Completion(_) = route {
+            // Every completion request received counts, refused or not.
+            state.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        return Ok(ApiError::Unauthorized.into_response());
+    }
     let response = match route {
         Route::Completion(endpoint) => {
             return completion::serve(state, endpoint, request.into_body()).await
@@ -83,6 +91,24 @@ fn route(method: &Method, path: &str) -> Route {
     }
 }
 
+/// With an API key configured, every route but the health check and the simulator's own
+/// controls needs `Authorization: Bearer <key>` (llama.cpp's rule; vLLM leaves `/metrics`
+/// open, which makes a scraper that forgets the key harder to catch).
+fn authorized(state: &SimState, route: Route, headers: &http::HeaderMap) -> bool {
+    let Some(key) = state.config.api_key.as_deref() else {
+        return true;
+    };
+    let open = matches!(
+        route,
+        Route::Health | Route::SetFaults | Route::ClearFaults | Route::GetFaults | Route::Stats
+    );
+    open || headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| token.trim() == key)
+}
+
 /// Reads a whole request body, refusing oversized ones.
 pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
     match Limited::new(body, MAX_BODY_BYTES).collect().await {
@@ -99,7 +125,11 @@ pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
 fn metrics(state: &SimState) -> Result<Response<SimBody>, ApiError> {
     let text = state
         .metrics
-        .render(&state.config.model, state.max_num_seqs())
+        .render(
+            &state.config.model,
+            state.max_num_seqs(),
+            state.config.metrics_flavor,
+        )
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let mut response = Response::new(SimBody::full(text));
     response.headers_mut().insert(

@@ -62,3 +62,51 @@ async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
     .unwrap();
     assert!(status.success(), "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_takes_a_metrics_flavor_and_an_api_key() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-sim"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-flavor",
+            "sglang",
+            "--api-key",
+            "sk-bin",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let url = line
+        .strip_prefix("vllm-sim listening on ")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
+        .to_owned();
+    let addr: std::net::SocketAddr = url.strip_prefix("http://").unwrap().parse().unwrap();
+    let scrape = |key: Option<&'static str>| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = key.map_or(String::new(), |k| format!("authorization: Bearer {k}\r\n"));
+        let request =
+            format!("GET /metrics HTTP/1.1\r\nhost: sim\r\n{auth}connection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        reply
+    };
+    assert!(scrape(None).await.starts_with("HTTP/1.1 401"));
+    let page = scrape(Some("sk-bin")).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("sglang:num_queue_reqs"), "{page}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -116,10 +116,13 @@ fn malformed_urls_are_rejected() {
         "http://host:0",
         "http://ho st:80",
         "localhost:8000",
+        "http://[::1",
+        "http://::1:80",
+        "http://[::1]x",
     ];
-    set.profiles[0].upstream = Upstream::Static(StaticUpstream {
-        urls: bad.iter().map(|s| (*s).to_owned()).collect(),
-    });
+    set.profiles[0].upstream = Upstream::Static(StaticUpstream::new(
+        bad.iter().map(|s| (*s).to_owned()).collect(),
+    ));
     let errors = errors_of(&set);
     assert_eq!(errors.len(), bad.len(), "{errors:#?}");
     for i in 0..bad.len() {
@@ -128,13 +131,12 @@ fn malformed_urls_are_rejected() {
             "{errors:#?}"
         );
     }
-    set.profiles[0].upstream = Upstream::Static(StaticUpstream {
-        urls: vec![
-            "http://127.0.0.1:8000".into(),
-            "https://vllm.example:443/base".into(),
-            "http://[::1]:80".into(),
-        ],
-    });
+    set.profiles[0].upstream = Upstream::Static(StaticUpstream::new(vec![
+        "http://127.0.0.1:8000".into(),
+        "https://vllm.example:443/base".into(),
+        "http://[::1]:80".into(),
+        "http://[::1]".into(),
+    ]));
     assert!(errors_of(&set).is_empty());
 }
 
@@ -169,4 +171,75 @@ fn quality_for_falls_back_to_default() {
     let awq = set.profile("llama8b-awq").unwrap();
     assert_eq!(awq.quality_for(TaskClass::Math), 0.78);
     assert_eq!(awq.quality_for(TaskClass::General), 0.90);
+}
+
+#[test]
+fn versions_beyond_what_json_numbers_hold_exactly_are_rejected() {
+    let mut set = default_set();
+    set.version = MAX_VERSION;
+    assert!(errors_of(&set).is_empty());
+    for version in [MAX_VERSION + 1, u64::MAX] {
+        set.version = version;
+        let errors = errors_of(&set);
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(errors[0].starts_with("version: must be at most 9007199254740991"));
+    }
+    let text = DEFAULT_PROFILE_SET.replace("\"version\": 1,", "\"version\": 18446744073709551615,");
+    assert_ne!(text, DEFAULT_PROFILE_SET);
+    let err = ProfileSet::from_json(&text).unwrap_err().to_string();
+    assert!(err.starts_with("version: "), "{err}");
+}
+
+#[test]
+fn upstream_api_keys_and_metric_names_are_checked() {
+    let mut set = default_set();
+    set.profiles[0].upstream = serde_json::from_str(
+        r#"{"urls": ["http://127.0.0.1:1"], "api_key_env": "VLLM_KEY",
+            "metrics": {"waiting": "sglang:num_queue_reqs", "running": "sglang:num_running_reqs"}}"#,
+    )
+    .unwrap();
+    set.profiles[1].upstream =
+        serde_json::from_str(r#"{"service": "vllm-fp8", "api_key_file": "/run/key"}"#).unwrap();
+    assert!(errors_of(&set).is_empty(), "{:#?}", errors_of(&set));
+    assert_eq!(
+        set.profiles[0].upstream.api_key(),
+        Some(ApiKeySource::Env("VLLM_KEY"))
+    );
+    assert_eq!(
+        set.profiles[1].upstream.api_key(),
+        Some(ApiKeySource::File("/run/key"))
+    );
+    assert_eq!(set.profiles[2].upstream.api_key(), None);
+    assert_eq!(
+        set.profiles[0]
+            .upstream
+            .queue_metrics()
+            .and_then(|m| m.waiting.as_deref()),
+        Some("sglang:num_queue_reqs")
+    );
+
+    set.profiles[0].upstream = serde_json::from_str(
+        r#"{"urls": ["http://127.0.0.1:1"], "api_key_env": "1-BAD",
+            "metrics": {"waiting": "has space"}}"#,
+    )
+    .unwrap();
+    set.profiles[1].upstream = serde_json::from_str(
+        r#"{"service": "vllm-fp8", "api_key_env": "A", "api_key_file": "/run/key"}"#,
+    )
+    .unwrap();
+    set.profiles[2].upstream =
+        serde_json::from_str(r#"{"service": "vllm-int4", "api_key_file": " "}"#).unwrap();
+    assert_eq!(
+        errors_of(&set),
+        vec![
+            "profiles[0].upstream.api_key_env: must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+            "profiles[0].upstream.metrics.waiting: must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
+            "profiles[1].upstream.api_key_file: set api_key_env or api_key_file, not both",
+            "profiles[2].upstream.api_key_file: must not be empty",
+        ]
+    );
+    // The document names where the key is, never the key: an unknown field is refused.
+    assert!(
+        serde_json::from_str::<Upstream>(r#"{"urls": ["http://a:1"], "api_key": "sk-1"}"#).is_err()
+    );
 }

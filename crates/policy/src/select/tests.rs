@@ -115,7 +115,7 @@ fn unavailable_profiles_are_never_chosen() {
     let none = vec![
         ProfileLoad {
             available: false,
-            queue_wait_ms: 0.0
+            ..ProfileLoad::default()
         };
         3
     ];
@@ -136,6 +136,27 @@ fn context_too_small_is_rejected() {
         d.candidate(awq).unwrap().rejected_because,
         Some(Rejection::ContextTooSmall)
     );
+}
+
+#[test]
+fn a_learned_chars_per_token_replaces_the_profile_figure_in_the_context_check() {
+    let mut s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    // 400 bytes: 100 tokens at the profile's 4.0, 200 at a learned 2.0; plus 64 out.
+    s.profiles[awq].max_context_tokens = 250;
+    let prompt = "word ".repeat(80);
+    let d = route(&s, &prompt, Overrides::default(), &[]).unwrap();
+    assert!(d.candidate(awq).unwrap().feasible);
+    let mut load = vec![ProfileLoad::default(); 3];
+    load[awq].chars_per_token = Some(2.0);
+    let d = route(&s, &prompt, Overrides::default(), &load).unwrap();
+    let c = d.candidate(awq).unwrap();
+    assert_eq!(c.rejected_because, Some(Rejection::ContextTooSmall));
+    assert_eq!(c.estimated_input_tokens, 200 + 4);
+    // Nonsense figures are ignored, not divided by.
+    load[awq].chars_per_token = Some(f64::NAN);
+    let d = route(&s, &prompt, Overrides::default(), &load).unwrap();
+    assert!(d.candidate(awq).unwrap().feasible);
 }
 
 #[test]

@@ -63,7 +63,8 @@ pub struct TierShare {
 pub struct EndpointView {
     /// Its circuit is not open.
     pub ready: bool,
-    /// `vllm:num_requests_waiting` as last scraped.
+    /// The upstream's waiting requests (`vllm:num_requests_waiting` or another server's
+    /// equivalent) as last scraped.
     pub waiting: u64,
 }
 

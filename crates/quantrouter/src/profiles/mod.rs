@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::resilience::ResilienceConfig;
 use crate::telemetry::{self, ProfileTelemetry};
+use crate::upstream::credential::Credential;
 use crate::upstream::Pool;
 
 pub mod diff;
@@ -144,7 +145,10 @@ impl Snapshot {
                         _ => None,
                     };
                     let urls = found.unwrap_or_else(|| p.upstream.base_urls());
-                    Arc::new(Pool::new(&urls, p.max_concurrency, config))
+                    let credential = p.upstream.api_key().map(Credential::new);
+                    Arc::new(
+                        Pool::new(&urls, p.max_concurrency, config).with_credential(credential),
+                    )
                 })
             })
             .collect();

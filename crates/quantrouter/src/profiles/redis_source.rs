@@ -74,13 +74,15 @@ impl RedisSource {
     /// The valid document Redis holds now, if any; an invalid one is logged and counted.
     async fn fetch(&self) -> Result<Option<(ProfileSet, SourceKind)>, StoreError> {
         let redis = RedisStore::connect(&self.client, &self.config.prefix).await?;
-        let (parsed, kind) = match redis.active_raw().await? {
-            Some(text) => (ProfileSet::from_json(&text), SourceKind::Redis),
-            None => match redis.raw(SEED_KEY).await? {
-                Some(text) => (
+        let (parsed, kind) = match document(redis.active_raw().await)? {
+            Some(Ok(text)) => (ProfileSet::from_json(&text), SourceKind::Redis),
+            Some(Err(unreadable)) => (Err(unreadable), SourceKind::Redis),
+            None => match document(redis.raw(SEED_KEY).await)? {
+                Some(Ok(text)) => (
                     quantrouter_policy::from_seed_list(&text, &self.config.seed_endpoints, 1),
                     SourceKind::RedisSeed,
                 ),
+                Some(Err(unreadable)) => (Err(unreadable), SourceKind::RedisSeed),
                 None => return Ok(None),
             },
         };
@@ -126,9 +128,11 @@ async fn session(
     let redis = RedisStore::connect(client, &config.prefix).await?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&redis.keys().channel).await?;
-    *delay = BACKOFF_START;
     tracing::info!(channel = %redis.keys().channel, "redis profile source connected");
     refresh(store, &redis, config, seen).await?;
+    // Only a session that got as far as reading the document resets the backoff: one that
+    // fails right after connecting must not reconnect at the starting delay forever.
+    *delay = BACKOFF_START;
     let mut messages = pubsub.on_message();
     let mut ticker = tokio::time::interval(config.poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -162,8 +166,17 @@ async fn refresh(
     config: &RedisSourceConfig,
     seen: &mut Seen,
 ) -> Result<(), StoreError> {
-    let Some(text) = redis.active_raw().await? else {
-        return refresh_seed(store, redis, config, seen).await;
+    let text = match document(redis.active_raw().await)? {
+        None => return refresh_seed(store, redis, config, seen).await,
+        Some(Ok(text)) => text,
+        Some(Err(unreadable)) => {
+            let marker = unreadable.to_string();
+            if seen.rejected.as_deref() != Some(marker.as_str()) {
+                apply(store, Err(unreadable), SourceKind::Redis);
+                seen.rejected = Some(marker);
+            }
+            return Ok(());
+        }
     };
     let active = store.load();
     let unchanged =
@@ -184,15 +197,25 @@ async fn refresh_seed(
     config: &RedisSourceConfig,
     seen: &mut Seen,
 ) -> Result<(), StoreError> {
-    let Some(text) = redis.raw(SEED_KEY).await? else {
-        return Ok(());
+    let text = match document(redis.raw(SEED_KEY).await)? {
+        None => return Ok(()),
+        Some(Ok(text)) => text,
+        Some(Err(unreadable)) => {
+            let marker = unreadable.to_string();
+            if seen.seed.as_deref() != Some(marker.as_str()) {
+                apply(store, Err(unreadable), SourceKind::RedisSeed);
+                seen.seed = Some(marker);
+            }
+            return Ok(());
+        }
     };
     if seen.seed.as_deref() == Some(text.as_str()) {
         return Ok(());
     }
     let active = store.load();
     let version = match active.source {
-        SourceKind::RedisSeed => active.set.version + 1,
+        // Past the version bound the list is refused by validation, not wrapped.
+        SourceKind::RedisSeed => active.set.version.saturating_add(1),
         _ => 1,
     };
     let set = quantrouter_policy::from_seed_list(&text, &config.seed_endpoints, version);
@@ -229,6 +252,21 @@ fn apply(
     };
     telemetry::profile_reload("redis", counted);
     result.is_ok()
+}
+
+/// A key's text (`Some(Ok)`), or why it cannot be a document (`Some(Err)`, a rejected
+/// document); connection failures stay errors.
+fn document(
+    read: Result<Option<String>, StoreError>,
+) -> Result<Option<Result<String, ProfileSetError>>, StoreError> {
+    match read {
+        Ok(text) => Ok(text.map(Ok)),
+        Err(error @ StoreError::NotADocument { .. }) => Ok(Some(Err(ProfileSetError::Parse {
+            path: "$".into(),
+            message: error.to_string(),
+        }))),
+        Err(error) => Err(error),
+    }
 }
 
 fn stored_version(text: &str) -> Option<u64> {

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use quantrouter_policy::{ProfileSet, ProfileSetError};
+use quantrouter_policy::{ProfileSet, ProfileSetError, ValidationErrors, MAX_VERSION};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
@@ -74,6 +74,10 @@ pub enum StoreError {
     Conflict { active: i64 },
     #[error("the document in redis is invalid: {0}")]
     Invalid(ProfileSetError),
+    /// The key holds something that cannot be a document (another type, or bytes that are
+    /// not UTF-8): a bad document, not a broken connection.
+    #[error("{key} does not hold a profile document: {why}")]
+    NotADocument { key: String, why: &'static str },
     #[error("no version {0} in the history")]
     NotInHistory(u64),
     #[error("the history is empty")]
@@ -156,14 +160,27 @@ impl RedisStore {
 
     /// The active document as stored, if any.
     pub async fn active_raw(&self) -> Result<Option<String>, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(timed(conn.get(&self.keys.active)).await??)
+        self.raw(&self.keys.active).await
     }
 
     /// Any key's string value (the seed-format key lives outside the prefix).
     pub async fn raw(&self, key: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn.clone();
-        Ok(timed(conn.get(key)).await??)
+        let not_a_document = |why| StoreError::NotADocument {
+            key: key.to_owned(),
+            why,
+        };
+        let bytes: Option<Vec<u8>> = match timed(conn.get(key)).await? {
+            Ok(bytes) => bytes,
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                return Err(not_a_document("it holds another type than a string"))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        bytes
+            .map(String::from_utf8)
+            .transpose()
+            .map_err(|_| not_a_document("it is not UTF-8 text"))
     }
 
     /// The active document, validated.
@@ -190,7 +207,19 @@ impl RedisStore {
     }
 
     /// Compare-and-set: writes `set` only if the active version is `expected` (-1: none).
+    /// The set is validated first: what Redis holds must be a document every router accepts
+    /// (a version past [`MAX_VERSION`] would come back rounded and break the next push).
     pub async fn push_expecting(&self, set: &ProfileSet, expected: i64) -> Result<u64, StoreError> {
+        set.validate()
+            .map_err(|e| StoreError::Invalid(ProfileSetError::Invalid(e)))?;
+        if expected > MAX_VERSION as i64 {
+            return Err(StoreError::Invalid(ProfileSetError::Invalid(
+                ValidationErrors(vec![quantrouter_policy::FieldError {
+                    path: "version".into(),
+                    message: format!("the expected version {expected} is past {MAX_VERSION}"),
+                }]),
+            )));
+        }
         let document = serde_json::to_string_pretty(set).map_err(|e| {
             StoreError::Invalid(ProfileSetError::Parse {
                 path: "$".into(),

@@ -100,6 +100,14 @@ impl Breaker {
         }
     }
 
+    /// When an open circuit turns half-open; `None` unless open.
+    pub fn open_until(&self) -> Option<Instant> {
+        match self.state {
+            State::Open { until } => Some(until),
+            State::Closed | State::HalfOpen { .. } => None,
+        }
+    }
+
     /// Would [`Breaker::admit`] say yes? (Does not take a probe slot.)
     pub fn would_admit(&self, now: Instant) -> bool {
         match self.state {

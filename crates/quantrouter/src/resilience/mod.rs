@@ -36,6 +36,12 @@ pub struct ResilienceConfig {
     pub scrape_interval: Duration,
     /// A scrape slower than this is dropped; the last value stays.
     pub scrape_timeout: Duration,
+    /// How often each endpoint is health-checked (`GET /health`); zero turns checks off.
+    /// A down endpoint is then noticed after `breaker.consecutive_failures` checks (10 s)
+    /// without any traffic, for a request every couple of seconds per endpoint.
+    pub health_interval: Duration,
+    /// A health check slower than this failed: a live server answers `/health` in ms.
+    pub health_timeout: Duration,
 }
 
 impl Default for ResilienceConfig {
@@ -50,6 +56,8 @@ impl Default for ResilienceConfig {
             idle_timeout: Duration::from_secs(30),
             scrape_interval: Duration::from_secs(1),
             scrape_timeout: Duration::from_millis(500),
+            health_interval: Duration::from_secs(2),
+            health_timeout: Duration::from_secs(1),
         }
     }
 }

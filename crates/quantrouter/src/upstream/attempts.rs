@@ -5,8 +5,10 @@
 //! the client — connect errors, header timeouts, 429/502/503/504 — with full-jitter backoff
 //! (at least `Retry-After`), within the profile's retry budget, the attempt cap and the
 //! deadline. When the profile is exhausted, fall back to the next-best profile (unless the
-//! client pinned one). The policies are the state machines in [`crate::resilience`]; this
-//! module only drives them.
+//! client pinned one). An upstream that says the prompt exceeds its context ([`context`])
+//! sends the request to a feasible profile with a larger context instead, or answers
+//! `context_length_exceeded`. The policies are the state machines in [`crate::resilience`];
+//! this module only drives them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,7 @@ use quantrouter_policy::RoutingDecision;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use super::context::{self, Checked};
 use super::{Endpoint, InflightGuard, UpstreamClient, UpstreamError, UpstreamIncoming};
 use crate::openai::ApiError;
 use crate::profiles::Snapshot;
@@ -77,6 +80,8 @@ enum Failure {
     Timeout,
     /// The upstream answered, but not in HTTP.
     Invalid,
+    /// The prompt does not fit the upstream's context; its message.
+    ContextOverflow(String),
 }
 
 /// Sends the request to `start` and onwards. `body_for(profile)` is the body with that
@@ -143,6 +148,9 @@ pub async fn forward(
             attempts += 1;
             endpoints_tried.push(Arc::clone(&pick.endpoint));
             let mut request = build(plan, id, &pick.endpoint, body_for(profile))?;
+            if let Some(auth) = pool.authorization() {
+                request.headers_mut().insert(header::AUTHORIZATION, auth);
+            }
             let span = plan.trace.map(|trace| {
                 let attributes = vec![
                     KeyValue::new("server.address", pick.endpoint.base().to_owned()),
@@ -186,6 +194,23 @@ pub async fn forward(
                 Ok(response) => {
                     let endpoint = Arc::clone(&pick.endpoint);
                     pick.succeeded(sent_at.elapsed());
+                    let left = plan.deadline.saturating_duration_since(Instant::now());
+                    let response =
+                        match context::check(response, config.idle_timeout.min(left)).await {
+                            Checked::Answer(response) => response,
+                            Checked::Overflow(message) => {
+                                telemetry::upstream_error(id, "context_length");
+                                tracing::info!(
+                                    request_id = plan.request_id,
+                                    profile = id,
+                                    "the prompt exceeds the upstream's context"
+                                );
+                                failure = Failure::ContextOverflow(message);
+                                // Another endpoint of this profile has the same context.
+                                break;
+                            }
+                            Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
+                        };
                     return Ok(Answer {
                         response,
                         profile,
@@ -216,19 +241,23 @@ pub async fn forward(
             }
         }
         drop(permit);
+        let overflow = matches!(failure, Failure::ContextOverflow(_));
         let next = if plan.pinned || attempts >= config.max_attempts {
             None
+        } else if overflow {
+            next_with_larger_context(plan, &profiles_tried, profile)
         } else {
             next_profile(plan, &profiles_tried)
         };
         let Some(next) = next else {
             return Err(exhausted(failure, plan.deadline, id));
         };
-        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, "error");
+        let reason = if overflow { "context" } else { "error" };
+        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason);
         fallback = Some(Fallback {
             from: fallback.map_or(profile, |f: Fallback| f.from),
             to: next,
-            reason: "error",
+            reason,
         });
         profile = next;
     }
@@ -246,6 +275,25 @@ fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
         tried.push(next);
     }
     None
+}
+
+/// After a context overflow on `current`: the untried feasible profile with a larger
+/// context and the highest utility that can take a request now.
+fn next_with_larger_context(plan: &Plan<'_>, tried: &[usize], current: usize) -> Option<usize> {
+    let profiles = &plan.snapshot.set.profiles;
+    let context = profiles[current].max_context_tokens;
+    let now = Instant::now();
+    plan.decision
+        .candidates
+        .iter()
+        .filter(|c| {
+            c.feasible
+                && !tried.contains(&c.profile)
+                && profiles[c.profile].max_context_tokens > context
+                && plan.snapshot.pools[c.profile].available(now)
+        })
+        .max_by(|a, b| a.utility.total_cmp(&b.utility))
+        .map(|c| c.profile)
 }
 
 fn build(
@@ -314,5 +362,6 @@ fn exhausted(failure: Failure, deadline: Instant, profile: &str) -> ApiError {
         Failure::Invalid => ApiError::BadGateway(format!(
             "the upstreams of profile {profile} did not answer in HTTP"
         )),
+        Failure::ContextOverflow(message) => ApiError::ContextLengthExceeded(message),
     }
 }

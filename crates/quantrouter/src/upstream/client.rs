@@ -448,6 +448,17 @@ fn keep_alive(head: &Response<()>) -> bool {
 // === impl UpstreamIncoming ===
 
 impl UpstreamIncoming {
+    /// A body already read in full (an error answer the router looked into), passed on
+    /// as it came.
+    pub fn buffered(data: Bytes) -> Self {
+        Self {
+            stream: None,
+            decoder: Decoder::length(data.len() as u64),
+            input: data,
+            reuse: None,
+        }
+    }
+
     /// The body is done: the connection goes back to the pool when it may, else closes.
     fn release(&mut self) {
         let stream = self.stream.take();

@@ -1,12 +1,16 @@
 //! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the attempt loop that owns all
-//! retrying ([`attempts`]), the queue scraper ([`scrape`]), the keep-alive HTTP/1.1 client
+//! retrying ([`attempts`]), the queue scraper ([`scrape`]), active health checks
+//! ([`health`]), upstream API keys ([`credential`]), the keep-alive HTTP/1.1 client
 //! ([`client`], with body framing in [`framing`]),
 //! and the response body wrapper that keeps accounting honest for the whole life of a stream
 //! (with SSE events found in [`sse`]) and turns a mid-stream failure into an SSE error event.
 
 pub mod attempts;
 mod client;
+pub mod context;
+pub mod credential;
 mod framing;
+pub mod health;
 pub mod pool;
 pub mod scrape;
 mod sse;

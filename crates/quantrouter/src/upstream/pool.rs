@@ -1,16 +1,19 @@
 //! The endpoints of one profile, with per-endpoint state (in-flight count, latency EWMA,
 //! scraped upstream queue, circuit breaker), power-of-two-choices balancing, the profile's
-//! admission slots and its retry budget.
+//! admission slots, its retry budget, its upstream credential and the characters per token
+//! its upstream's tokenizer was seen to average.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http::Uri;
+use http::{HeaderValue, Uri};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::credential::Credential;
+use super::scrape::{QueueReading, QueueSource};
 use super::UpstreamError;
 use crate::resilience::{Admission, Admit, Breaker, CircuitState, ResilienceConfig, RetryBudget};
 
@@ -25,6 +28,10 @@ pub struct Pool {
     /// Wakes requests waiting for a first endpoint (scale from zero).
     changed: Notify,
     cold_waiting: AtomicU64,
+    /// The bearer token for this profile's upstream, when the profile names one.
+    credential: Option<Arc<Credential>>,
+    /// Prompt bytes per token as the upstream counted them.
+    token_ratio: Mutex<TokenRatio>,
 }
 
 /// The API paths requests are forwarded to.
@@ -41,8 +48,15 @@ pub struct Endpoint {
     /// [`Endpoint::uri`] of the generation paths, parsed once instead of per request.
     generation_uris: [OnceLock<Uri>; GENERATION_PATHS.len()],
     inflight: AtomicU64,
-    /// `vllm:num_requests_waiting` from the last scrape.
+    /// Requests waiting upstream (`vllm:num_requests_waiting` or another server's
+    /// equivalent) from the last scrape.
     waiting: AtomicU64,
+    /// Requests the upstream is generating, from the last scrape.
+    running: AtomicU64,
+    /// Whose queue metrics the last scrape found ([`QueueSource`] as a byte).
+    queue_source: AtomicU8,
+    /// The health check's path: 0 `/health`, 1 `/v1/models` (the server has no `/health`).
+    health_path: AtomicU8,
     /// Response-header latency EWMA in microseconds (f64 bits); 0 before the first answer.
     latency_ewma_us: AtomicU64,
     breaker: Mutex<Breaker>,
@@ -67,6 +81,24 @@ pub struct InflightGuard {
 /// Weight of the newest sample in the latency EWMA: about the last ten requests.
 const EWMA_WEIGHT: f64 = 0.1;
 
+/// Characters per token learned from the upstream's `usage.prompt_tokens`: decayed sums of
+/// prompt bytes and reported tokens, read against the profile's own figure as a prior.
+/// Long prompts weigh most, which suits the context check: it matters for long prompts.
+#[derive(Debug, Default, Clone, Copy)]
+struct TokenRatio {
+    bytes: f64,
+    tokens: f64,
+}
+
+/// Share each new answer takes from the sums: the last few dozen answers count.
+const RATIO_DECAY: f64 = 1.0 / 32.0;
+/// The profile's `chars_per_token` counts as this many tokens' worth of evidence, so one
+/// odd answer moves the figure only as far as its size warrants.
+const RATIO_PRIOR_TOKENS: f64 = 512.0;
+/// The learned figure stays within this factor of the profile's: a tokenizer is not four
+/// times denser or sparser than the operator measured, whatever an upstream reports.
+const RATIO_BOUND: f64 = 4.0;
+
 // === impl Pool ===
 
 impl Pool {
@@ -80,9 +112,52 @@ impl Pool {
             inflight: AtomicU64::new(0),
             changed: Notify::new(),
             cold_waiting: AtomicU64::new(0),
+            credential: None,
+            token_ratio: Mutex::default(),
         };
         pool.set_urls(urls);
         pool
+    }
+
+    /// Sends `credential`'s token to this pool's upstream.
+    pub fn with_credential(mut self, credential: Option<Arc<Credential>>) -> Self {
+        self.credential = credential;
+        self
+    }
+
+    /// The upstream's credential, if the profile names one.
+    pub fn credential(&self) -> Option<&Credential> {
+        self.credential.as_deref()
+    }
+
+    /// The `Authorization` header for requests, scrapes and health checks to this upstream.
+    pub fn authorization(&self) -> Option<HeaderValue> {
+        self.credential.as_ref()?.header()
+    }
+
+    /// Learns from an answer: a prompt of `bytes` that the upstream counted as
+    /// `prompt_tokens`, of which `overhead_tokens` are the per-message framing the estimate
+    /// adds on its own.
+    pub fn observe_prompt(&self, bytes: usize, overhead_tokens: u64, prompt_tokens: u64) {
+        let text_tokens = prompt_tokens.saturating_sub(overhead_tokens);
+        if bytes == 0 || text_tokens == 0 {
+            return;
+        }
+        let mut ratio = lock(&self.token_ratio);
+        ratio.bytes = ratio.bytes * (1.0 - RATIO_DECAY) + bytes as f64;
+        ratio.tokens = ratio.tokens * (1.0 - RATIO_DECAY) + text_tokens as f64;
+    }
+
+    /// Characters per token as learned for a profile whose document says `configured`;
+    /// `None` before any answer reported usage.
+    pub fn chars_per_token(&self, configured: f64) -> Option<f64> {
+        let ratio = *lock(&self.token_ratio);
+        if ratio.tokens <= 0.0 || !(configured > 0.0 && configured.is_finite()) {
+            return None;
+        }
+        let learned =
+            (RATIO_PRIOR_TOKENS * configured + ratio.bytes) / (RATIO_PRIOR_TOKENS + ratio.tokens);
+        Some(learned.clamp(configured / RATIO_BOUND, configured * RATIO_BOUND))
     }
 
     /// Replaces the endpoint list (discovery, reloads). Endpoints whose URL stays keep their
@@ -170,7 +245,8 @@ impl Pool {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Requests waiting upstream (vLLM's queue) over all endpoints, as last scraped.
+    /// Requests waiting upstream (the servers' own queues) over all endpoints, as last
+    /// scraped.
     pub fn upstream_waiting(&self) -> u64 {
         self.endpoints
             .load()
@@ -258,6 +334,9 @@ impl Endpoint {
             generation_uris: Default::default(),
             inflight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            queue_source: AtomicU8::new(QueueSource::Unknown.as_byte()),
+            health_path: AtomicU8::new(0),
             latency_ewma_us: AtomicU64::new(0f64.to_bits()),
             breaker: Mutex::new(Breaker::new(config.breaker, now)),
         }
@@ -289,18 +368,75 @@ impl Endpoint {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Load for balancing: requests in flight from this router plus the upstream's queue.
+    /// Load for balancing: what the upstream said it runs and queues (other routers'
+    /// requests included), or this router's own requests in flight when those are more (the
+    /// scrape is up to a second old).
     fn load(&self) -> u64 {
-        self.inflight() + self.waiting.load(Ordering::Relaxed)
+        let upstream = self.running.load(Ordering::Relaxed) + self.waiting();
+        self.inflight().max(upstream)
     }
 
-    /// `vllm:num_requests_waiting` as last scraped.
+    /// Requests waiting upstream, as last scraped.
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Requests the upstream was generating, as last scraped.
+    pub fn running(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
     pub fn set_waiting(&self, waiting: u64) {
         self.waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// Records a scrape; returns the previous source when the source changed.
+    pub fn set_queue(&self, reading: QueueReading) -> Option<QueueSource> {
+        self.waiting
+            .store(reading.waiting.unwrap_or(0), Ordering::Relaxed);
+        self.running
+            .store(reading.running.unwrap_or(0), Ordering::Relaxed);
+        let new = reading.source.as_byte();
+        let old = self.queue_source.swap(new, Ordering::Relaxed);
+        (old != new).then(|| QueueSource::from_byte(old))
+    }
+
+    /// Whose queue metrics the last scrape found.
+    pub fn queue_source(&self) -> QueueSource {
+        QueueSource::from_byte(self.queue_source.load(Ordering::Relaxed))
+    }
+
+    /// The path health checks use: `/health` until the server showed it has none.
+    pub fn health_path(&self) -> &'static str {
+        match self.health_path.load(Ordering::Relaxed) {
+            0 => "/health",
+            _ => "/v1/models",
+        }
+    }
+
+    /// The server has no `/health`: check `/v1/models` from now on.
+    pub fn use_models_for_health(&self) {
+        self.health_path.store(1, Ordering::Relaxed);
+    }
+
+    /// When an open circuit will let a probe through.
+    pub fn open_until(&self) -> Option<Instant> {
+        self.lock_breaker().open_until()
+    }
+
+    /// An active health check's turn at the breaker: `None` while the circuit refuses
+    /// requests (open, or its half-open probes taken).
+    pub fn admit_check(self: &Arc<Self>, now: Instant) -> Option<Pick> {
+        let probe = match self.lock_breaker().admit(now) {
+            Admit::Yes => false,
+            Admit::Probe => true,
+            Admit::No => return None,
+        };
+        Some(Pick {
+            endpoint: Arc::clone(self),
+            probe,
+            reported: false,
+        })
     }
 
     pub fn circuit(&self, now: Instant) -> CircuitState {
@@ -348,6 +484,21 @@ impl Pick {
         self.endpoint
             .lock_breaker()
             .on_failure(Instant::now(), self.probe);
+    }
+
+    /// An active health check's outcome. A failed check counts like a failed request; a
+    /// passed one counts only as a half-open probe: it can close a circuit without traffic,
+    /// but it must not wipe out the failures of real requests (a server can answer `/health`
+    /// and still fail every generation).
+    pub fn checked(mut self, healthy: bool) {
+        self.reported = true;
+        let now = Instant::now();
+        let mut breaker = self.endpoint.lock_breaker();
+        match (healthy, self.probe) {
+            (false, probe) => breaker.on_failure(now, probe),
+            (true, true) => breaker.on_success(now, true),
+            (true, false) => {}
+        }
     }
 }
 
@@ -437,6 +588,60 @@ mod tests {
         drop(guard);
         assert_eq!(a.inflight(), 0);
         assert_eq!(pool.inflight(), 0);
+    }
+
+    #[test]
+    fn passed_health_checks_close_circuits_but_hide_no_request_failures() {
+        let config = ResilienceConfig {
+            breaker: BreakerConfig {
+                consecutive_failures: 2,
+                open_base: Duration::ZERO,
+                ..BreakerConfig::default()
+            },
+            ..ResilienceConfig::default()
+        };
+        let pool = Arc::new(Pool::new(&["http://a:1".into()], 8, &config));
+        let a = Arc::clone(&pool.endpoints()[0]);
+        let now = Instant::now();
+        pool.pick(&[], now).unwrap().failed();
+        a.admit_check(now).unwrap().checked(true);
+        pool.pick(&[], now).unwrap().failed();
+        assert!(
+            a.open_until().is_some(),
+            "two request failures open it, whatever the check said between them"
+        );
+        // Open time is up: checks are the probes that close it again.
+        let later = Instant::now();
+        for _ in 0..2 {
+            a.admit_check(later).unwrap().checked(true);
+        }
+        assert_eq!(a.circuit(later), CircuitState::Closed);
+        // Failed checks count like failed requests.
+        a.admit_check(later).unwrap().checked(false);
+        a.admit_check(later).unwrap().checked(false);
+        assert!(a.open_until().is_some());
+    }
+
+    #[test]
+    fn learned_chars_per_token_follow_reported_usage_within_bounds() {
+        let pool = pool(&["http://a:1"]);
+        assert_eq!(pool.chars_per_token(4.0), None, "nothing learned yet");
+        // 4000 bytes the upstream counted as 2000 tokens, plus 4 of framing.
+        for _ in 0..30 {
+            pool.observe_prompt(4000, 4, 2004);
+        }
+        let learned = pool.chars_per_token(4.0).unwrap();
+        assert!((2.0..2.2).contains(&learned), "{learned}");
+        // An upstream reporting absurd counts moves the figure at most fourfold.
+        for _ in 0..100 {
+            pool.observe_prompt(4000, 4, 1_000_000);
+        }
+        assert_eq!(pool.chars_per_token(4.0), Some(1.0));
+        // Usage that carries nothing beyond the framing teaches nothing.
+        let fresh = self::pool(&["http://b:2"]);
+        fresh.observe_prompt(4000, 8, 8);
+        fresh.observe_prompt(0, 0, 100);
+        assert_eq!(fresh.chars_per_token(4.0), None);
     }
 
     #[test]

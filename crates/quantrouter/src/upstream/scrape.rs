@@ -1,23 +1,82 @@
-//! Scrapes each endpoint's `/metrics` for vLLM's queue (`vllm:num_requests_waiting`) about
-//! once a second, so a busy tier's predicted latency rises and routing shifts away from it.
-//! The same pass publishes the per-tier gauges (queue depth, in flight, ready endpoints,
-//! circuit states).
+//! Scrapes each endpoint's `/metrics` for its queue about once a second, so a busy tier's
+//! predicted latency rises and routing shifts away from it. The same pass publishes the
+//! per-tier gauges (queue depth, in flight, ready endpoints, circuit states).
+//!
+//! The queue is read under the names of the server behind the endpoint: vLLM, SGLang,
+//! llama.cpp or TGI, detected from what the page exposes ([`KNOWN`]), or the names a profile
+//! sets in `upstream.metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Request;
+use http::{header, Request};
 use http_body_util::{BodyExt, Limited};
+use quantrouter_policy::QueueMetrics;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Endpoint, UpstreamClient};
+use super::{Endpoint, Pool, UpstreamClient};
 use crate::profiles::ProfileStore;
 use crate::telemetry;
 
-/// A metrics page larger than this is not vLLM's; stop reading.
+/// A metrics page larger than this is not an inference server's; stop reading.
 const MAX_PAGE: usize = 1 << 20;
+
+/// The queue metrics of one kind of server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueNames {
+    pub server: &'static str,
+    /// Requests waiting to start.
+    pub waiting: &'static str,
+    /// Requests being generated.
+    pub running: &'static str,
+}
+
+/// The servers people run behind a router, in the order detection tries them.
+pub const KNOWN: [QueueNames; 4] = [
+    QueueNames {
+        server: "vllm",
+        waiting: "vllm:num_requests_waiting",
+        running: "vllm:num_requests_running",
+    },
+    QueueNames {
+        server: "sglang",
+        waiting: "sglang:num_queue_reqs",
+        running: "sglang:num_running_reqs",
+    },
+    QueueNames {
+        server: "llamacpp",
+        waiting: "llamacpp:requests_deferred",
+        running: "llamacpp:requests_processing",
+    },
+    QueueNames {
+        server: "tgi",
+        waiting: "tgi_queue_size",
+        running: "tgi_batch_current_size",
+    },
+];
+
+/// Whose queue metrics an endpoint's page had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueSource {
+    /// Not scraped yet, or every scrape failed to connect.
+    Unknown,
+    /// One of [`KNOWN`], by index.
+    Known(usize),
+    /// The names the profile sets.
+    Configured,
+    /// The page had no queue metric the router reads (or there was no page).
+    Missing,
+}
+
+/// What one scrape found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueReading {
+    pub waiting: Option<u64>,
+    pub running: Option<u64>,
+    pub source: QueueSource,
+}
 
 /// Runs until aborted: every `interval` (jittered ±10% so replicas spread out), scrape
 /// every endpoint of the active snapshot concurrently, each bounded by `timeout`.
@@ -30,13 +89,26 @@ pub fn spawn(
     tokio::spawn(async move {
         loop {
             let snapshot = store.load();
-            let scrapes = snapshot.pools.iter().flat_map(|pool| {
-                let client = &client;
-                pool.endpoints()
+            let scrapes =
+                snapshot
+                    .set
+                    .profiles
                     .iter()
-                    .map(|endpoint| scrape(client, Arc::clone(endpoint), timeout))
-                    .collect::<Vec<_>>()
-            });
+                    .zip(&snapshot.pools)
+                    .flat_map(|(profile, pool)| {
+                        // Once a pass: a rotated Secret file is picked up within a scrape.
+                        if let Some(credential) = pool.credential() {
+                            credential.refresh();
+                        }
+                        let names = profile.upstream.queue_metrics();
+                        let client = &client;
+                        pool.endpoints()
+                            .iter()
+                            .map(|endpoint| {
+                                scrape(client, pool, Arc::clone(endpoint), names, timeout)
+                            })
+                            .collect::<Vec<_>>()
+                    });
             futures_util::future::join_all(scrapes).await;
             telemetry::tier_gauges(&snapshot, Instant::now());
             drop(snapshot);
@@ -46,17 +118,28 @@ pub fn spawn(
     })
 }
 
-async fn scrape(client: &UpstreamClient, endpoint: Arc<Endpoint>, timeout: Duration) {
+async fn scrape(
+    client: &UpstreamClient,
+    pool: &Pool,
+    endpoint: Arc<Endpoint>,
+    names: Option<&QueueMetrics>,
+    timeout: Duration,
+) {
     let Ok(uri) = endpoint.uri("/metrics") else {
         return;
     };
-    let Ok(request) = Request::get(uri).body(Bytes::new()) else {
+    let mut request = Request::get(uri);
+    if let Some(auth) = pool.authorization() {
+        request = request.header(header::AUTHORIZATION, auth);
+    }
+    let Ok(request) = request.body(Bytes::new()) else {
         return;
     };
     let page = async {
         let response = client.send(&endpoint, &request, timeout).await.ok()?;
         if !response.status().is_success() {
-            return None;
+            // A server without /metrics (or refusing it) has no queue to read.
+            return Some(Bytes::new());
         }
         let body = Limited::new(response.into_body(), MAX_PAGE)
             .collect()
@@ -67,35 +150,138 @@ async fn scrape(client: &UpstreamClient, endpoint: Arc<Endpoint>, timeout: Durat
     // The whole scrape, body included, within the timeout; a failed scrape keeps the last
     // value (requests, not scrapes, decide whether an endpoint is broken).
     if let Ok(Some(page)) = tokio::time::timeout(timeout, page).await {
-        if let Some(waiting) = num_requests_waiting(&page) {
-            endpoint.set_waiting(waiting);
+        let reading = read_queue(&page, names);
+        if let Some(before) = endpoint.set_queue(reading) {
+            log_source_change(&endpoint, before, reading.source);
         }
     }
 }
 
-/// Sum of `vllm:num_requests_waiting` samples (one per model) in a Prometheus text page.
-pub fn num_requests_waiting(page: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(page).ok()?;
+fn log_source_change(endpoint: &Endpoint, before: QueueSource, now: QueueSource) {
+    let endpoint = endpoint.base();
+    match now {
+        QueueSource::Known(i) => {
+            tracing::info!(
+                endpoint,
+                server = KNOWN[i].server,
+                "upstream queue metrics found"
+            );
+        }
+        QueueSource::Configured => {
+            tracing::info!(
+                endpoint,
+                "upstream queue metrics found under the configured names"
+            );
+        }
+        QueueSource::Missing => {
+            tracing::warn!(endpoint, ?before,
+                "no queue metric the router reads on the upstream's /metrics; routing sees only its own requests (set upstream.metrics to name them)");
+        }
+        QueueSource::Unknown => {}
+    }
+}
+
+/// The queue in a Prometheus text page: under the configured names where the profile sets
+/// them, else under the first server of [`KNOWN`] whose waiting metric the page has.
+pub fn read_queue(page: &[u8], configured: Option<&QueueMetrics>) -> QueueReading {
+    let text = std::str::from_utf8(page).unwrap_or_default();
+    let waiting_name = configured.and_then(|m| m.waiting.as_deref());
+    let running_name = configured.and_then(|m| m.running.as_deref());
+    let detected = KNOWN
+        .iter()
+        .position(|names| sum_samples(text, names.waiting).is_some());
+    let waiting = match (waiting_name, detected) {
+        (Some(name), _) => sum_samples(text, name),
+        (None, Some(i)) => sum_samples(text, KNOWN[i].waiting),
+        (None, None) => None,
+    };
+    let running = match (running_name, detected) {
+        (Some(name), _) => sum_samples(text, name),
+        (None, Some(i)) => sum_samples(text, KNOWN[i].running),
+        (None, None) => None,
+    };
+    let source = match (waiting_name, detected) {
+        (Some(_), _) if waiting.is_some() => QueueSource::Configured,
+        (None, Some(i)) => QueueSource::Known(i),
+        _ => QueueSource::Missing,
+    };
+    QueueReading {
+        waiting,
+        running,
+        source,
+    }
+}
+
+/// Sum of the samples of metric `name` (one per model or label set), if it has any.
+fn sum_samples(text: &str, name: &str) -> Option<u64> {
     let mut found = None;
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("vllm:num_requests_waiting") else {
+        let Some(rest) = line.strip_prefix(name) else {
             continue;
         };
         // The exact name, then labels or a space.
         if !(rest.starts_with('{') || rest.starts_with(' ')) {
             continue;
         }
-        let value = rest.rsplit(' ').next()?.parse::<f64>().ok()?;
+        // The value follows the labels (which may hold spaces); a timestamp may follow it.
+        let after_labels = match rest.strip_prefix('{') {
+            Some(labels) => labels.rsplit_once('}').map_or("", |(_, after)| after),
+            None => rest,
+        };
+        let Some(value) = after_labels
+            .split_ascii_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let total = found.get_or_insert(0u64);
         if value.is_finite() && value >= 0.0 {
-            *found.get_or_insert(0) += value as u64;
+            *total = total.saturating_add(value as u64);
         }
     }
     found
 }
 
+// === impl QueueSource ===
+
+impl QueueSource {
+    pub(super) fn as_byte(self) -> u8 {
+        match self {
+            Self::Unknown => 0,
+            // KNOWN has four entries.
+            Self::Known(i) => 1 + i as u8,
+            Self::Configured => 100,
+            Self::Missing => 101,
+        }
+    }
+
+    pub(super) fn from_byte(byte: u8) -> Self {
+        match byte {
+            0 => Self::Unknown,
+            100 => Self::Configured,
+            101 => Self::Missing,
+            i => Self::Known(usize::from(i - 1).min(KNOWN.len() - 1)),
+        }
+    }
+
+    /// The page had a queue metric the router reads; `None` before the first page.
+    pub fn found(self) -> Option<bool> {
+        match self {
+            Self::Unknown => None,
+            Self::Known(_) | Self::Configured => Some(true),
+            Self::Missing => Some(false),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn waiting(page: &[u8]) -> Option<u64> {
+        read_queue(page, None).waiting
+    }
 
     #[test]
     fn sums_waiting_requests_over_models_and_ignores_lookalikes() {
@@ -105,11 +291,53 @@ vllm:num_requests_waiting{model_name=\"a\"} 3.0\n\
 vllm:num_requests_waiting{model_name=\"b\"} 4\n\
 vllm:num_requests_waiting_total 99\n\
 vllm:num_requests_running{model_name=\"a\"} 7.0\n";
-        assert_eq!(num_requests_waiting(page), Some(7));
-        assert_eq!(num_requests_waiting(b"other_metric 1\n"), None);
+        assert_eq!(waiting(page), Some(7));
+        assert_eq!(read_queue(page, None).running, Some(7));
+        assert_eq!(waiting(b"other_metric 1\n"), None);
+        assert_eq!(waiting(b"vllm:num_requests_waiting 2\n"), Some(2));
         assert_eq!(
-            num_requests_waiting(b"vllm:num_requests_waiting 2\n"),
-            Some(2)
+            waiting(b"vllm:num_requests_waiting{a=\"x y\"} 2 1700000000000\n"),
+            Some(2),
+            "labels with spaces and a timestamp"
         );
+    }
+
+    #[test]
+    fn detects_each_servers_names_and_honours_configured_ones() {
+        for (i, names) in KNOWN.iter().enumerate() {
+            let page = format!("{} 5\n{} 2\n", names.waiting, names.running);
+            let reading = read_queue(page.as_bytes(), None);
+            assert_eq!(
+                reading,
+                QueueReading {
+                    waiting: Some(5),
+                    running: Some(2),
+                    source: QueueSource::Known(i)
+                },
+                "{}",
+                names.server
+            );
+        }
+        let page = b"my_queue{pool=\"a\"} 3\nmy_running 1\nvllm:num_requests_waiting 9\n";
+        let configured = QueueMetrics {
+            waiting: Some("my_queue".into()),
+            running: Some("my_running".into()),
+        };
+        let reading = read_queue(page, Some(&configured));
+        assert_eq!(
+            (reading.waiting, reading.running, reading.source),
+            (Some(3), Some(1), QueueSource::Configured)
+        );
+        let missing = read_queue(b"tgi_request_count 4\n", Some(&configured));
+        assert_eq!(missing.source, QueueSource::Missing);
+        assert_eq!(read_queue(b"", None).source, QueueSource::Missing);
+        for source in [
+            QueueSource::Unknown,
+            QueueSource::Known(3),
+            QueueSource::Configured,
+            QueueSource::Missing,
+        ] {
+            assert_eq!(QueueSource::from_byte(source.as_byte()), source);
+        }
     }
 }

@@ -128,9 +128,7 @@ pub async fn sim_tiers(itl: Duration) -> (ProfileSet, Vec<SimServer>) {
             ..SimConfig::default()
         };
         let sim = SimServer::bind(loopback(), config).await.unwrap();
-        profile.upstream = Upstream::Static(StaticUpstream {
-            urls: vec![sim.url()],
-        });
+        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
         sims.push(sim);
     }
     (set, sims)
@@ -254,9 +252,9 @@ impl Tiers {
                 };
                 tier.push(SimServer::bind(loopback(), config).await.unwrap());
             }
-            profile.upstream = Upstream::Static(StaticUpstream {
-                urls: tier.iter().map(SimServer::url).collect(),
-            });
+            profile.upstream = Upstream::Static(StaticUpstream::new(
+                tier.iter().map(SimServer::url).collect(),
+            ));
             sims.push(tier);
         }
         edit(&mut set);
