@@ -802,7 +802,15 @@ fn finish_head(
     // Looked for before removal: a removal hashes the name, a look at the few names an
     // upstream sends compares them.
     if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        for name in &HOP_BY_HOP {
+        // Headers the upstream's `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in HOP_BY_HOP.iter().chain(&named) {
             headers.remove(name);
         }
     }
