@@ -170,19 +170,20 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- $env := include "quantrouter.redisEnv" $ }}
-{{- if or $env $v.router.extraEnv (include "quantrouter.externalScaler" $) }}
 env:
   {{- with $env }}
   {{- . | trim | nindent 2 }}
   {{- end }}
-  {{- if include "quantrouter.externalScaler" $ }}
+  # The scaler port has no authentication: served only where KEDA's external trigger uses it.
   - name: QUANTROUTER_KEDA_SCALER_LISTEN
+    {{- if include "quantrouter.externalScaler" $ }}
     value: "0.0.0.0:{{ $v.keda.external.port }}"
-  {{- end }}
+    {{- else }}
+    value: "off"
+    {{- end }}
   {{- with $v.router.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- end }}
 ports:
   - name: {{ $http }}
     containerPort: {{ $v.service.port }}
