@@ -161,6 +161,9 @@ args:
   - --log-format={{ $v.router.logFormat }}
   - --discovery={{ $v.router.discovery }}
   - --workers={{ $v.router.workers }}
+  {{- with $v.router.maxConnections }}
+  - --max-connections={{ . }}
+  {{- end }}
   - --shutdown-delay-ms={{ $v.router.shutdown.delayMs }}
   - --shutdown-grace-ms={{ $v.router.shutdown.graceMs }}
   {{- range $v.router.modelAliases }}
