@@ -49,8 +49,9 @@ use crate::upstream::{
 use crate::workers;
 
 mod connections;
+mod delivery;
 
-use connections::{Conn, Connections, InFlightBody, Limits};
+use connections::{Conn, Connections, Limits};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
@@ -107,6 +108,8 @@ pub struct App {
     pub keda: Arc<Keda>,
     client: UpstreamClient,
     shutting_down: AtomicBool,
+    /// Turns true when the shutdown grace is over: streams still open end then.
+    grace_over: watch::Sender<bool>,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -185,6 +188,7 @@ impl Server {
             metrics: telemetry::metrics_handle(),
             config,
             shutting_down: AtomicBool::new(false),
+            grace_over: watch::Sender::new(false),
             next_id: AtomicU64::new(0),
             id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
         });
@@ -258,15 +262,21 @@ impl Server {
     /// Graceful stop: readiness turns false at once; connections are still accepted for
     /// the shutdown delay (endpoint removal takes a moment to reach every load balancer);
     /// then the listeners close, idle connections close at once (unfinished request heads
-    /// included), and in-flight requests and streams get the grace period.
+    /// included), and in-flight requests and streams get the grace period. Streams still
+    /// open after it end with an SSE error event, given [`GRACE_FLUSH`] to reach clients.
     pub async fn shutdown(self) {
         self.app.shutting_down.store(true, Ordering::SeqCst);
         tokio::time::sleep(self.app.config.shutdown_delay).await;
         let _ = self.stop.send(true);
         let grace = self.app.config.shutdown_grace;
-        let drained = futures_util::future::join_all(self.tasks);
-        if tokio::time::timeout(grace, drained).await.is_err() {
-            tracing::warn!(?grace, "in-flight requests outlived the grace period");
+        let mut drained = std::pin::pin!(futures_util::future::join_all(self.tasks));
+        if tokio::time::timeout(grace, &mut drained).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "in-flight requests outlived the grace period; ending them"
+            );
+            self.app.grace_over.send_replace(true);
+            let _ = tokio::time::timeout(GRACE_FLUSH, drained).await;
         }
         self.scraper.abort();
         self.upkeep.abort();
@@ -301,6 +311,11 @@ fn connection_limits(config: &ServerConfig) -> (Limits, Limits) {
     };
     (public, side_port)
 }
+
+/// After the grace, how long the error events of the streams it ended have to reach their
+/// clients before the process exits. Within the 5 s margin the Helm chart adds to the pod's
+/// terminationGracePeriodSeconds.
+const GRACE_FLUSH: Duration = Duration::from_secs(1);
 
 /// Connections the admin and the KEDA scaler port each keep open: probes, Prometheus and
 /// KEDA need a few; the cap keeps them from taking the descriptors of the public port.
@@ -424,21 +439,31 @@ fn serve_scaler(
 
 /// The public request path: [`handle`], boxed — the request's whole state machine (~3 KB)
 /// is freed once the response head is out. Inline, an HTTP/2 stream's task would hold it for
-/// as long as the body streams — minutes for a long generation. The request counts as in
-/// flight on `conn` until its response is sent.
+/// as long as the body streams — minutes for a long generation. Its response goes out
+/// through [`delivery`], the request counted in flight on `conn` until it is sent.
 fn public_service(
     app: Arc<App>,
     conn: Arc<Conn>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
-    Response = Response<InFlightBody<ResponseBody>>,
+    Response = Response<delivery::Delivered>,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response<InFlightBody<ResponseBody>>, Infallible>> + Send,
+    Future = impl Future<Output = Result<Response<delivery::Delivered>, Infallible>> + Send,
 > + Clone {
     hyper::service::service_fn(move |req: Request<Incoming>| {
         let app = Arc::clone(&app);
         let request = conn.request(req.version());
-        Box::pin(handle(app, req).map(move |response| Ok(response.map(|body| request.hold(body)))))
+        let http1 = req.version() < Version::HTTP_2;
+        let watched = Arc::clone(&app);
+        Box::pin(handle(app, req).map(move |response| {
+            Ok(delivery::deliver(response, request, http1, |upstream| {
+                delivery::Watch {
+                    deadline: upstream.deadline(),
+                    idle: watched.config.resilience.idle_timeout,
+                    grace_over: watched.grace_over.subscribe(),
+                }
+            }))
+        }))
     })
 }
 

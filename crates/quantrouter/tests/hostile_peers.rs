@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use http_body_util::BodyExt as _;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -455,6 +456,39 @@ async fn an_http1_client_that_never_reads_its_stream_loses_it_and_its_slot() {
     read_until_closed(&mut stalled, Duration::from_secs(10)).await;
 }
 
+/// A stream the client leaves unread past its deadline ends then, whatever blocks it: here
+/// HTTP/2 flow control, while the connection itself stays healthy and serves other streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_its_client_never_reads_frees_the_slot_at_the_deadline() {
+    let t = one_int4_slot(Duration::from_secs(30)).await;
+    // A small stream window, never released: the router's stream stalls on flow control.
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(16 * 1024)
+        .build(HttpConnector::new());
+    let url = format!("http://{}/v1/chat/completions", t.router.public_addr());
+    let request = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .header("x-quantrouter-timeout-ms", "2000")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            endless_stream(),
+        )))
+        .unwrap();
+    let stalled = h2.request(request).await.unwrap();
+    assert_eq!(stalled.status(), StatusCode::OK);
+    let r = send(&h2, "POST", &url, &chat("llama8b-awq", SIMPLE), &[JSON]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+
+    assert!(
+        int4_admits_again(&t).await,
+        "the stalled stream kept the slot past its deadline"
+    );
+    // The same connection serves other streams meanwhile.
+    let r = send(&h2, "POST", &url, &chat("auto", SIMPLE), &[JSON]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    drop(stalled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_idle_and_half_sent_connections_at_once() {
     // Long enough that waiting on any of them would be plain.
@@ -492,6 +526,35 @@ async fn shutdown_closes_idle_and_half_sent_connections_at_once() {
     for conn in [&mut half, &mut fresh, &mut kept] {
         read_until_closed(conn, Duration::from_secs(5)).await;
     }
+    drop(sims);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_still_open_when_the_grace_ends_gets_an_error_event_before_the_close() {
+    let h = Harness::start_with(Duration::from_millis(100), |c| {
+        c.shutdown_grace = Duration::from_millis(300);
+    })
+    .await;
+    // A hundred seconds of tokens.
+    let long = serde_json::json!({"model": "auto", "stream": true, "max_tokens": 1000,
+        "ignore_eos": true, "messages": [{"role": "user", "content": SIMPLE}]});
+    let response = h.open("/v1/chat/completions", &long.to_string()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let Harness { router, sims, .. } = h;
+    let stopping = tokio::spawn(router.shutdown());
+    let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
+        .await
+        .expect("the stream outlived the grace")
+        .expect("the stream was cut without ending");
+    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+    assert!(text.matches("\"delta\"").count() >= 2, "{text}");
+    let event = support::last_sse_event(&text);
+    assert_eq!(event["error"]["code"], "shutting_down", "{text}");
+    assert_eq!(event["error"]["type"], "api_error");
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("shutdown ends after the grace")
+        .unwrap();
     drop(sims);
 }
 

@@ -92,7 +92,8 @@ pub enum Close {
     Stopping,
     /// A request head not finished within the header timeout.
     HeaderTimeout,
-    /// A client that stopped reading: its writes blocked past the stall timeout.
+    /// A client that stopped reading: its writes blocked past the stall timeout, or a
+    /// response it left unread past its deadline (see [`super::delivery`]).
     ClientStalled,
 }
 
@@ -447,6 +448,11 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<T> {
 // === impl InFlight ===
 
 impl InFlight {
+    /// Closes the request's connection now (it cannot carry another request).
+    pub fn close_connection(&self, why: Close) {
+        self.conn.close_now(why);
+    }
+
     /// Keeps the request in flight until hyper drops `body`.
     pub fn hold<B>(self, body: B) -> InFlightBody<B> {
         InFlightBody {

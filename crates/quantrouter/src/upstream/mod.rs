@@ -167,6 +167,11 @@ impl UpstreamBody {
             stripped: None,
         }
     }
+
+    /// The request's deadline, which the body holds to.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
 }
 
 impl Body for UpstreamBody {
@@ -187,6 +192,10 @@ impl Body for UpstreamBody {
                     // Re-arming the timer per chunk would cost a timer-wheel update per
                     // token; noting the time and re-arming lazily when it fires is enough.
                     *this.last_frame = Instant::now();
+                    // An upstream with data always ready never lets the timer fire.
+                    if *this.last_frame >= *this.deadline {
+                        break BodyError::Deadline;
+                    }
                     let frame = match frame.into_data() {
                         Ok(data) => data,
                         Err(other) => return Poll::Ready(Some(Ok(other))),
