@@ -1,5 +1,7 @@
-//! Peers that misbehave, over real sockets: clients sending absurd headers, upstreams that
-//! break HTTP/1.1 framing or send bytes nobody asked for.
+//! Peers that misbehave, over real sockets: clients that send absurd headers, trickle heads
+//! and bodies, never read their streams or open more connections than the router has
+//! descriptors; upstreams that break HTTP/1.1 framing or send bytes nobody asked for; and
+//! shutdown with such connections open.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
