@@ -161,6 +161,9 @@ args:
   - --log-format={{ $v.router.logFormat }}
   - --discovery={{ $v.router.discovery }}
   - --workers={{ $v.router.workers }}
+  {{- with $v.router.maxConnections }}
+  - --max-connections={{ . }}
+  {{- end }}
   - --shutdown-delay-ms={{ $v.router.shutdown.delayMs }}
   - --shutdown-grace-ms={{ $v.router.shutdown.graceMs }}
   {{- range $v.router.modelAliases }}
@@ -170,7 +173,6 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- $env := include "quantrouter.redisEnv" $ }}
-{{- if or $env $v.router.extraEnv $v.router.upstreamApiKeys (include "quantrouter.externalScaler" $) }}
 env:
   {{- with $env }}
   {{- . | trim | nindent 2 }}
@@ -183,14 +185,16 @@ env:
         name: {{ .secretName }}
         key: {{ .secretKey | default "api-key" }}
   {{- end }}
-  {{- if include "quantrouter.externalScaler" $ }}
+  # The scaler port has no authentication: served only where KEDA's external trigger uses it.
   - name: QUANTROUTER_KEDA_SCALER_LISTEN
+    {{- if include "quantrouter.externalScaler" $ }}
     value: "0.0.0.0:{{ $v.keda.external.port }}"
-  {{- end }}
+    {{- else }}
+    value: "off"
+    {{- end }}
   {{- with $v.router.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- end }}
 ports:
   - name: {{ $http }}
     containerPort: {{ $v.service.port }}

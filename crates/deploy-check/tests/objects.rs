@@ -803,6 +803,15 @@ fn external_scaler_port_is_served_and_exposed_when_used() {
         .unwrap()
         .iter()
         .any(|p| p["port"] == 9091));
+    // Unused, the unauthenticated port is not served at all (the binary's default is on).
+    let (_, container) = router_containers(&default).remove(0);
+    let listen = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "QUANTROUTER_KEDA_SCALER_LISTEN")
+        .map(|e| e["value"].clone());
+    assert_eq!(listen, Some(json!("off")));
 }
 
 #[test]

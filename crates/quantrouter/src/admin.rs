@@ -67,7 +67,8 @@ async fn keda_tier(app: &App, tier: &str) -> Response<Full<Bytes>> {
             tiers.sort_unstable();
             tiers.dedup();
             let body = serde_json::json!({"error": {
-                "message": format!("no tier `{tier}` in the active profile set (tiers: {})", tiers.join(", ")),
+                "message": format!("no tier `{}` in the active profile set (tiers: {})",
+                    crate::keda::quoted(tier), tiers.join(", ")),
                 "type": "not_found_error",
                 "param": "tier",
                 "code": "unknown_tier",

@@ -218,6 +218,26 @@ pub struct ServeArgs {
     /// Then in-flight requests and streams get this long to finish.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = 25_000)]
     pub shutdown_grace_ms: u64,
+    /// Longest a client may take over a request head once it sent its first byte; then the
+    /// connection closes. Idle keep-alive connections are not timed.
+    #[arg(
+        long,
+        env = "QUANTROUTER_CLIENT_HEADER_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub client_header_timeout_ms: u64,
+    /// Longest a client may take to send a request body; then it gets a 400.
+    #[arg(
+        long,
+        env = "QUANTROUTER_CLIENT_BODY_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    pub client_body_timeout_ms: u64,
+    /// Client connections the public port keeps open at once; at the cap the oldest idle one
+    /// is closed for a new one. Default: half the open-file limit left after 128 + 4 per
+    /// worker descriptors for everything else (each request may hold an upstream connection).
+    #[arg(long, env = "QUANTROUTER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
     /// Log each request's prompt text with its routing decision (off: prompts never reach
     /// the logs).
     #[arg(long, env = "QUANTROUTER_LOG_PROMPTS")]
@@ -611,6 +631,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
     telemetry::init_logging(args.log_format);
+    crate::descriptors::raise_limit();
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
     let store = start_profiles(&args).await?;
@@ -647,6 +668,11 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         resilience,
         shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        client_header_timeout: Duration::from_millis(args.client_header_timeout_ms),
+        client_body_timeout: Duration::from_millis(args.client_body_timeout_ms),
+        max_connections: args
+            .max_connections
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         traces: crate::traces::Traces::from_env().unwrap_or_else(|error| {
             tracing::warn!(%error, "tracing disabled");
             None

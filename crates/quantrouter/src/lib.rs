@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod allocator;
 pub mod cli;
+pub mod descriptors;
 pub mod discovery;
 pub mod keda;
 pub mod openai;

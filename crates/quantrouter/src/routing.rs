@@ -27,6 +27,11 @@ pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-ti
 /// The model name that asks for adaptive routing.
 pub const AUTO_MODEL: &str = "auto";
 
+/// Largest time a request header may give, in milliseconds: a day. No generation runs that
+/// long, and the bound keeps a deadline (the request's start plus the header) representable;
+/// anything above is a 400, never a panic.
+const MAX_HEADER_MS: f64 = 86_400_000.0;
+
 /// Routes one request against a snapshot.
 ///
 /// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
@@ -44,7 +49,9 @@ pub fn route(
         None => resolve_model(snapshot, &parsed.model, aliases)?,
     };
     let overrides = Overrides {
-        latency_budget_ms: header_number(headers, LATENCY_BUDGET_HEADER, |v| v > 0.0)?,
+        latency_budget_ms: header_number(headers, LATENCY_BUDGET_HEADER, |v| {
+            v > 0.0 && v <= MAX_HEADER_MS
+        })?,
         min_quality: header_number(headers, MIN_QUALITY_HEADER, |v| (0.0..=1.0).contains(&v))?,
         profile: pinned,
     };
@@ -194,10 +201,10 @@ fn cold_start(
     })
 }
 
-/// The client's overall deadline, if it set one.
-pub fn timeout(headers: &HeaderMap) -> Result<Option<std::time::Duration>, ApiError> {
-    let ms = header_number(headers, TIMEOUT_HEADER, |v| v > 0.0 && v.is_finite())?;
-    Ok(ms.map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0)))
+/// The client's overall deadline, if it set one (at most [`MAX_HEADER_MS`]).
+pub fn timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let ms = header_number(headers, TIMEOUT_HEADER, |v| v > 0.0 && v <= MAX_HEADER_MS)?;
+    Ok(ms.and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok()))
 }
 
 /// `auto` and aliases route adaptively; a profile id or a profile's served model name pins.

@@ -22,7 +22,6 @@ use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
 use quantrouter_policy::{check_choices, Reason, RoutingDecision};
@@ -50,6 +49,11 @@ use crate::upstream::{
 };
 use crate::workers;
 
+mod connections;
+mod delivery;
+
+use connections::{Conn, Connections, Limits};
+
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
 
@@ -74,6 +78,15 @@ pub struct ServerConfig {
     /// How long in-flight requests and streams may then run; with the delay, within the
     /// Helm chart's terminationGracePeriodSeconds.
     pub shutdown_grace: Duration,
+    /// Longest a client may take over a request head once it began one. A head is a few
+    /// hundred bytes, one or two packets: 10 s covers several retransmissions on a bad link.
+    pub client_header_timeout: Duration,
+    /// Longest a client may take to send a request body. 60 s carries the largest body
+    /// allowed by default (4 MiB) at well under 1 Mbit/s.
+    pub client_body_timeout: Duration,
+    /// Client connections the public port keeps open at once; `None` derives the cap from
+    /// the process's descriptor limit ([`crate::descriptors`]).
+    pub max_connections: Option<usize>,
     /// OpenTelemetry tracing, when configured.
     pub traces: Option<Traces>,
     /// Log prompt text with each routing decision.
@@ -96,6 +109,8 @@ pub struct App {
     pub keda: Arc<Keda>,
     client: UpstreamClient,
     shutting_down: AtomicBool,
+    /// Turns true when the shutdown grace is over: streams still open end then.
+    grace_over: watch::Sender<bool>,
     next_id: AtomicU64,
     id_prefix: u32,
 }
@@ -183,17 +198,23 @@ impl Server {
             metrics: telemetry::metrics_handle(),
             config,
             shutting_down: AtomicBool::new(false),
+            grace_over: watch::Sender::new(false),
             next_id: AtomicU64::new(0),
             id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
         });
         let (stop, stopped) = watch::channel(false);
         let public_app = Arc::clone(&app);
         let public_stopped = stopped.clone();
+        let (limits, side_port) = connection_limits(&app.config);
         let serve_worker = move |listener| {
             let app = Arc::clone(&public_app);
-            accept_loop(listener, public_stopped.clone(), move |stream, watcher| {
-                serve_public(Arc::clone(&app), stream, watcher)
-            })
+            let connections = Connections::new(limits);
+            accept_loop(
+                listener,
+                public_stopped.clone(),
+                connections,
+                move |stream, conn, watcher| serve_public(Arc::clone(&app), stream, conn, watcher),
+            )
         };
         // The workers' ends are awaited like the tasks below.
         let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, cpus.as_deref(), serve_worker)?
@@ -204,7 +225,8 @@ impl Server {
         tasks.push(tokio::spawn(accept_loop(
             admin,
             stopped.clone(),
-            move |stream, watcher| serve_admin(Arc::clone(&admin_app), stream, watcher),
+            Connections::new(side_port),
+            move |stream, conn, watcher| serve_admin(Arc::clone(&admin_app), stream, conn, watcher),
         )));
         if let Some(listener) = scaler {
             let scaler = Scaler::new(
@@ -215,7 +237,8 @@ impl Server {
             tasks.push(tokio::spawn(accept_loop(
                 listener,
                 stopped,
-                move |stream, watcher| serve_scaler(scaler.clone(), stream, watcher),
+                Connections::new(side_port),
+                move |stream, conn, watcher| serve_scaler(scaler.clone(), stream, conn, watcher),
             )));
         }
         tracing::info!(%public_addr, %admin_addr, ?scaler_addr, "quantrouter listening");
@@ -249,15 +272,22 @@ impl Server {
 
     /// Graceful stop: readiness turns false at once; connections are still accepted for
     /// the shutdown delay (endpoint removal takes a moment to reach every load balancer);
-    /// then the listeners close and in-flight requests and streams get the grace period.
+    /// then the listeners close, idle connections close at once (unfinished request heads
+    /// included), and in-flight requests and streams get the grace period. Streams still
+    /// open after it end with an SSE error event, given [`GRACE_FLUSH`] to reach clients.
     pub async fn shutdown(self) {
         self.app.shutting_down.store(true, Ordering::SeqCst);
         tokio::time::sleep(self.app.config.shutdown_delay).await;
         let _ = self.stop.send(true);
         let grace = self.app.config.shutdown_grace;
-        let drained = futures_util::future::join_all(self.tasks);
-        if tokio::time::timeout(grace, drained).await.is_err() {
-            tracing::warn!(?grace, "in-flight requests outlived the grace period");
+        let mut drained = std::pin::pin!(futures_util::future::join_all(self.tasks));
+        if tokio::time::timeout(grace, &mut drained).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "in-flight requests outlived the grace period; ending them"
+            );
+            self.app.grace_over.send_replace(true);
+            let _ = tokio::time::timeout(GRACE_FLUSH, drained).await;
         }
         self.scraper.abort();
         if let Some(health) = self.health {
@@ -276,6 +306,35 @@ impl Server {
     }
 }
 
+/// What each public worker's listener, and the admin and scaler ports', allow connections.
+fn connection_limits(config: &ServerConfig) -> (Limits, Limits) {
+    let max = config.max_connections.unwrap_or_else(|| {
+        crate::descriptors::default_max_connections(crate::descriptors::limit(), config.workers)
+    });
+    tracing::info!(max_connections = max, "client connections capped");
+    let public = Limits {
+        // The kernel spreads new connections evenly over the workers' sockets.
+        max: max.div_ceil(config.workers.max(1)),
+        header_timeout: config.client_header_timeout,
+        // The idle timeout, on the client's side.
+        stall_timeout: config.resilience.idle_timeout,
+    };
+    let side_port = Limits {
+        max: SIDE_PORT_CONNECTIONS,
+        ..public
+    };
+    (public, side_port)
+}
+
+/// After the grace, how long the error events of the streams it ended have to reach their
+/// clients before the process exits. Within the 5 s margin the Helm chart adds to the pod's
+/// terminationGracePeriodSeconds.
+const GRACE_FLUSH: Duration = Duration::from_secs(1);
+
+/// Connections the admin and the KEDA scaler port each keep open: probes, Prometheus and
+/// KEDA need a few; the cap keeps them from taking the descriptors of the public port.
+const SIDE_PORT_CONNECTIONS: usize = 32;
+
 /// Connections the kernel queues per listener before they are accepted (capped by
 /// `net.core.somaxconn`, 4096 on current kernels). A burst of new clients — a fleet
 /// reconnecting after a restart, thousands of streams opened at once — then waits in the
@@ -290,18 +349,31 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Accepts connections until stopped, then waits for open connections to finish.
-async fn accept_loop<F>(listener: TcpListener, mut stopped: watch::Receiver<bool>, serve: F)
-where
-    F: Fn(TcpStream, Watcher) -> ServeFuture + Send + 'static,
+/// Accepts connections until stopped, then closes idle ones and waits for the others to
+/// finish. At `connections`' cap a new connection sheds the oldest idle one, or is closed at
+/// once when every connection is busy.
+async fn accept_loop<F>(
+    listener: TcpListener,
+    mut stopped: watch::Receiver<bool>,
+    connections: Arc<Connections>,
+    serve: F,
+) where
+    F: Fn(TcpStream, Arc<Conn>, Watcher) -> ServeFuture + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
+                    let Some(conn) = connections.accept() else {
+                        tracing::debug!(%peer, "every connection busy at the cap; refused");
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(serve(stream, graceful.watcher()));
+                    tokio::spawn(serve(stream, conn, graceful.watcher()));
+                    if connections.shedding() {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 // Out of file descriptors and the like: back off instead of spinning.
                 Err(error) => {
@@ -313,44 +385,67 @@ where
         }
     }
     drop(listener);
+    connections.stop();
     graceful.shutdown().await;
 }
 
 /// The public port speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c), told apart by the
 /// HTTP/2 preface: an ingress or sidecar in front (Envoy, Istio) can multiplex many streams
 /// over a few connections instead of holding a descriptor per open stream.
-fn serve_public(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
-    let service = public_service(app);
+fn serve_public(
+    app: Arc<App>,
+    stream: TcpStream,
+    conn: Arc<Conn>,
+    watcher: Watcher,
+) -> ServeFuture {
+    let service = public_service(app, Arc::clone(&conn));
     Box::pin(async move {
         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        if let Err(error) = watcher.watch(conn).await {
+        let served = builder.serve_connection(TokioIo::new(conn.track(stream)), service);
+        if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
             tracing::debug!(%error, "connection ended with an error");
         }
     })
 }
 
-fn serve_admin(app: Arc<App>, stream: TcpStream, watcher: Watcher) -> ServeFuture {
-    let service = hyper::service::service_fn(move |req| {
+fn serve_admin(app: Arc<App>, stream: TcpStream, conn: Arc<Conn>, watcher: Watcher) -> ServeFuture {
+    let requests = Arc::clone(&conn);
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let app = Arc::clone(&app);
-        async move { Ok::<_, Infallible>(admin::handle(&app, req).await) }
+        let request = requests.request(req.version());
+        async move { Ok::<_, Infallible>(admin::handle(&app, req).await.map(|b| request.hold(b))) }
     });
     Box::pin(async move {
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service);
-        if let Err(error) = watcher.watch(conn).await {
+        let served = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(conn.track(stream)), service);
+        if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
             tracing::debug!(%error, "admin connection ended with an error");
         }
     })
 }
 
-fn serve_scaler(scaler: Scaler, stream: TcpStream, watcher: Watcher) -> ServeFuture {
-    // gRPC is HTTP/2 only; KEDA connects with prior knowledge (no TLS here).
-    let service = TowerToHyperService::new(scaler.into_service());
+fn serve_scaler(
+    scaler: Scaler,
+    stream: TcpStream,
+    conn: Arc<Conn>,
+    watcher: Watcher,
+) -> ServeFuture {
+    use tower::ServiceExt as _;
+    let grpc = scaler.into_service();
+    let requests = Arc::clone(&conn);
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let request = requests.request(req.version());
+        let answer = grpc.clone().oneshot(req);
+        async move {
+            let response = answer.await.unwrap_or_else(|never| match never {});
+            Ok::<_, Infallible>(response.map(|body| request.hold(body)))
+        }
+    });
     Box::pin(async move {
-        let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .serve_connection(TokioIo::new(stream), service);
-        if let Err(error) = watcher.watch(conn).await {
+        // gRPC is HTTP/2 only; KEDA connects with prior knowledge (no TLS here).
+        let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(conn.track(stream)), service);
+        if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
             tracing::debug!(%error, "scaler connection ended with an error");
         }
     })
@@ -358,18 +453,31 @@ fn serve_scaler(scaler: Scaler, stream: TcpStream, watcher: Watcher) -> ServeFut
 
 /// The public request path: [`handle`], boxed — the request's whole state machine (~3 KB)
 /// is freed once the response head is out. Inline, an HTTP/2 stream's task would hold it for
-/// as long as the body streams — minutes for a long generation.
+/// as long as the body streams — minutes for a long generation. Its response goes out
+/// through [`delivery`], the request counted in flight on `conn` until it is sent.
 fn public_service(
     app: Arc<App>,
+    conn: Arc<Conn>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
-    Response = Response<ResponseBody>,
+    Response = Response<delivery::Delivered>,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
+    Future = impl Future<Output = Result<Response<delivery::Delivered>, Infallible>> + Send,
 > + Clone {
-    hyper::service::service_fn(move |req| {
+    hyper::service::service_fn(move |req: Request<Incoming>| {
         let app = Arc::clone(&app);
-        Box::pin(handle(app, req).map(Ok))
+        let request = conn.request(req.version());
+        let http1 = req.version() < Version::HTTP_2;
+        let watched = Arc::clone(&app);
+        Box::pin(handle(app, req).map(move |response| {
+            Ok(delivery::deliver(response, request, http1, |upstream| {
+                delivery::Watch {
+                    deadline: upstream.deadline(),
+                    idle: watched.config.resilience.idle_timeout,
+                    grace_over: watched.grace_over.subscribe(),
+                }
+            }))
+        }))
     })
 }
 
@@ -501,7 +609,7 @@ fn route_and_forward<'a>(
     async move {
         app.authorize(&parts.headers)?;
         check_content_type(&parts.headers)?;
-        let body = read_body(body, &parts.headers, app.config.body_limit).await?;
+        let body = read_body(app, body, &parts.headers).await?;
         let key = id.to_str().unwrap_or_default();
         let parsed = ParsedRequest::parse(&body, endpoint)?;
         let snapshot = app.store.load();
@@ -855,7 +963,15 @@ fn finish_head(
     // Looked for before removal: a removal hashes the name, a look at the few names an
     // upstream sends compares them.
     if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        for name in &HOP_BY_HOP {
+        // Headers the upstream's `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .collect();
+        for name in HOP_BY_HOP.iter().chain(&named) {
             headers.remove(name);
         }
     }
@@ -1002,9 +1118,10 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Reads the whole body, refusing more than `limit` bytes (early, from Content-Length, when
-/// the client declares it).
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads the whole body within the client body timeout, refusing more than the body limit
+/// (early, from Content-Length, when the client declares it).
+async fn read_body(app: &App, body: Incoming, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+    let limit = app.config.body_limit;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -1012,7 +1129,16 @@ async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
+    let timeout = app.config.client_body_timeout;
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
+    let Ok(read) = read.await else {
+        // Unread, the rest of the body makes hyper close the connection after the answer.
+        return Err(ApiError::InvalidRequest {
+            message: format!("the request body did not arrive within {timeout:?}"),
+            param: None,
+        });
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(ApiError::PayloadTooLarge { limit })
@@ -1071,7 +1197,7 @@ async fn dry_run(
     }
     app.authorize(&parts.headers)?;
     check_content_type(&parts.headers)?;
-    let body = read_body(body, &parts.headers, app.config.body_limit).await?;
+    let body = read_body(app, body, &parts.headers).await?;
     let started = Instant::now();
     let endpoint = match serde_json::from_slice::<Shape>(&body) {
         Ok(Shape { messages: None }) => Endpoint::Completions,
@@ -1123,6 +1249,9 @@ impl Default for ServerConfig {
             resilience: ResilienceConfig::default(),
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
+            client_header_timeout: Duration::from_secs(10),
+            client_body_timeout: Duration::from_secs(60),
+            max_connections: None,
             traces: None,
             log_prompts: false,
             keda: KedaConfig::default(),

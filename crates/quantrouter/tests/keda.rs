@@ -250,6 +250,30 @@ async fn the_external_scaler_reports_what_is_in_flight() {
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    // Whatever a trigger names is echoed as a short, escaped prefix, never whole.
+    let hostile = format!("t\n\u{7}{}", "t".repeat(3_000));
+    for (key, value) in [("tier", hostile.as_str()), ("targetQueueDepth", &hostile)] {
+        let mut metadata = vec![(key, value)];
+        if key != "tier" {
+            metadata.push(("tier", "int4"));
+        }
+        let status = scaler
+            .get_metric_spec(trigger(&metadata))
+            .await
+            .unwrap_err();
+        assert_ne!(status.code(), tonic::Code::Ok);
+        let message = status.message();
+        assert!(message.len() < 200, "{key}: {} bytes echoed", message.len());
+        assert!(message.contains("\\n\\u{7}ttt"), "{key}: {message}");
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+    }
+    let r = h
+        .get(&h.admin_url(&format!("/keda/tiers/{}", "t".repeat(3_000))))
+        .await;
+    assert_eq!(r.status, http::StatusCode::NOT_FOUND);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.len() < 300, "{} bytes echoed", message.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

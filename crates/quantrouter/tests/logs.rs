@@ -160,9 +160,10 @@ async fn upstream_addresses_stay_in_the_logs_and_out_of_the_answer() {
     let address = closed.local_addr().unwrap().to_string();
     drop(closed);
     for p in &mut set.profiles {
-        p.upstream = quantrouter_policy::Upstream::Static(quantrouter_policy::StaticUpstream::new(
-            vec![format!("http://{address}")],
-        ));
+        p.upstream =
+            quantrouter_policy::Upstream::Static(quantrouter_policy::StaticUpstream::new(vec![
+                format!("http://{address}"),
+            ]));
     }
     let (lines, answer) = exchange_logs(
         &set,

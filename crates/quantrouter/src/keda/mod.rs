@@ -197,6 +197,23 @@ impl TierShare {
     }
 }
 
+/// A caller's name (a tier, a trigger setting) as error messages quote it: its first 64
+/// characters, escaped. Whoever reaches the scaler or admin port chooses the name, and a
+/// message echoing it whole (into gRPC's `grpc-message` header, or a 404 body) would let them
+/// size the answer and put control characters in it.
+pub fn quoted(name: &str) -> String {
+    const MAX: usize = 64;
+    let mut text: String = name
+        .chars()
+        .take(MAX)
+        .flat_map(char::escape_debug)
+        .collect();
+    if name.chars().nth(MAX).is_some() {
+        text.push_str("...");
+    }
+    text
+}
+
 /// A replica id for when the pod name is unknown (outside Kubernetes, tests).
 pub fn random_replica_id() -> String {
     format!("qr-{:016x}", fastrand::u64(..))
@@ -261,6 +278,14 @@ pub fn merge<'a>(shares: impl IntoIterator<Item = &'a TierShare>) -> TierStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quoted_name_is_short_and_escaped() {
+        assert_eq!(quoted("int4"), "int4");
+        assert_eq!(quoted("a\nb\u{7}\"c"), "a\\nb\\u{7}\\\"c");
+        let long = quoted(&"x".repeat(10_000));
+        assert_eq!(long, format!("{}...", "x".repeat(64)));
+    }
 
     fn share(admission: u64, inflight: u64, endpoints: &[(&str, bool, u64)]) -> TierShare {
         TierShare {

@@ -87,10 +87,10 @@ impl Scaler {
 
     async fn report(&self, tier: &str) -> Result<TierReport, Status> {
         let snapshot = self.store.load();
-        self.keda
-            .tier(&snapshot, tier)
-            .await
-            .ok_or_else(|| Status::not_found(format!("no tier `{tier}` in the active profile set")))
+        self.keda.tier(&snapshot, tier).await.ok_or_else(|| {
+            let tier = super::quoted(tier);
+            Status::not_found(format!("no tier `{tier}` in the active profile set"))
+        })
     }
 
     async fn active(&self, tier: &str) -> Result<bool, Status> {
@@ -206,6 +206,7 @@ impl Trigger {
                 .ok()
                 .filter(|t| t.is_finite() && *t > 0.0)
                 .ok_or_else(|| {
+                    let text = super::quoted(text);
                     Status::invalid_argument(format!(
                         "targetQueueDepth must be a number above 0, got `{text}`"
                     ))

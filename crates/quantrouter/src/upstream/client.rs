@@ -77,9 +77,6 @@ const READ_CHUNK: usize = 8 * 1024;
 /// endpoint that discovery removed should not live on.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// An idle connection older than this is probed (a non-blocking read) before reuse.
-const PROBE_AFTER: Duration = Duration::from_secs(1);
-
 /// Request headers the client sets itself, and hop-by-hop headers never forwarded.
 const NOT_FORWARDED: [HeaderName; 6] = [
     header::HOST,
@@ -222,14 +219,19 @@ impl UpstreamClient {
                 error,
                 nothing_received: true,
             })?;
-        let (head, input) = read_head(&mut stream).await?;
+        let (mut head, input) = read_head(&mut stream).await?;
         let invalid = |message: &str| ExchangeFailure {
             error: io::Error::new(io::ErrorKind::InvalidData, message.to_owned()),
             nothing_received: false,
         };
         let decoder = framing(&head, head_only).map_err(invalid)?;
+        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): passed on, the stale
+        // length would frame the body for the client differently than here. Such an answer
+        // hints at response splitting, so its connection is not reused either.
+        let both = head.headers().contains_key(header::TRANSFER_ENCODING)
+            && head.headers_mut().remove(header::CONTENT_LENGTH).is_some();
         // A body that ends with the connection leaves nothing to reuse.
-        let reuse = keep_alive(&head) && !decoder.ends_with_close();
+        let reuse = keep_alive(&head) && !decoder.ends_with_close() && !both;
         let mut body = UpstreamIncoming {
             stream: Some(stream),
             input,
@@ -548,17 +550,18 @@ impl std::fmt::Debug for UpstreamIncoming {
 // === impl IdlePool ===
 
 impl IdlePool {
-    /// The most recently used idle connection to `authority` that is still open.
+    /// The most recently used idle connection to `authority` that is still open and quiet.
+    ///
+    /// Every connection is probed, however recently used: bytes a server sent after a
+    /// complete response would otherwise be read as the answer to the next request, which
+    /// may be another client's. A close that races the request is caught by `exchange`,
+    /// which then opens a new connection.
     fn take(&self, authority: &str) -> Option<TcpStream> {
         let now = Instant::now();
         let mut idle = self.lock();
         let conns = idle.map.get_mut(authority)?;
         while let Some((stream, since)) = conns.pop() {
-            let idle_for = now.duration_since(since);
-            // A connection used a moment ago is taken without the probe's syscall: a server
-            // closes idle connections after seconds, and a close that races the request is
-            // caught by `exchange`, which then opens a new connection.
-            if idle_for < PROBE_AFTER || idle_for < IDLE_TIMEOUT && is_quiet(&stream) {
+            if now.duration_since(since) < IDLE_TIMEOUT && is_quiet(&stream) {
                 return Some(stream);
             }
         }
@@ -601,9 +604,14 @@ impl IdlePool {
 
 /// An idle connection has nothing to read: the server neither closed it nor sent bytes
 /// nobody asked for.
+///
+/// A peek straight to the kernel: tokio's `try_read` answers from the readiness its reactor
+/// has seen, which misses bytes that arrived since its last turn.
 fn is_quiet(stream: &TcpStream) -> bool {
+    use rustix::net::RecvFlags;
     let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    let peeked = rustix::net::recv(stream, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT);
+    matches!(peeked, Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::WOULDBLOCK)
 }
 
 #[cfg(test)]

@@ -208,6 +208,11 @@ impl UpstreamBody {
             state,
         }
     }
+
+    /// The request's deadline, which the body holds to.
+    pub fn deadline(&self) -> Instant {
+        self.state.deadline
+    }
 }
 
 impl Body for UpstreamBody {
@@ -229,6 +234,10 @@ impl Body for UpstreamBody {
                     // Re-arming the timer per chunk would cost a timer-wheel update per
                     // token; noting the time and re-arming lazily when it fires is enough.
                     state.last_frame = Instant::now();
+                    // An upstream with data always ready never lets the timer fire.
+                    if state.last_frame >= state.deadline {
+                        break BodyError::Deadline;
+                    }
                     let data = match frame.into_data() {
                         Ok(data) => data,
                         Err(other) => return Poll::Ready(Some(Ok(other))),
