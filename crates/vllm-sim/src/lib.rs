@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+mod answers;
 mod api;
 mod body;
 mod completion;
@@ -31,6 +32,7 @@ mod metrics;
 mod routes;
 mod server;
 mod state;
+pub mod tier_eval;
 
 pub use config::SimConfig;
 pub use faults::{Faults, FaultsError};
