@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `demo`, `route`, `audit`.
+//! Command-line interface: `serve`, `demo`, `route`, `audit`, `profiles`, `profile-tier`.
 //!
 //! Every `serve` flag can also come from `QUANTROUTER_<FLAG>` and from a JSON config file
 //! given with `--config` (keys are flag names). Precedence: command line, environment,
@@ -49,6 +49,9 @@ pub enum Command {
     /// Validate profile files and manage the profile set in Redis.
     #[command(subcommand)]
     Profiles(ProfilesCommand),
+    /// Measure a live OpenAI-compatible endpoint (latency, throughput, accuracy on an eval
+    /// set) and print a profile entry; optionally merge it into a file and push it.
+    ProfileTier(Box<crate::tier_profile::ProfileTierArgs>),
 }
 
 /// Where the profile set lives in Redis.
@@ -464,6 +467,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Route(args) => route(&args),
         Command::Audit(args) => run_audit(&args),
         Command::Profiles(command) => profiles_command(command),
+        Command::ProfileTier(args) => crate::tier_profile::run(*args),
     }
 }
 
@@ -491,8 +495,6 @@ fn profiles_command(command: ProfilesCommand) -> Result<(), CliError> {
 }
 
 async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
-    use crate::profiles::redis_store::RedisStore;
-
     let redis = match &command {
         ProfilesCommand::Validate { .. } => return Ok(()),
         ProfilesCommand::Push { redis, .. }
@@ -508,12 +510,7 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
         }
         _ => None,
     };
-    let client =
-        crate::profiles::redis_store::client(&redis.redis_url, redis.redis_ca_file.as_deref())
-            .map_err(|e| CliError::Invalid(e.to_string()))?;
-    let store = RedisStore::connect(&client, &redis.redis_prefix)
-        .await
-        .map_err(store_error)?;
+    let store = connect_store(&redis).await?;
     match command {
         ProfilesCommand::Validate { .. } => {}
         ProfilesCommand::Push { expect_version, .. } => {
@@ -578,7 +575,20 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
+/// Connects to the profile keys in Redis: exit 1 for a bad URL, 2 when unreachable.
+pub(crate) async fn connect_store(
+    redis: &RedisArgs,
+) -> Result<crate::profiles::redis_store::RedisStore, CliError> {
+    let client =
+        crate::profiles::redis_store::client(&redis.redis_url, redis.redis_ca_file.as_deref())
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+    crate::profiles::redis_store::RedisStore::connect(&client, &redis.redis_prefix)
+        .await
+        .map_err(store_error)
+}
+
+/// A Redis store error as the CLI's exit code: 3 conflict, 2 unreachable, 1 bad data.
+pub(crate) fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
     use crate::profiles::redis_store::StoreError;
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
@@ -607,7 +617,10 @@ fn parse_seed_endpoints(
 }
 
 /// A profile-set file, or a seed-format list with `MODEL_ID=URL` endpoints.
-fn read_profile_file(path: &Path, seed_endpoints: &[String]) -> Result<ProfileSet, CliError> {
+pub(crate) fn read_profile_file(
+    path: &Path,
+    seed_endpoints: &[String],
+) -> Result<ProfileSet, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
     let result = if quantrouter_policy::looks_like_seed_list(&text) {

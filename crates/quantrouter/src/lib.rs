@@ -16,6 +16,7 @@ pub mod resilience;
 pub mod routing;
 pub mod server;
 pub mod telemetry;
+pub mod tier_profile;
 pub mod tls;
 pub mod traces;
 pub mod upstream;

@@ -23,6 +23,9 @@ pub(crate) enum Endpoint {
 pub(crate) struct CompletionRequest {
     pub(crate) model: Option<String>,
     pub(crate) digest: PromptDigest,
+    /// The last user message's text (chat) or the single prompt (completions): what an
+    /// eval-set prompt is looked up by.
+    pub(crate) user_text: Option<String>,
     pub(crate) max_tokens: Option<u64>,
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
@@ -260,21 +263,37 @@ impl CompletionRequest {
             ));
         }
         let mut digest = PromptDigest::new();
-        for message in &messages {
-            digest.add_marker(message.role.as_deref().unwrap_or(""));
-            match &message.content {
-                Some(ContentWire::Text(text)) => digest.add_text(text),
-                Some(ContentWire::Parts(parts)) => parts
-                    .iter()
-                    .filter(|part| part.kind == "text")
-                    .filter_map(|part| part.text.as_deref())
-                    .for_each(|text| digest.add_text(text)),
-                None => {}
+        let mut user_text = None;
+        for message in messages {
+            let role = message.role.unwrap_or_default();
+            digest.add_marker(&role);
+            let text = match message.content {
+                Some(ContentWire::Text(text)) => {
+                    digest.add_text(&text);
+                    Some(text)
+                }
+                Some(ContentWire::Parts(parts)) => {
+                    let mut joined = String::new();
+                    for text in parts
+                        .into_iter()
+                        .filter(|part| part.kind == "text")
+                        .filter_map(|part| part.text)
+                    {
+                        digest.add_text(&text);
+                        joined.push_str(&text);
+                    }
+                    Some(joined)
+                }
+                None => None,
+            };
+            if role == "user" {
+                user_text = text;
             }
         }
         Ok(Self {
             model: wire.model,
             digest,
+            user_text,
             // `max_completion_tokens` is the newer name; vLLM prefers it when both are given.
             max_tokens: validate_max_tokens(wire.max_completion_tokens.or(wire.max_tokens))?,
             ignore_eos: wire.ignore_eos.unwrap_or(false),
@@ -301,9 +320,15 @@ impl CompletionRequest {
                 digest.add_text(text);
             }),
         }
+        let user_text = match prompt {
+            PromptWire::Text(text) => Some(text),
+            PromptWire::Texts(mut texts) if texts.len() == 1 => texts.pop(),
+            PromptWire::Texts(_) => None,
+        };
         Ok(Self {
             model: wire.model,
             digest,
+            user_text,
             max_tokens: validate_max_tokens(wire.max_tokens)?,
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
@@ -584,6 +609,16 @@ mod tests {
         let b = CompletionRequest::parse(Endpoint::Chat, plain).unwrap();
         assert_eq!(a.digest.prompt_tokens(), 2);
         assert_eq!(b.digest.prompt_tokens(), 2);
+    }
+
+    #[test]
+    fn the_last_user_message_is_the_lookup_text() {
+        let body = br#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"first"},{"role":"assistant","content":"ok"},{"role":"user","content":[{"type":"text","text":"sec"},{"type":"text","text":"ond"}]}]}"#;
+        let request = CompletionRequest::parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(request.user_text.as_deref(), Some("second"));
+        let body = br#"{"prompt":["only"]}"#;
+        let request = CompletionRequest::parse(Endpoint::Completion, body).unwrap();
+        assert_eq!(request.user_text.as_deref(), Some("only"));
     }
 
     #[test]

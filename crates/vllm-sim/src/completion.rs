@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, sleep_until, Instant};
 
+use crate::answers;
 use crate::api::{
     json_response, ApiError, CompletionRequest, Endpoint, ResponseMeta, Usage, DONE_EVENT,
 };
@@ -18,10 +19,14 @@ use crate::faults::FaultPlan;
 use crate::generate::Generation;
 use crate::routes::read_body;
 use crate::state::{unix_now, CancelGuard, SimState};
+use crate::tier_eval::TaskClass;
 
 /// Events buffered between the producer and the connection. Small, so a slow client holds up
 /// generation (as it would hold vLLM's output queue) instead of piling up memory.
 const STREAM_BUFFER: usize = 4;
+
+/// Mixed into the seed of a vocabulary answer chosen to be wrong.
+const WRONG_SEED: u64 = 0x0057_524f_4e47;
 
 /// The connection is aborted without a response, as an injected fault demands.
 #[derive(Debug, thiserror::Error)]
@@ -118,20 +123,32 @@ async fn prepare(
         }
     }
     let plan = state.faults.plan().unwrap_or_default();
-    if !plan.is_noop() {
+    let known = answers::lookup(request.user_text.as_deref());
+    let class = known.map_or(TaskClass::General, |k| k.class());
+    let (hash, seed) = (request.digest.hash(), state.config.seed);
+    let wrong = answers::answers_wrong(hash, seed, plan.wrong_rate.of(class));
+    if plan.acts() || wrong {
         state
             .metrics
             .faults_injected
             .fetch_add(1, Ordering::Relaxed);
+    }
+    if plan.acts() {
         apply_early_faults(&plan).await?;
     }
-    let generation = Generation::plan(
-        &request.digest,
-        state.config.seed,
-        request.max_tokens,
-        request.ignore_eos,
-        plan.degenerate,
-    );
+    let generation = match known {
+        Some(known) if !plan.degenerate => {
+            Generation::fixed(known.answer(wrong, hash, seed), request.max_tokens)
+        }
+        _ => Generation::plan(
+            &request.digest,
+            // Another seed: other words than a right answer (and than a same-seed tier).
+            if wrong { seed ^ WRONG_SEED } else { seed },
+            request.max_tokens,
+            request.ignore_eos,
+            plan.degenerate,
+        ),
+    };
     Ok(Job {
         endpoint,
         request,
@@ -270,14 +287,12 @@ async fn stream_events(
     }
     let mut piece = String::with_capacity(16);
     let mut deadline = started + ttft;
-    for (i, word) in job.generation.words().enumerate() {
+    for (i, token) in job.generation.words().enumerate() {
         deadline += itl;
         sink.pace(deadline).await?;
         piece.clear();
-        if i > 0 {
-            piece.push(' ');
-        }
-        piece.push_str(word);
+        piece.push_str(token.sep);
+        piece.push_str(token.word);
         sink.send(meta.token_event(&piece)?).await?;
         state
             .metrics

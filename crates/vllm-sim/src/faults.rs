@@ -1,12 +1,15 @@
 //! Faults injected at run time through `POST /sim/faults`, and the per-request decision of
 //! which of them apply.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
+
+use crate::tier_eval::TaskClass;
 
 /// The fault set in force. Every field is optional in JSON; a `POST /sim/faults` replaces the
 /// whole set, so absent fields fall back to "no fault".
@@ -30,6 +33,11 @@ pub struct Faults {
     pub reset_after_chunks: Option<u64>,
     /// Answer with one word repeated, as a broken quantized model might.
     pub degenerate: bool,
+    /// Share (0.0..=1.0) of prompts answered wrongly, per task class (`general`, `code`,
+    /// `math`, `structured`, `reasoning`). Whether a prompt is answered wrongly is a fixed
+    /// draw per seed and prompt. A shipped eval-set prompt has its item's class and gets a
+    /// wrong answer its check rejects; any other prompt is `general` and gets other words.
+    pub wrong_rate: BTreeMap<String, f64>,
 }
 
 /// Why a fault set was rejected.
@@ -41,7 +49,17 @@ pub enum FaultsError {
     /// `error_status` is not an HTTP error status.
     #[error("error_status must be an HTTP error status (400..=599), got {0}")]
     ErrorStatus(u16),
+    /// A `wrong_rate` outside 0.0..=1.0.
+    #[error("wrong_rate.{class} must be within 0.0..=1.0, got {rate}")]
+    WrongRate { class: String, rate: f64 },
+    /// A `wrong_rate` key that is not a task class.
+    #[error("wrong_rate: unknown task class `{0}` (general, code, math, structured, reasoning)")]
+    UnknownClass(String),
 }
+
+/// Wrong-answer rates indexed by [`TaskClass`], ready for the per-request decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct WrongRates([f64; TaskClass::ALL.len()]);
 
 /// What the faults in force do to one request.
 #[derive(Debug, Clone, Default)]
@@ -51,6 +69,7 @@ pub(crate) struct FaultPlan {
     pub(crate) error: Option<InjectedError>,
     pub(crate) reset_after_chunks: Option<u64>,
     pub(crate) degenerate: bool,
+    pub(crate) wrong_rate: WrongRates,
 }
 
 /// An error response chosen by `error_rate`.
@@ -72,6 +91,7 @@ pub(crate) struct FaultState {
 struct ActiveFaults {
     faults: Faults,
     status: StatusCode,
+    wrong_rate: WrongRates,
     /// Requests that went through the `error_rate` decision since this set was installed.
     seen: AtomicU64,
 }
@@ -88,6 +108,7 @@ impl Default for Faults {
             hang: false,
             reset_after_chunks: None,
             degenerate: false,
+            wrong_rate: BTreeMap::new(),
         }
     }
 }
@@ -101,6 +122,17 @@ impl Faults {
         if !(400..=599).contains(&self.error_status) {
             return Err(FaultsError::ErrorStatus(self.error_status));
         }
+        for (class, &rate) in &self.wrong_rate {
+            if TaskClass::from_name(class).is_none() {
+                return Err(FaultsError::UnknownClass(class.clone()));
+            }
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(FaultsError::WrongRate {
+                    class: class.clone(),
+                    rate,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -110,6 +142,34 @@ impl Faults {
             && !self.hang
             && self.reset_after_chunks.is_none()
             && !self.degenerate
+            && self.wrong_rate.values().all(|&rate| rate <= 0.0)
+    }
+}
+
+// === impl WrongRates ===
+
+impl WrongRates {
+    /// Known classes only, each clamped to 0.0..=1.0 (NaN counts as 0).
+    fn from_map(rates: &BTreeMap<String, f64>) -> Self {
+        let mut out = Self::default();
+        for (name, &rate) in rates {
+            if let Some(class) = TaskClass::from_name(name) {
+                out.0[class as usize] = if rate.is_nan() {
+                    0.0
+                } else {
+                    rate.clamp(0.0, 1.0)
+                };
+            }
+        }
+        out
+    }
+
+    pub(crate) fn of(&self, class: TaskClass) -> f64 {
+        self.0[class as usize]
+    }
+
+    fn is_zero(&self) -> bool {
+        self.0.iter().all(|&rate| rate <= 0.0)
     }
 }
 
@@ -117,11 +177,16 @@ impl Faults {
 
 impl FaultPlan {
     pub(crate) fn is_noop(&self) -> bool {
-        self.delay.is_zero()
-            && !self.hang
-            && self.error.is_none()
-            && self.reset_after_chunks.is_none()
-            && !self.degenerate
+        !self.acts() && self.wrong_rate.is_zero()
+    }
+
+    /// Whether a fault other than wrong answers applies to this request.
+    pub(crate) fn acts(&self) -> bool {
+        !self.delay.is_zero()
+            || self.hang
+            || self.error.is_some()
+            || self.reset_after_chunks.is_some()
+            || self.degenerate
     }
 }
 
@@ -143,6 +208,7 @@ impl FaultState {
         faults.error_status = status.as_u16();
         let noop = faults.is_noop();
         let next = Arc::new(ActiveFaults {
+            wrong_rate: WrongRates::from_map(&faults.wrong_rate),
             faults,
             status,
             seen: AtomicU64::new(0),
@@ -190,6 +256,7 @@ impl FaultState {
             error,
             reset_after_chunks: faults.reset_after_chunks,
             degenerate: faults.degenerate,
+            wrong_rate: active.wrong_rate,
         };
         (!plan.is_noop()).then_some(plan)
     }
@@ -235,6 +302,33 @@ mod tests {
         };
         assert_eq!(bad_status.validate(), Err(FaultsError::ErrorStatus(200)));
         assert_eq!(Faults::default().validate(), Ok(()));
+        let faults: Faults = serde_json::from_str(r#"{"wrong_rate": {"math": 1.2}}"#).unwrap();
+        assert_eq!(
+            faults.validate(),
+            Err(FaultsError::WrongRate {
+                class: "math".into(),
+                rate: 1.2
+            })
+        );
+        let faults: Faults = serde_json::from_str(r#"{"wrong_rate": {"maths": 0.2}}"#).unwrap();
+        assert_eq!(
+            faults.validate(),
+            Err(FaultsError::UnknownClass("maths".into()))
+        );
+    }
+
+    #[test]
+    fn wrong_rates_alone_make_a_plan_that_acts_on_nothing_else() {
+        let state = FaultState::default();
+        let faults: Faults =
+            serde_json::from_str(r#"{"wrong_rate": {"math": 0.2, "code": 0.0}}"#).unwrap();
+        state.set(faults);
+        let plan = state.plan().unwrap();
+        assert!(!plan.acts());
+        assert_eq!(plan.wrong_rate.of(TaskClass::Math), 0.2);
+        assert_eq!(plan.wrong_rate.of(TaskClass::General), 0.0);
+        state.set(serde_json::from_str(r#"{"wrong_rate": {"math": 0.0}}"#).unwrap());
+        assert!(state.plan().is_none());
     }
 
     #[test]

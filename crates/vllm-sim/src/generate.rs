@@ -105,22 +105,37 @@ pub(crate) enum FinishReason {
     Length,
 }
 
-/// The plan for one answer: how many tokens, why it ends, and the PRNG state that yields its
-/// words. Words are produced lazily so streaming never holds the whole answer.
+/// The plan for one answer: how many tokens, why it ends, and where its words come from.
+/// Words are produced lazily so streaming never holds the whole answer.
 #[derive(Debug, Clone)]
 pub(crate) struct Generation {
     words_seed: u64,
     tokens: u32,
     finish_reason: FinishReason,
     degenerate: bool,
+    /// A known answer (to an eval-set prompt) instead of words from the vocabulary.
+    fixed: Option<String>,
 }
 
-/// The words of a [`Generation`], in order.
+/// One token of an answer and the whitespace before it; the pieces concatenate to the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece<'a> {
+    pub(crate) sep: &'a str,
+    pub(crate) word: &'a str,
+}
+
+/// The pieces of a [`Generation`], in order.
 #[derive(Debug, Clone)]
-pub(crate) struct Words {
-    rng: SplitMix64,
+pub(crate) struct Words<'a> {
+    source: WordSource<'a>,
     remaining: u32,
-    degenerate: bool,
+    first: bool,
+}
+
+#[derive(Debug, Clone)]
+enum WordSource<'a> {
+    Vocab { rng: SplitMix64, degenerate: bool },
+    Fixed { rest: &'a str },
 }
 
 // === impl SplitMix64 ===
@@ -147,6 +162,11 @@ impl PromptDigest {
             hash: FNV_OFFSET_BASIS,
             chars: 0,
         }
+    }
+
+    /// The digest so far: stable for a given prompt, so per-prompt choices can hang off it.
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
     }
 
     /// Adds text that counts towards the prompt's token estimate.
@@ -204,6 +224,23 @@ impl Generation {
             tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
             finish_reason,
             degenerate,
+            fixed: None,
+        }
+    }
+
+    /// Plans a known answer: one token per whitespace-separated word, cut at `max_tokens`.
+    pub(crate) fn fixed(text: String, max_tokens: Option<u64>) -> Self {
+        let natural = text.split_whitespace().count() as u64;
+        let (tokens, finish_reason) = match max_tokens {
+            Some(cap) if cap < natural => (cap, FinishReason::Length),
+            _ => (natural, FinishReason::Stop),
+        };
+        Self {
+            words_seed: 0,
+            tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            finish_reason,
+            degenerate: false,
+            fixed: Some(text),
         }
     }
 
@@ -215,23 +252,27 @@ impl Generation {
         self.finish_reason
     }
 
-    pub(crate) fn words(&self) -> Words {
+    pub(crate) fn words(&self) -> Words<'_> {
+        let source = match &self.fixed {
+            Some(text) => WordSource::Fixed { rest: text },
+            None => WordSource::Vocab {
+                rng: SplitMix64::new(self.words_seed),
+                degenerate: self.degenerate,
+            },
+        };
         Words {
-            rng: SplitMix64::new(self.words_seed),
+            source,
             remaining: self.tokens,
-            degenerate: self.degenerate,
+            first: true,
         }
     }
 
-    /// The whole answer: the words joined by single spaces, exactly what the stream's deltas
-    /// concatenate to.
+    /// The whole answer, exactly what the stream's deltas concatenate to.
     pub(crate) fn text(&self) -> String {
         let mut text = String::with_capacity(self.tokens as usize * 8);
-        for (i, word) in self.words().enumerate() {
-            if i > 0 {
-                text.push(' ');
-            }
-            text.push_str(word);
+        for piece in self.words() {
+            text.push_str(piece.sep);
+            text.push_str(piece.word);
         }
         text
     }
@@ -239,25 +280,63 @@ impl Generation {
 
 // === impl Words ===
 
-impl Iterator for Words {
-    type Item = &'static str;
+impl<'a> Iterator for Words<'a> {
+    type Item = Piece<'a>;
 
-    fn next(&mut self) -> Option<&'static str> {
+    fn next(&mut self) -> Option<Piece<'a>> {
         if self.remaining == 0 {
             return None;
         }
         self.remaining -= 1;
-        if self.degenerate {
-            return Some(DEGENERATE_WORD);
+        let sep = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        };
+        match &mut self.source {
+            WordSource::Vocab {
+                degenerate: true, ..
+            } => Some(Piece {
+                sep,
+                word: DEGENERATE_WORD,
+            }),
+            WordSource::Vocab { rng, .. } => {
+                let index = (rng.next_u64() % VOCAB.len() as u64) as usize;
+                VOCAB.get(index).map(|&word| Piece { sep, word })
+            }
+            WordSource::Fixed { rest } => {
+                let text: &'a str = rest;
+                let start = text.find(|c: char| !c.is_whitespace())?;
+                let end = text[start..]
+                    .find(char::is_whitespace)
+                    .map_or(text.len(), |n| start + n);
+                *rest = &text[end..];
+                Some(Piece {
+                    sep: &text[..start],
+                    word: &text[start..end],
+                })
+            }
         }
-        let index = (self.rng.next_u64() % VOCAB.len() as u64) as usize;
-        VOCAB.get(index).copied()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = self.remaining as usize;
         (n, Some(n))
     }
+}
+
+/// A few words from the vocabulary, as a deterministic stand-in for a wrong answer.
+pub(crate) fn filler(seed: u64, words: usize) -> String {
+    let mut rng = SplitMix64::new(seed);
+    let mut out = String::new();
+    for i in 0..words {
+        if i > 0 {
+            out.push(' ');
+        }
+        let index = (rng.next_u64() % VOCAB.len() as u64) as usize;
+        out.push_str(VOCAB.get(index).copied().unwrap_or(DEGENERATE_WORD));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -315,7 +394,41 @@ mod tests {
     #[test]
     fn degenerate_repeats_one_word() {
         let g = Generation::plan(&digest("hello"), 0, None, false, true);
-        assert!(g.words().all(|w| w == DEGENERATE_WORD));
+        assert!(g.words().all(|p| p.word == DEGENERATE_WORD));
+    }
+
+    #[test]
+    fn fixed_answers_keep_their_whitespace_and_stop_at_max_tokens() {
+        let text = "```json\n{\"a\": 1,  \"b\": 2}\n```";
+        let g = Generation::fixed(text.to_owned(), None);
+        assert_eq!(g.text(), text);
+        assert_eq!(g.tokens(), 6);
+        assert_eq!(g.finish_reason(), FinishReason::Stop);
+        let pieces: Vec<Piece<'_>> = g.words().collect();
+        assert_eq!(
+            pieces[1],
+            Piece {
+                sep: "\n",
+                word: "{\"a\":"
+            }
+        );
+        assert_eq!(
+            pieces[2],
+            Piece {
+                sep: " ",
+                word: "1,"
+            }
+        );
+        assert_eq!(
+            pieces[3],
+            Piece {
+                sep: "  ",
+                word: "\"b\":"
+            }
+        );
+        let cut = Generation::fixed(text.to_owned(), Some(2));
+        assert_eq!(cut.text(), "```json\n{\"a\":");
+        assert_eq!(cut.finish_reason(), FinishReason::Length);
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! # }
 //! ```
 
+mod answers;
 mod api;
 mod body;
 mod completion;
@@ -32,6 +33,7 @@ mod metrics;
 mod routes;
 mod server;
 mod state;
+pub mod tier_eval;
 
 pub use config::{MetricsFlavor, SimConfig};
 pub use faults::{Faults, FaultsError};

@@ -9,6 +9,7 @@ use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
+use vllm_sim::tier_eval::{self, EvalItem, TaskClass};
 use vllm_sim::{Faults, SimConfig, SimStats};
 
 async fn set_faults(sim: &vllm_sim::SimServer, faults: Value) {
@@ -101,6 +102,9 @@ async fn bad_fault_json_is_400_and_keeps_the_old_faults() {
         r#"{"error_status": 200}"#,
         r#"{"hnag": true}"#,
         r#"{"delay_ms": -1}"#,
+        r#"{"wrong_rate": {"math": 1.5}}"#,
+        r#"{"wrong_rate": {"maths": 0.5}}"#,
+        r#"{"wrong_rate": {"math": "high"}}"#,
     ] {
         let reply = post_raw(&sim, "/sim/faults", body).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}");
@@ -224,4 +228,120 @@ async fn library_api_sets_and_clears_faults() {
         }
     );
     assert_eq!(stats, sim.stats());
+}
+
+/// The shipped eval items of one class.
+fn eval_items(class: TaskClass) -> Vec<EvalItem> {
+    tier_eval::items()
+        .into_iter()
+        .filter(|item| item.task_class == class)
+        .collect()
+}
+
+async fn answer(sim: &vllm_sim::SimServer, prompt: &str) -> String {
+    let reply = post(sim, "/v1/chat/completions", &chat(prompt)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    chat_content(&reply)
+}
+
+/// The number a simulated math answer ends with.
+fn number_in(answer: &str) -> Option<i64> {
+    answer
+        .trim_start_matches("The answer is ")
+        .trim_end_matches('.')
+        .parse()
+        .ok()
+}
+
+#[tokio::test]
+async fn eval_prompts_get_their_right_answer_whole_and_streamed() {
+    let sim = start_default().await;
+    let math = &eval_items(TaskClass::Math)[0];
+    let whole = answer(&sim, &math.prompt).await;
+    assert_eq!(number_in(&whole), math.expected.as_i64());
+    let streamed = post(&sim, "/v1/chat/completions", &stream_body(&math.prompt)).await;
+    let text: String = sse_data(&streamed.text())
+        .iter()
+        .filter(|data| *data != "[DONE]")
+        .filter_map(|data| {
+            let event: Value = serde_json::from_str(data).unwrap();
+            event["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, whole);
+    let json_item = &eval_items(TaskClass::Structured)[0];
+    let reply = answer(&sim, &json_item.prompt).await;
+    let body = reply
+        .trim_start_matches("```json\n")
+        .trim_end_matches("\n```");
+    assert_eq!(
+        serde_json::from_str::<Value>(body).unwrap(),
+        json_item.expected
+    );
+    assert_eq!(sim.stats().faults_injected, 0);
+}
+
+#[tokio::test]
+async fn wrong_rate_one_answers_only_its_class_wrongly() {
+    let sim = start_default().await;
+    set_faults(&sim, json!({"wrong_rate": {"math": 1.0}})).await;
+    for item in eval_items(TaskClass::Math).iter().take(5) {
+        let reply = answer(&sim, &item.prompt).await;
+        assert!(number_in(&reply).is_some(), "{reply}");
+        assert_ne!(number_in(&reply), item.expected.as_i64(), "{reply}");
+    }
+    let general = &eval_items(TaskClass::General)[0];
+    let reply = answer(&sim, &general.prompt).await;
+    assert!(
+        reply.contains(general.expected.as_str().unwrap()),
+        "{reply}"
+    );
+    assert_eq!(sim.stats().faults_injected, 5);
+}
+
+#[tokio::test]
+async fn wrong_answers_are_fixed_per_seed_and_prompt_and_follow_the_rate() {
+    let seeded = |seed| SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
+    let (a, b) = (start(seeded(1)).await, start(seeded(2)).await);
+    for sim in [&a, &b] {
+        set_faults(sim, json!({"wrong_rate": {"math": 0.5}})).await;
+    }
+    let math = eval_items(TaskClass::Math);
+    let mut picks = Vec::new();
+    for sim in [&a, &a, &b] {
+        let mut wrong = Vec::new();
+        for item in &math {
+            let reply = answer(sim, &item.prompt).await;
+            wrong.push(number_in(&reply) != item.expected.as_i64());
+        }
+        picks.push(wrong);
+    }
+    assert_eq!(
+        picks[0], picks[1],
+        "asking again must give the same answers"
+    );
+    assert_ne!(picks[0], picks[2], "another seed picks other prompts");
+    let share = picks[0].iter().filter(|&&w| w).count() as f64 / math.len() as f64;
+    assert!((0.35..=0.65).contains(&share), "{share}");
+}
+
+#[tokio::test]
+async fn other_prompts_keep_their_answer_unless_general_is_wrong() {
+    let (clean, faulty) = (start_default().await, start_default().await);
+    let before = answer(&clean, "hello there").await;
+    set_faults(&faulty, json!({"wrong_rate": {"math": 1.0}})).await;
+    assert_eq!(answer(&faulty, "hello there").await, before);
+    set_faults(&faulty, json!({"wrong_rate": {"general": 1.0}})).await;
+    let wrong = answer(&faulty, "hello there").await;
+    assert_ne!(wrong, before);
+    assert_eq!(answer(&faulty, "hello there").await, wrong);
+    assert_eq!(
+        get(&faulty, "/sim/faults").await.json()["wrong_rate"],
+        json!({"general": 1.0})
+    );
 }
