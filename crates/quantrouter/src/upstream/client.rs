@@ -35,9 +35,12 @@ use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 
 use super::{Endpoint, UpstreamError};
+use quiet::{NotQuiet, QuietConnector};
+
+mod quiet;
 
 /// The pooled hyper client of one way of connecting.
-type HyperClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HyperClient = Client<HttpsConnector<QuietConnector>, Full<Bytes>>;
 
 /// Connection-pooling client shared by every profile.
 #[derive(Debug, Clone)]
@@ -259,6 +262,11 @@ fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClien
         .with_tls_config(tls)
         .https_or_http();
     // ALPN offers exactly the version the profile asked for.
+    // HTTP/1.1 connections are checked for stray bytes before each reuse.
+    let http = QuietConnector {
+        http,
+        check: !http2,
+    };
     let connector = match http2 {
         true => https.enable_http2().wrap_connector(http),
         false => https.enable_http1().wrap_connector(http),
@@ -320,8 +328,9 @@ fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> Ups
     }
     let cause = error.source().and_then(|e| e.downcast_ref::<hyper::Error>());
     match cause {
-        // hyper hands a request back only when its connection closed before taking it.
-        Some(cause) if cause.is_canceled() => UpstreamError::Unsent {
+        // hyper hands a request back only when its connection closed before taking it, and
+        // a connection that was not quiet refused to write any of it.
+        Some(cause) if cause.is_canceled() || refused_unwritten(cause) => UpstreamError::Unsent {
             endpoint,
             source: error.into(),
         },
@@ -334,6 +343,22 @@ fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> Ups
             source: error.into(),
         },
     }
+}
+
+/// The quiet check refused the request: nothing of it was written.
+fn refused_unwritten(error: &hyper::Error) -> bool {
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let quiet = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<NotQuiet>());
+        if quiet || error.is::<NotQuiet>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 // === impl UpstreamIncoming ===

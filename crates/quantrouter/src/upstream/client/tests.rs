@@ -147,12 +147,18 @@ async fn answered(
 }
 
 /// The client closed its end of `conn`: the server reads EOF (nothing more arrives).
+/// A close with bytes unread by the client is a reset: that counts as closed too.
 async fn closed_by_client(conn: &mut TcpStream) -> Vec<u8> {
     let mut rest = Vec::new();
-    tokio::time::timeout(FIVE_S, conn.read_to_end(&mut rest))
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = conn.read(&mut chunk).await {
+            rest.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(FIVE_S, read)
         .await
-        .expect("the client closed the connection")
-        .unwrap();
+        .expect("the client closed the connection");
     rest
 }
 
@@ -258,6 +264,45 @@ async fn bytes_on_an_idle_connection_close_it_before_any_request_can_take_it() {
 
     let (sent, _fresh) = answered(&mut server, &client, FIVE_S, OK.as_bytes()).await;
     assert_eq!(body_of(sent.unwrap()).await, r#"{"ok":true}"#);
+}
+
+#[tokio::test]
+async fn bytes_on_an_idle_connection_never_answer_a_request_sent_before_they_are_read() {
+    let mut server = server().await;
+    let client = client();
+    let (sent, mut conn) = answered(&mut server, &client, FIVE_S, OK.as_bytes()).await;
+    body_of(sent.unwrap()).await;
+    let mut accepted = server.accepted;
+    tokio::spawn(async move {
+        while let Some(fresh) = accepted.recv().await {
+            answer_every_request(fresh);
+        }
+    });
+    // The stray answer is in the kernel, the request follows at once (one thread: hyper's
+    // reactor has had no turn to see it): the request must not go on that connection.
+    let stray = "HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n{\"stray\":1}";
+    conn.write_all(stray.as_bytes()).await.unwrap();
+    let endpoint = Endpoint::new(
+        server.endpoint.base(),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let request = Request::post(endpoint.uri("/v1/chat/completions").unwrap())
+        .body(Bytes::from_static(b"{}"))
+        .unwrap();
+    match client
+        .send(&Transport::default(), &endpoint, request, FIVE_S)
+        .await
+    {
+        // hyper saw the bytes first and a new connection answered.
+        Ok(response) => assert_eq!(body_of(response).await, r#"{"ok":true}"#),
+        // The check saw them: nothing was written, the retry module may resend.
+        Err(error) => {
+            assert!(matches!(error, UpstreamError::Unsent { .. }), "{error}");
+            assert_eq!(error.sent(), Sent::No);
+        }
+    }
+    assert!(closed_by_client(&mut conn).await.is_empty());
 }
 
 #[tokio::test]
