@@ -38,12 +38,14 @@ use crate::keda::scaler::Scaler;
 use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
+use crate::resilience::retry::{self, Answer, Fallback, Plan};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, PromptSize, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
-use crate::resilience::retry::{self, Answer, Fallback, Plan};
-use crate::upstream::{health, scrape, BodyEvent, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient};
+use crate::upstream::{
+    health, scrape, BodyEvent, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient,
+};
 use crate::workers;
 
 mod connections;

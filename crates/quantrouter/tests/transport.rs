@@ -49,8 +49,8 @@ fn pki() -> TestPki {
 
 /// A simulator for the pinned profile's model, over HTTPS with `pki`'s certificate.
 async fn https_sim(pki: &TestPki) -> SimServer {
-    let tls = vllm_sim::tls::server_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes())
-        .unwrap();
+    let tls =
+        vllm_sim::tls::server_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).unwrap();
     SimServer::bind_tls(loopback(), sim_config(), tls)
         .await
         .unwrap()
@@ -97,13 +97,23 @@ fn stream_body() -> String {
 /// A chat answer and a whole stream through the router.
 async fn chat_and_stream_work(router: &Server) {
     let r = post(router, &chat(PINNED, SIMPLE)).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     assert_eq!(r.header("x-quantrouter-profile"), PINNED);
     let content = &r.json()["choices"][0]["message"]["content"];
     assert!(content.as_str().is_some_and(|c| !c.is_empty()), "{content}");
 
     let r = post(router, &stream_body()).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     let text = String::from_utf8(r.body.to_vec()).unwrap();
     assert!(text.starts_with("data: {"), "{text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
@@ -267,7 +277,12 @@ async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_
     // endpoint, as a second attempt everyone counts.
     drop_posts.store(true, Ordering::SeqCst);
     let r = post(&router, &chat(PINNED, SIMPLE)).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     assert_eq!(
         posts.load(Ordering::SeqCst),
         2,

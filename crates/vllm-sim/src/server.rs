@@ -9,10 +9,10 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio_rustls::TlsAcceptor;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::SimConfig;
 use crate::faults::Faults;
@@ -214,9 +214,17 @@ async fn serve_connection(
     let service = service_fn(move |request| routes::dispatch(state.clone(), request));
     let builder = auto::Builder::new(TokioExecutor::new());
     let served = match tls {
-        None => builder.serve_connection(TokioIo::new(stream), service).await,
+        None => {
+            builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+        }
         Some(tls) => match tls.accept(stream).await {
-            Ok(stream) => builder.serve_connection(TokioIo::new(stream), service).await,
+            Ok(stream) => {
+                builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+            }
             Err(error) => {
                 tracing::debug!(%peer, %error, "TLS handshake failed");
                 return;

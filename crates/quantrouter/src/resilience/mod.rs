@@ -13,9 +13,9 @@ pub mod window;
 use std::time::Duration;
 
 pub use admission::{Admission, AdmissionConfig, Overloaded};
-pub use retry::{Backoff, Schedule};
 pub use breaker::{Admit, Breaker, BreakerConfig, CircuitState};
 pub use budget::{BudgetConfig, RetryBudget};
+pub use retry::{Backoff, Schedule};
 
 /// Every resilience setting, with its default's reason next to it.
 #[derive(Debug, Clone, Copy, PartialEq)]

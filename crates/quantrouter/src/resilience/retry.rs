@@ -319,42 +319,12 @@ async fn try_profile(
     progress.profiles_tried.push(profile);
     let pool = &plan.snapshot.pools[profile];
     let id = plan.snapshot.set.profiles[profile].id.as_str();
-    let queue_timeout = config
-        .admission
-        .queue_timeout
-        .min(plan.deadline.saturating_duration_since(Instant::now()));
-    let permit = match pool.admission.admit(queue_timeout).await {
-        Ok(permit) => permit,
-        Err(overloaded) => {
-            telemetry::admission_rejected(id);
-            return Err(ApiError::Overloaded {
-                profile: id.to_owned(),
-                reason: match overloaded {
-                    Overloaded::QueueFull => "the wait queue is full".into(),
-                    Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
-                },
-                retry_after_s: 1,
-            });
-        }
-    };
+    let mut permit = Some(admit(config, plan, pool, id).await?);
     pool.on_request(Instant::now());
     let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
-    let mut permit = Some(permit);
     while progress.attempts < config.max_attempts {
-        if !endpoints_tried.is_empty() {
-            if !pool.try_retry(Instant::now()) {
-                tracing::debug!(profile = id, "retry budget exhausted");
-                break;
-            }
-            let wait = config
-                .backoff
-                .delay(progress.retries, fastrand::f64(), progress.retry_after);
-            if Instant::now() + wait >= plan.deadline {
-                break;
-            }
-            tokio::time::sleep(wait).await;
-            progress.retries += 1;
-            telemetry::retry(id);
+        if !endpoints_tried.is_empty() && !wait_to_retry(config, plan, pool, id, progress).await {
+            break;
         }
         let Some(pick) = pool.pick(&endpoints_tried, Instant::now()) else {
             break;
@@ -362,77 +332,148 @@ async fn try_profile(
         progress.attempts += 1;
         endpoints_tried.push(Arc::clone(&pick.endpoint));
         let guard = pool.enter(&pick.endpoint);
-        let (result, sent_at) =
-            attempt(client, plan, pool, id, &pick, progress.attempts, body_for(profile)).await?;
-        let outcome = match &result {
-            Ok(response) => Outcome::Answered(response.status()),
-            Err(error) => Outcome::Failed(error),
+        let (result, sent_at) = attempt(
+            client,
+            plan,
+            pool,
+            id,
+            &pick,
+            progress.attempts,
+            body_for(profile),
+        )
+        .await?;
+        let response = match result {
+            Ok(response) if is_retryable(Outcome::Answered(response.status())) == Verdict::Done => {
+                response
+            }
+            failed => {
+                note_failure(plan, id, pick, sent_at, failed, progress);
+                continue;
+            }
         };
-        let verdict = is_retryable(outcome);
-        match result {
-            Ok(response) if verdict == Verdict::Done => {
-                let endpoint = Arc::clone(&pick.endpoint);
-                pick.succeeded(sent_at.elapsed());
-                let left = plan.deadline.saturating_duration_since(Instant::now());
-                let response = match context::check(response, config.idle_timeout.min(left)).await
-                {
-                    Checked::Answer(response) => response,
-                    Checked::Overflow(message) => {
-                        telemetry::upstream_error(id, "context_length");
-                        tracing::info!(
-                            request_id = plan.request_id,
-                            profile = id,
-                            "the prompt exceeds the upstream's context"
-                        );
-                        progress.failure = Failure::ContextOverflow(message);
-                        // Another endpoint of this profile has the same context.
-                        break;
-                    }
-                    Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
-                };
-                return Ok(Some(Answer {
-                    response,
-                    profile,
-                    endpoint,
-                    held: Some((guard, permit.take())),
-                    attempts: progress.attempts,
-                    fallback: progress.fallback,
-                    sent_at,
-                }));
+        let endpoint = Arc::clone(&pick.endpoint);
+        pick.succeeded(sent_at.elapsed());
+        let left = plan.deadline.saturating_duration_since(Instant::now());
+        let response = match context::check(response, config.idle_timeout.min(left)).await {
+            Checked::Answer(response) => response,
+            Checked::Overflow(message) => {
+                telemetry::upstream_error(id, "context_length");
+                tracing::info!(
+                    request_id = plan.request_id,
+                    profile = id,
+                    "the prompt exceeds the upstream's context"
+                );
+                progress.failure = Failure::ContextOverflow(message);
+                // Another endpoint of this profile has the same context.
+                break;
             }
-            Ok(response) => {
-                let status = response.status();
-                // 429 is a live server asking for patience, not a broken one.
-                if status == StatusCode::TOO_MANY_REQUESTS {
-                    pick.succeeded(sent_at.elapsed());
-                } else {
-                    pick.failed();
-                }
-                progress.retry_after = retry_after_header(response.headers());
-                telemetry::upstream_error(id, status_kind(status));
-                progress.failure = Failure::Status(status);
-            }
-            Err(error) => {
-                pick.failed();
-                progress.retry_after = None;
-                tracing::warn!(request_id = plan.request_id, %error, profile = id,
-                    "upstream attempt failed");
-                let (kind, failure) = match error {
-                    UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
-                    UpstreamError::InvalidResponse { .. } => {
-                        ("invalid_response", Failure::Invalid)
-                    }
-                    UpstreamError::Connect { .. }
-                    | UpstreamError::Unsent { .. }
-                    | UpstreamError::Exchange { .. }
-                    | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
-                };
-                telemetry::upstream_error(id, kind);
-                progress.failure = failure;
-            }
-        }
+            Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
+        };
+        return Ok(Some(Answer {
+            response,
+            profile,
+            endpoint,
+            held: Some((guard, permit.take())),
+            attempts: progress.attempts,
+            fallback: progress.fallback,
+            sent_at,
+        }));
     }
     Ok(None)
+}
+
+/// A slot in the profile's admission queue, within the queue timeout and the deadline.
+async fn admit(
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    pool: &Pool,
+    id: &str,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let queue_timeout = config
+        .admission
+        .queue_timeout
+        .min(plan.deadline.saturating_duration_since(Instant::now()));
+    pool.admission
+        .admit(queue_timeout)
+        .await
+        .map_err(|overloaded| {
+            telemetry::admission_rejected(id);
+            ApiError::Overloaded {
+                profile: id.to_owned(),
+                reason: match overloaded {
+                    Overloaded::QueueFull => "the wait queue is full".into(),
+                    Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
+                },
+                retry_after_s: 1,
+            }
+        })
+}
+
+/// Before a retry: a token from the budget, then the backoff (at least `Retry-After`), if
+/// the deadline leaves room for it. False: no retry.
+async fn wait_to_retry(
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    pool: &Pool,
+    id: &str,
+    progress: &mut Progress,
+) -> bool {
+    if !pool.try_retry(Instant::now()) {
+        tracing::debug!(profile = id, "retry budget exhausted");
+        return false;
+    }
+    let wait = config
+        .backoff
+        .delay(progress.retries, fastrand::f64(), progress.retry_after);
+    if Instant::now() + wait >= plan.deadline {
+        return false;
+    }
+    tokio::time::sleep(wait).await;
+    progress.retries += 1;
+    telemetry::retry(id);
+    true
+}
+
+/// A failed attempt (an error, or a status worth a retry): the breaker, the metrics and
+/// the answer the client gets if nothing better comes.
+fn note_failure(
+    plan: &Plan<'_>,
+    id: &str,
+    pick: Pick,
+    sent_at: Instant,
+    result: Result<Response<UpstreamIncoming>, UpstreamError>,
+    progress: &mut Progress,
+) {
+    match result {
+        Ok(response) => {
+            let status = response.status();
+            // 429 is a live server asking for patience, not a broken one.
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                pick.succeeded(sent_at.elapsed());
+            } else {
+                pick.failed();
+            }
+            progress.retry_after = retry_after_header(response.headers());
+            telemetry::upstream_error(id, status_kind(status));
+            progress.failure = Failure::Status(status);
+        }
+        Err(error) => {
+            pick.failed();
+            progress.retry_after = None;
+            tracing::warn!(request_id = plan.request_id, %error, profile = id,
+                "upstream attempt failed");
+            let (kind, failure) = match error {
+                UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
+                UpstreamError::InvalidResponse { .. } => ("invalid_response", Failure::Invalid),
+                UpstreamError::Connect { .. }
+                | UpstreamError::Unsent { .. }
+                | UpstreamError::Exchange { .. }
+                | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
+            };
+            telemetry::upstream_error(id, kind);
+            progress.failure = failure;
+        }
+    }
 }
 
 /// One attempt on `pick`: the request, in its own trace span, sent once — or, when it never
@@ -550,9 +591,8 @@ async fn quality_fallback(
     let served_by = &plan.snapshot.telemetry[profile];
     let bytes = read_answer(incoming, held, limits, plan.started, served_by).await?;
     // A body that is not a completion is passed on as it is, not judged.
-    let problem = crate::openai::answer_choices(&bytes).and_then(|choices| {
-        check_choices(&choices, plan.wants_json, quality.max_repetition_ratio)
-    });
+    let problem = crate::openai::answer_choices(&bytes)
+        .and_then(|choices| check_choices(&choices, plan.wants_json, quality.max_repetition_ratio));
     let Some(problem) = problem else {
         let response = Response::from_parts(head, UpstreamIncoming::buffered(bytes));
         return Ok(Answer {

@@ -245,8 +245,8 @@ fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClien
     http.set_connect_timeout(Some(config.connect_timeout));
     // ring, like every other rustls user of the process (`crate::tls`).
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions();
+    let tls =
+        rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions();
     // The ring provider supports the default versions; a failure would be a build mistake,
     // and the plain-HTTP client is still useful without TLS then.
     let tls = match tls {
@@ -303,7 +303,8 @@ fn system_roots() -> &'static RootCertStore {
 
 /// The CA certificates of a PEM file: the only roots its upstreams are verified against.
 fn ca_roots(path: &Path) -> Result<RootCertStore, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("reading CA file {}: {e}", path.display()))?;
+    let pem =
+        std::fs::read(path).map_err(|e| format!("reading CA file {}: {e}", path.display()))?;
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| format!("CA file {}: {e}", path.display()))?;
@@ -326,7 +327,9 @@ fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> Ups
             source: error.into(),
         };
     }
-    let cause = error.source().and_then(|e| e.downcast_ref::<hyper::Error>());
+    let cause = error
+        .source()
+        .and_then(|e| e.downcast_ref::<hyper::Error>());
     match cause {
         // hyper hands a request back only when its connection closed before taking it, and
         // a connection that was not quiet refused to write any of it.

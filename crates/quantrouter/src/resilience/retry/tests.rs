@@ -131,7 +131,11 @@ fn only_requests_that_never_left_are_sent_again_at_once() {
     ];
     for error in &possibly_sent {
         assert_eq!(error.sent(), Sent::Possibly, "{error}");
-        assert_eq!(is_retryable(Outcome::Failed(error)), Verdict::Retry, "{error}");
+        assert_eq!(
+            is_retryable(Outcome::Failed(error)),
+            Verdict::Retry,
+            "{error}"
+        );
     }
 }
 

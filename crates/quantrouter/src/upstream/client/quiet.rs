@@ -71,8 +71,7 @@ impl tower::Service<http::Uri> for QuietConnector {
 impl Quiet {
     /// Before a new request on a reused connection: refuse it unless nothing is waiting.
     fn ready_to_write(&mut self) -> io::Result<()> {
-        if std::mem::take(&mut self.read_since_write) && self.check && !is_quiet(self.io.inner())
-        {
+        if std::mem::take(&mut self.read_since_write) && self.check && !is_quiet(self.io.inner()) {
             return Err(io::Error::other(NotQuiet));
         }
         Ok(())

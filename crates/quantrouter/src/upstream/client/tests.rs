@@ -181,8 +181,14 @@ async fn writes_one_request_with_host_and_length() {
         headers.contains(&format!("host: {}", server.authority)),
         "{headers:?}"
     );
-    assert!(headers.contains(&"content-length: 13".into()), "{headers:?}");
-    assert!(headers.contains(&"x-request-id: qr-1".into()), "{headers:?}");
+    assert!(
+        headers.contains(&"content-length: 13".into()),
+        "{headers:?}"
+    );
+    assert!(
+        headers.contains(&"x-request-id: qr-1".into()),
+        "{headers:?}"
+    );
     assert_eq!(body, r#"{"model":"m"}"#);
 }
 
