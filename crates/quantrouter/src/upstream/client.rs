@@ -120,6 +120,12 @@ struct TlsKey {
 /// endpoint that discovery removed should not live on.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// One read from an upstream connection: an SSE event is a few hundred bytes, a whole
+/// non-streamed answer a few KiB.
+const READ_BUF: usize = 8 * 1024;
+/// Bytes an HTTP/2 upstream may send one stream before the router takes them.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+
 // === impl UpstreamClient ===
 
 impl UpstreamClient {
@@ -275,6 +281,13 @@ fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClien
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(IDLE_TIMEOUT)
         .pool_max_idle_per_host(config.max_idle_per_host)
+        // Reads of at most 8 KiB: hyper's adaptive buffer grows to ~400 KiB on a stream
+        // whose upstream outruns its client, and the frames waiting for the client keep it
+        // alive; a stream's backlog belongs in the kernel's socket buffers instead.
+        .http1_read_buf_exact_size(READ_BUF)
+        // The same on HTTP/2: what an upstream may send a stream ahead of its client (hyper's
+        // default is 2 MiB) — a few hundred tokens' worth.
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
         // The retry module decides about every request a connection did not take.
         .retry_canceled_requests(false)
         .http2_only(http2)
