@@ -37,7 +37,7 @@ pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
     ApiKeySource, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet,
     ProfileSetError, Quality, QualityFallback, QueueMetrics, RequiredQuality, ServiceUpstream,
-    StaticUpstream, Upstream, ValidationErrors, Weights, MAX_VERSION,
+    StaticUpstream, Transport, Upstream, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{check_answer, check_choices, repetition_ratio, AnswerChoice, AnswerProblem};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};

@@ -147,8 +147,8 @@ pub enum Upstream {
 }
 
 /// A Kubernetes service upstream. The access fields (`api_key_env`, `api_key_file`,
-/// `metrics`) are the same for both kinds of upstream; see [`Upstream::api_key`] and
-/// [`Upstream::queue_metrics`].
+/// `metrics`, `ca_file`, `http2`) are the same for both kinds of upstream; see
+/// [`Upstream::api_key`], [`Upstream::queue_metrics`] and [`Upstream::transport`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceUpstream {
@@ -167,6 +167,14 @@ pub struct ServiceUpstream {
     /// Names of the upstream's queue metrics; detected when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<QueueMetrics>,
+    /// PEM file of the CA that signs the upstream's certificate (`https://` URLs only);
+    /// absent: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// Speak HTTP/2 to the upstream: h2c with prior knowledge on `http://`, ALPN on
+    /// `https://`. Off by default: vLLM's server speaks HTTP/1.1 only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub http2: bool,
 }
 
 /// Fixed base URLs.
@@ -183,6 +191,14 @@ pub struct StaticUpstream {
     /// Names of the upstream's queue metrics; detected when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<QueueMetrics>,
+    /// PEM file of the CA that signs the upstream's certificate (`https://` URLs only);
+    /// absent: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// Speak HTTP/2 to the upstream: h2c with prior knowledge on `http://`, ALPN on
+    /// `https://`. Off by default: vLLM's server speaks HTTP/1.1 only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub http2: bool,
 }
 
 // === impl StaticUpstream ===
@@ -207,6 +223,15 @@ pub struct QueueMetrics {
     /// Requests being generated (vLLM: `vllm:num_requests_running`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running: Option<String>,
+}
+
+/// How the router connects to an upstream ([`Upstream::transport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Transport<'a> {
+    /// The CA file `https://` connections verify against; `None`: the system's roots.
+    pub ca_file: Option<&'a str>,
+    /// HTTP/2 (h2c or ALPN) instead of HTTP/1.1.
+    pub http2: bool,
 }
 
 /// Where an upstream's bearer token is read from. The document names the place, never the
@@ -596,6 +621,16 @@ impl Upstream {
             }
             _ => {}
         }
+        if let Some(ca_file) = self.transport().ca_file {
+            if ca_file.trim().is_empty() {
+                err(format!("{path}.ca_file"), "must not be empty");
+            } else if !self.base_urls().iter().any(|u| u.starts_with("https://")) {
+                err(
+                    format!("{path}.ca_file"),
+                    "only https:// URLs use a CA file, and this upstream has none",
+                );
+            }
+        }
         if let Some(metrics) = metrics {
             for (name, value) in [("waiting", &metrics.waiting), ("running", &metrics.running)] {
                 if value.as_deref().is_some_and(|v| !is_metric_name(v)) {
@@ -638,6 +673,15 @@ impl Upstream {
         self.access().2
     }
 
+    /// How connections to this upstream are made: its CA file and HTTP version.
+    pub fn transport(&self) -> Transport<'_> {
+        let (ca_file, http2) = match self {
+            Upstream::Service(s) => (s.ca_file.as_deref(), s.http2),
+            Upstream::Static(s) => (s.ca_file.as_deref(), s.http2),
+        };
+        Transport { ca_file, http2 }
+    }
+
     /// Base URLs to reach this upstream without discovery: the static list, or the
     /// service's cluster DNS name.
     pub fn base_urls(&self) -> Vec<String> {
@@ -649,6 +693,10 @@ impl Upstream {
             Upstream::Static(s) => s.urls.clone(),
         }
     }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_env_name(s: &str) -> bool {

@@ -181,6 +181,10 @@ pub struct ServeArgs {
     /// Upstream time-to-response-headers timeout.
     #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
     pub header_timeout_ms: u64,
+    /// PEM CA certificate to verify `https://` upstreams with when their profile names no
+    /// `upstream.ca_file` (default: the system's roots, which honour SSL_CERT_FILE).
+    #[arg(long, env = "QUANTROUTER_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
     /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
     #[arg(
         long,
@@ -676,6 +680,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         client: ClientConfig {
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
             header_timeout: Duration::from_millis(args.header_timeout_ms),
+            ca_file: args.upstream_ca_file.clone(),
             ..ClientConfig::default()
         },
         resilience,

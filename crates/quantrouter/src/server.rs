@@ -24,10 +24,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
-use quantrouter_policy::{check_choices, Reason, RoutingDecision};
+use quantrouter_policy::{Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -38,14 +38,13 @@ use crate::keda::scaler::Scaler;
 use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
+use crate::resilience::retry::{self, Answer, Fallback, Plan};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, PromptSize, AUTO_MODEL};
-use crate::telemetry::{self, ProfileTelemetry, RequestLabels};
+use crate::telemetry::{self, RequestLabels};
 use crate::traces::{RequestTrace, Traces};
-use crate::upstream::attempts::{self, Answer, Fallback, Plan};
 use crate::upstream::{
-    health, scrape, BodyEnd, BodyError, BodyEvent, BodyLimits, ClientConfig, InflightGuard,
-    UpstreamBody, UpstreamClient, UpstreamIncoming,
+    health, scrape, BodyEvent, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient,
 };
 use crate::workers;
 
@@ -169,7 +168,7 @@ impl Server {
         let admin_addr = admin.local_addr()?;
         let scaler_addr = scaler.as_ref().map(TcpListener::local_addr).transpose()?;
         store.configure(config.resilience);
-        let client = UpstreamClient::new(config.client, config.workers);
+        let client = UpstreamClient::new(config.client.clone());
         let scraper = scrape::spawn(
             Arc::clone(&store),
             client.clone(),
@@ -663,100 +662,18 @@ fn route_and_forward<'a>(
             snapshot: &snapshot,
             decision: &decision,
             pinned: decision.reason == Reason::Pinned,
+            stream: parsed.stream,
+            wants_json: parsed.wants_json,
             path: endpoint.path(),
             headers: &headers,
+            started,
             deadline,
             trace,
             request_id: key,
         };
         let body_for = |profile: usize| parsed.upstream_body(&body, &snapshot.model_json[profile]);
         telemetry::routed(decision.complexity, started.elapsed());
-        let mut answer = attempts::forward(
-            &app.client,
-            resilience,
-            &plan,
-            decision.profile,
-            0,
-            &body_for,
-        )
-        .await?;
-
-        // Quality fallback: a finished, non-streamed answer from a profile with a better one
-        // above it is checked, and re-run there if it is empty, degenerate or broken JSON.
-        let quality = &snapshot.set.policy.quality_fallback;
-        let better = decision.next_higher_quality(answer.profile);
-        if let (true, false, false, Some(better)) =
-            (quality.enabled, parsed.stream, plan.pinned, better)
-        {
-            if answer.response.status().is_success() {
-                let served = Served::of(&answer);
-                let profile = served.profile;
-                let Answer {
-                    response,
-                    held,
-                    sent_at,
-                    ..
-                } = answer;
-                let (mut head, incoming) = response.into_parts();
-                let limits = BodyLimits {
-                    idle: resilience.idle_timeout,
-                    deadline,
-                    first_output_by: sent_at + app.client.header_timeout,
-                    sse: false,
-                    strip_usage: false,
-                };
-                let served_by = &snapshot.telemetry[profile];
-                let bytes = read_answer(incoming, held, limits, started, served_by).await?;
-                // A body that is not a completion is passed on as it is, not judged.
-                let problem = crate::openai::answer_choices(&bytes).and_then(|choices| {
-                    check_choices(&choices, parsed.wants_json, quality.max_repetition_ratio)
-                });
-                let Some(problem) = problem else {
-                    let labels = served.labels(&snapshot, &decision);
-                    telemetry::response_headers(&labels, head.status.as_u16());
-                    // The answer's first token reaches the client with the whole answer.
-                    telemetry::first_token(&labels, started.elapsed());
-                    let usage = crate::openai::find_usage(&bytes);
-                    if let Some(usage) = usage {
-                        Prices::new(&snapshot, profile).record(&labels, usage);
-                        routed.prompt.observe(&snapshot.pools[profile], usage);
-                    }
-                    if let Some(trace) = trace {
-                        trace.finish(span_attributes(
-                            &snapshot,
-                            &served,
-                            head.status,
-                            usage,
-                            &parsed,
-                        ));
-                    }
-                    telemetry::finished(&labels, started.elapsed());
-                    finish_head(&mut head, &snapshot, &decision, &served);
-                    return Ok(Response::from_parts(head, Either::Left(Full::new(bytes))));
-                };
-                let (from, to) = (
-                    &snapshot.set.profiles[profile].id,
-                    &snapshot.set.profiles[better].id,
-                );
-                tracing::info!(request_id = plan.request_id, %from, %to,
-                problem = problem.as_str(), "quality fallback");
-                telemetry::fallback(from, to, "quality");
-                answer = attempts::forward(
-                    &app.client,
-                    resilience,
-                    &plan,
-                    better,
-                    served.attempts,
-                    &body_for,
-                )
-                .await?;
-                answer.fallback = Some(Fallback {
-                    from: profile,
-                    to: answer.profile,
-                    reason: "quality",
-                });
-            }
-        }
+        let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
         let limits = BodyLimits {
             idle: resilience.idle_timeout,
             deadline,
@@ -1064,40 +981,6 @@ fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     }
     headers.insert(REQUEST_ID, request_id.clone());
     headers
-}
-
-/// A non-streamed answer in full (bounded), for the quality check, read under the same
-/// time limits as an answer on its way to the client: the idle timeout, not just the
-/// deadline, for an upstream that goes silent after its head.
-async fn read_answer(
-    incoming: UpstreamIncoming,
-    held: (InflightGuard, Option<OwnedSemaphorePermit>),
-    limits: BodyLimits,
-    started: Instant,
-    served_by: &Arc<ProfileTelemetry>,
-) -> Result<Bytes, ApiError> {
-    /// Far above any completion; a bigger body is not an answer.
-    const LIMIT: usize = 16 * 1024 * 1024;
-    let served_by = Arc::clone(served_by);
-    let on_event = Box::new(move |event| {
-        if let BodyEvent::End(BodyEnd {
-            failure: Some(failure),
-            ..
-        }) = event
-        {
-            telemetry::upstream_error(served_by.id(), failure.kind());
-        }
-    });
-    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
-    match Limited::new(body, LIMIT).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) => match e.downcast_ref::<BodyError>() {
-            Some(BodyError::Upstream) | None => {
-                Err(ApiError::BadGateway(format!("reading the answer: {e}")))
-            }
-            Some(timeout) => Err(ApiError::Timeout(format!("reading the answer: {timeout}"))),
-        },
-    }
 }
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {

@@ -36,12 +36,6 @@ pub fn current() -> usize {
     WORKER.with(Cell::get)
 }
 
-/// Makes the calling thread count as worker `index` (0: none).
-#[cfg(test)]
-pub(crate) fn set_current(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
 /// One worker per CPU the process may use (`available_parallelism` honours a cgroup CPU
 /// limit and the affinity mask).
 pub fn default_count() -> usize {

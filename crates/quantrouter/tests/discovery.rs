@@ -456,6 +456,8 @@ async fn profile_reloads_start_and_stop_watches() {
         api_key_env: None,
         api_key_file: None,
         metrics: None,
+        ca_file: None,
+        http2: false,
     });
     v2.profiles[2].upstream =
         Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));

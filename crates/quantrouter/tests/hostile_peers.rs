@@ -88,6 +88,9 @@ where
     tokio::spawn(async move {
         for n in 0.. {
             let (stream, _) = listener.accept().await.unwrap();
+            // Like a real server's: with Nagle, a second small write waits for the router's
+            // ACK of the first, and arrives after whatever the test sends next.
+            stream.set_nodelay(true).unwrap();
             tokio::spawn(script(n, stream));
         }
     });

@@ -6,7 +6,9 @@
 //! derived from the prompt and a seed, follows a simple latency model (time to first token,
 //! then a fixed inter-token latency, at most `max_num_seqs` requests running at once) and lets
 //! tests inject faults at run time (`POST /sim/faults`). It can also wear the metric names of
-//! SGLang, llama.cpp or TGI ([`MetricsFlavor`]) and require an API key like `--api-key`.
+//! SGLang, llama.cpp or TGI ([`MetricsFlavor`]), require an API key like `--api-key`, and
+//! serve HTTPS ([`SimServer::bind_tls`]). It speaks HTTP/1.1 and HTTP/2 (h2c with prior
+//! knowledge, or by ALPN over TLS).
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -34,6 +36,7 @@ mod routes;
 mod server;
 mod state;
 pub mod tier_eval;
+pub mod tls;
 
 pub use config::{MetricsFlavor, SimConfig};
 pub use faults::{Faults, FaultsError};

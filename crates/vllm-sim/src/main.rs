@@ -2,7 +2,9 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -38,6 +40,12 @@ struct Args {
     /// Require `Authorization: Bearer KEY` on every route but `/health` and `/sim/*`.
     #[arg(long, env = "VLLM_SIM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (leaf first); needs `--tls-key`.
+    #[arg(long, env = "VLLM_SIM_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, env = "VLLM_SIM_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -60,7 +68,21 @@ async fn main() -> ExitCode {
         api_key: args.api_key,
     };
     let model = config.model.clone();
-    let server = match SimServer::bind(args.listen, config).await {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => match read_tls(cert, key) {
+            Ok(tls) => Some(tls),
+            Err(error) => {
+                tracing::error!(%error, "cannot serve HTTPS");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    let bound = match tls {
+        Some(tls) => SimServer::bind_tls(args.listen, config, tls).await,
+        None => SimServer::bind(args.listen, config).await,
+    };
+    let server = match bound {
         Ok(server) => server,
         Err(error) => {
             tracing::error!(listen = %args.listen, %error, "cannot listen");
@@ -84,6 +106,12 @@ async fn main() -> ExitCode {
     tracing::info!("shutting down");
     server.shutdown().await;
     ExitCode::SUCCESS
+}
+
+/// The TLS configuration of `--tls-cert` and `--tls-key`.
+fn read_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    let read = |path: &Path| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
+    vllm_sim::tls::server_config(&read(cert)?, &read(key)?).map_err(|e| e.to_string())
 }
 
 /// Resolves on ctrl-c or SIGTERM (what Kubernetes and scripts send).

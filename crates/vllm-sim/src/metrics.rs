@@ -32,12 +32,16 @@ pub struct SimStats {
     pub cancelled: u64,
     /// Completion requests that at least one injected fault acted on.
     pub faults_injected: u64,
+    /// Completion requests that came over HTTP/2 (h2c or h2 by ALPN).
+    #[serde(default)]
+    pub http2_requests: u64,
 }
 
 /// Everything the simulator counts.
 #[derive(Debug)]
 pub(crate) struct Metrics {
     pub(crate) requests: AtomicU64,
+    pub(crate) http2_requests: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) faults_injected: AtomicU64,
     pub(crate) prompt_tokens: AtomicU64,
@@ -64,6 +68,7 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         Self {
             requests: AtomicU64::new(0),
+            http2_requests: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
@@ -80,6 +85,7 @@ impl Metrics {
             requests: self.requests.load(Ordering::Relaxed),
             cancelled: self.cancelled.load(Ordering::Relaxed),
             faults_injected: self.faults_injected.load(Ordering::Relaxed),
+            http2_requests: self.http2_requests.load(Ordering::Relaxed),
         }
     }
 

@@ -39,6 +39,9 @@ pub(crate) async fn dispatch(
     request: Request<Incoming>,
 ) -> Result<Response<SimBody>, InjectedAbort> {
     let route = route(request.method(), request.uri().path());
+    if let (Route::Completion(_), http::Version::HTTP_2) = (route, request.version()) {
+        state.metrics.http2_requests.fetch_add(1, Ordering::Relaxed);
+    }
     if !authorized(&state, route, request.headers()) {
         if let Route::Completion(_) = route {
             // Every completion request received counts, refused or not.

@@ -6,12 +6,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::SimConfig;
 use crate::faults::Faults;
@@ -27,6 +28,8 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 pub struct SimServer {
     state: Arc<SimState>,
     local_addr: SocketAddr,
+    /// Serves HTTPS.
+    tls: bool,
     stop: watch::Sender<bool>,
     accept_loop: Option<JoinHandle<()>>,
 }
@@ -51,15 +54,34 @@ impl SimServer {
     /// Binds `addr` (port 0 picks a free port) and spawns the accept loop on the current tokio
     /// runtime.
     pub async fn bind(addr: SocketAddr, config: SimConfig) -> std::io::Result<SimServer> {
+        Self::start(addr, config, None)
+    }
+
+    /// [`SimServer::bind`] serving HTTPS with `tls` (see [`crate::tls::server_config`]).
+    pub async fn bind_tls(
+        addr: SocketAddr,
+        config: SimConfig,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<SimServer> {
+        Self::start(addr, config, Some(TlsAcceptor::from(tls)))
+    }
+
+    fn start(
+        addr: SocketAddr,
+        config: SimConfig,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<SimServer> {
         let listener = listen(addr)?;
         let local_addr = listener.local_addr()?;
         let state = Arc::new(SimState::new(config));
         let (stop, stopped) = watch::channel(false);
-        let accept_loop = tokio::spawn(accept_loop(listener, state.clone(), stopped));
-        tracing::debug!(%local_addr, model = %state.config.model, "vllm-sim listening");
+        let https = tls.is_some();
+        let accept_loop = tokio::spawn(accept_loop(listener, state.clone(), tls, stopped));
+        tracing::debug!(%local_addr, model = %state.config.model, https, "vllm-sim listening");
         Ok(SimServer {
             state,
             local_addr,
+            tls: https,
             stop,
             accept_loop: Some(accept_loop),
         })
@@ -70,8 +92,9 @@ impl SimServer {
         self.local_addr
     }
 
-    /// The base URL clients use, e.g. `http://127.0.0.1:8000`; a wildcard bind address is
-    /// replaced by loopback because a wildcard cannot be connected to.
+    /// The base URL clients use, e.g. `http://127.0.0.1:8000` (`https://` with TLS); a
+    /// wildcard bind address is replaced by loopback because a wildcard cannot be connected
+    /// to.
     pub fn url(&self) -> String {
         let mut addr = self.local_addr;
         if addr.ip().is_unspecified() {
@@ -80,7 +103,8 @@ impl SimServer {
                 SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
             });
         }
-        format!("http://{addr}")
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{addr}")
     }
 
     /// The counters `GET /sim/stats` reports.
@@ -146,7 +170,12 @@ impl Drop for SimServer {
 }
 
 /// Accepts connections until told to stop, then drops the listener and aborts connections.
-async fn accept_loop(listener: TcpListener, state: Arc<SimState>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<SimState>,
+    tls: Option<TlsAcceptor>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -157,7 +186,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<SimState>, mut stop: watc
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(serve_connection(stream, peer, state.clone()));
+                    connections.spawn(serve_connection(stream, peer, state.clone(), tls.clone()));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "accept failed");
@@ -170,16 +199,39 @@ async fn accept_loop(listener: TcpListener, state: Arc<SimState>, mut stop: watc
     connections.shutdown().await;
 }
 
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, state: Arc<SimState>) {
+/// One connection: HTTP/1.1, or HTTP/2 when the client starts with its preface (h2c with
+/// prior knowledge, or h2 chosen by ALPN); over TLS when the server has a certificate.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<SimState>,
+    tls: Option<TlsAcceptor>,
+) {
     // Stream events are small writes that must leave at once, not wait for Nagle.
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "set TCP_NODELAY failed");
     }
     let service = service_fn(move |request| routes::dispatch(state.clone(), request));
-    let connection = http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service);
-    if let Err(error) = connection.await {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let served = match tls {
+        None => {
+            builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+        }
+        Some(tls) => match tls.accept(stream).await {
+            Ok(stream) => {
+                builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+            }
+            Err(error) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+        },
+    };
+    if let Err(error) = served {
         // Clients leaving mid-request and injected resets both end up here; neither is news.
         tracing::debug!(%peer, %error, "connection ended with an error");
     }

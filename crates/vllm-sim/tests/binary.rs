@@ -1,4 +1,4 @@
-//! The `vllm-sim` binary: banner, serving, and a clean exit on SIGTERM.
+//! The `vllm-sim` binary: banner, serving (HTTPS too), and a clean exit on SIGTERM.
 
 mod common;
 
@@ -108,5 +108,84 @@ async fn binary_takes_a_metrics_flavor_and_an_api_key() {
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("sglang:num_queue_reqs"), "{page}");
     let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_serves_https_with_a_certificate_and_key_and_refuses_a_bad_key() {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = leaf.signed_by(&key, &ca, &ca_key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+
+    let bad_key = dir.path().join("bad.pem");
+    std::fs::write(&bad_key, "not a key").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_vllm-sim"))
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert_path)
+        .arg("--tls-key")
+        .arg(&bad_key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!refused.success());
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vllm-sim"))
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert_path)
+        .arg("--tls-key")
+        .arg(&key_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr: std::net::SocketAddr = line
+        .strip_prefix("vllm-sim listening on https://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
+        .parse()
+        .unwrap();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::from(addr.ip());
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /health HTTP/1.1\r\nhost: sim\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tls.read_to_end(&mut reply).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    child.kill().unwrap();
     let _ = child.wait();
 }

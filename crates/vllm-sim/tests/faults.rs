@@ -46,7 +46,8 @@ async fn error_rate_one_fails_every_request_with_status_and_retry_after() {
         SimStats {
             requests: 3,
             cancelled: 0,
-            faults_injected: 3
+            faults_injected: 3,
+            http2_requests: 0,
         }
     );
 }
@@ -224,7 +225,8 @@ async fn library_api_sets_and_clears_faults() {
         SimStats {
             requests: 2,
             cancelled: 0,
-            faults_injected: 1
+            faults_injected: 1,
+            http2_requests: 0,
         }
     );
     assert_eq!(stats, sim.stats());

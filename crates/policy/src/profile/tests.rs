@@ -243,3 +243,43 @@ fn upstream_api_keys_and_metric_names_are_checked() {
         serde_json::from_str::<Upstream>(r#"{"urls": ["http://a:1"], "api_key": "sk-1"}"#).is_err()
     );
 }
+
+#[test]
+fn upstream_transport_defaults_to_http1_on_system_roots_and_ca_files_need_https() {
+    let mut set = default_set();
+    assert_eq!(set.profiles[0].upstream.transport(), Transport::default());
+    set.profiles[0].upstream = serde_json::from_str(
+        r#"{"urls": ["https://vllm.example:8443", "http://10.0.0.1:8000"], "ca_file": "/etc/ca.pem", "http2": true}"#,
+    )
+    .unwrap();
+    set.profiles[1].upstream =
+        serde_json::from_str(r#"{"service": "vllm-fp8", "http2": true}"#).unwrap();
+    assert!(errors_of(&set).is_empty(), "{:#?}", errors_of(&set));
+    assert_eq!(
+        set.profiles[0].upstream.transport(),
+        Transport {
+            ca_file: Some("/etc/ca.pem"),
+            http2: true
+        }
+    );
+    assert!(set.profiles[1].upstream.transport().http2);
+    // Written back, the defaults stay out of the document.
+    let written = serde_json::to_value(&set.profiles[2].upstream).unwrap();
+    assert!(written.get("http2").is_none() && written.get("ca_file").is_none());
+
+    set.profiles[0].upstream =
+        serde_json::from_str(r#"{"urls": ["http://127.0.0.1:1"], "ca_file": "/etc/ca.pem"}"#)
+            .unwrap();
+    set.profiles[1].upstream =
+        serde_json::from_str(r#"{"service": "vllm-fp8", "ca_file": "/etc/ca.pem"}"#).unwrap();
+    set.profiles[2].upstream =
+        serde_json::from_str(r#"{"urls": ["https://a:1"], "ca_file": " "}"#).unwrap();
+    assert_eq!(
+        errors_of(&set),
+        vec![
+            "profiles[0].upstream.ca_file: only https:// URLs use a CA file, and this upstream has none",
+            "profiles[1].upstream.ca_file: only https:// URLs use a CA file, and this upstream has none",
+            "profiles[2].upstream.ca_file: must not be empty",
+        ]
+    );
+}

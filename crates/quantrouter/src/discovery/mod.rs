@@ -56,6 +56,7 @@ use quantrouter_policy::{ProfileSet, ServiceUpstream, Upstream};
 use tokio::task::JoinHandle;
 
 use crate::profiles::{DiscoveredEndpoints, ProfileStore, Snapshot};
+use crate::resilience::Schedule;
 use crate::telemetry;
 
 /// The label the EndpointSlice controller puts on every slice of a service.
@@ -73,10 +74,11 @@ pub struct ServiceKey {
 /// Watch retry settings.
 #[derive(Debug, Clone, Copy)]
 pub struct DiscoveryConfig {
-    /// First wait after a failed list or watch; kube-rs's default, long enough not to
-    /// hammer an API server that is restarting.
+    /// Ceiling of the first wait after a failed list or watch (full jitter below it);
+    /// kube-rs's default, long enough not to hammer an API server that is restarting.
     pub min_backoff: Duration,
-    /// The wait doubles up to this; an outage longer than that is retried twice a minute.
+    /// The ceiling doubles up to this; an outage longer than that is retried about twice a
+    /// minute.
     pub max_backoff: Duration,
     /// The wait starts again from `min_backoff` only after this long without a retry, so a
     /// watch that fails right after connecting every time still backs off.
@@ -120,12 +122,9 @@ struct Watch {
     task: JoinHandle<()>,
 }
 
-/// Exponential backoff with jitter for kube's `StreamBackoff`.
+/// The router's one backoff ([`crate::resilience::retry`]) as kube's `StreamBackoff` wants it.
 #[derive(Debug)]
-struct WatchBackoff {
-    builder: backon::ExponentialBuilder,
-    current: backon::ExponentialBackoff,
-}
+struct WatchBackoff(Schedule);
 
 /// A Kubernetes client from the environment: a kubeconfig if there is one, else the
 /// in-cluster service account.
@@ -356,17 +355,13 @@ impl Drop for Watch {
 
 impl DiscoveryConfig {
     fn backoff(&self) -> ResetTimerBackoff<WatchBackoff> {
-        let builder = backon::ExponentialBuilder::default()
-            .with_min_delay(self.min_backoff)
-            .with_max_delay(self.max_backoff)
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times();
-        let backoff = WatchBackoff {
-            current: backon::BackoffBuilder::build(builder),
-            builder,
+        let backoff = crate::resilience::Backoff {
+            base: self.min_backoff,
+            cap: self.max_backoff,
+            // The API server's watch errors carry no Retry-After.
+            retry_after_cap: Duration::ZERO,
         };
-        ResetTimerBackoff::new(backoff, self.reset_backoff_after)
+        ResetTimerBackoff::new(WatchBackoff(backoff.schedule()), self.reset_backoff_after)
     }
 }
 
@@ -386,12 +381,12 @@ impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        self.current.next()
+        self.0.next()
     }
 }
 
 impl Backoff for WatchBackoff {
     fn reset(&mut self) {
-        self.current = backon::BackoffBuilder::build(self.builder);
+        self.0.reset();
     }
 }

@@ -131,35 +131,34 @@ async fn run(
     mut stopped: watch::Receiver<bool>,
 ) {
     let redis = Connection::new(target.client);
-    let backoff = Backoff {
+    let mut backoff = Backoff {
         base: interval,
         cap: BACKOFF_CAP,
         retry_after_cap: Duration::ZERO,
-    };
+    }
+    .schedule();
     let mut published: Vec<String> = Vec::new();
-    let mut failures: u32 = 0;
     loop {
         let result = publish(&redis, &store, &target.prefix, &replica, ttl, &published).await;
         let wait = match result {
             Ok(keys) => {
-                if failures > 0 {
+                if backoff.retries() > 0 {
                     tracing::info!("redis is back: publishing tier numbers again");
                 }
                 published = keys;
-                failures = 0;
+                backoff.reset();
                 telemetry::redis_up(true);
                 interval
             }
             Err(error) => {
+                let failures = backoff.retries();
                 if failures == 0 {
                     tracing::warn!(%error, "publishing tier numbers to redis failed; KEDA sees this replica's numbers only until it is back");
                 } else {
                     tracing::debug!(%error, failures, "publishing tier numbers to redis failed again");
                 }
                 telemetry::redis_up(false);
-                let wait = backoff.delay(failures, fastrand::f64(), None);
-                failures = failures.saturating_add(1);
-                wait.max(interval / 2)
+                backoff.next_delay().max(interval / 2)
             }
         };
         tokio::select! {

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::resilience::ResilienceConfig;
 use crate::telemetry::{self, ProfileTelemetry};
 use crate::upstream::credential::Credential;
-use crate::upstream::Pool;
+use crate::upstream::{Pool, Transport};
 
 pub mod diff;
 pub mod redis_source;
@@ -147,7 +147,9 @@ impl Snapshot {
                     let urls = found.unwrap_or_else(|| p.upstream.base_urls());
                     let credential = p.upstream.api_key().map(Credential::new);
                     Arc::new(
-                        Pool::new(&urls, p.max_concurrency, config).with_credential(credential),
+                        Pool::new(&urls, p.max_concurrency, config)
+                            .with_credential(credential)
+                            .with_transport(Transport::of(&p.upstream)),
                     )
                 })
             })

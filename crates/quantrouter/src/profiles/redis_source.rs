@@ -4,7 +4,6 @@
 //! in force while Redis is down or holds bad data.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +15,16 @@ use super::redis_store::{RedisStore, StoreError};
 use quantrouter_policy::{ProfileSet, ProfileSetError};
 
 use super::{ProfileSource, ProfileStore, ReloadError, SourceKind};
+use crate::resilience::{Backoff, Schedule};
 use crate::telemetry::{self, ReloadResult};
 
-/// First reconnect delay: long enough not to hammer a restarting Redis.
-const BACKOFF_START: Duration = Duration::from_millis(100);
-/// Longest reconnect delay: an outage is noticed and recovered within seconds.
-const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Reconnect waits: a first ceiling of 100 ms does not hammer a restarting Redis; at most
+/// 5 s, so an outage is recovered from within seconds.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(100),
+    cap: Duration::from_secs(5),
+    retry_after_cap: Duration::ZERO,
+};
 
 /// The seed write-ups' key: a plain JSON list of profiles, used when `<prefix>:profiles` is
 /// absent.
@@ -104,15 +107,14 @@ pub fn spawn(
     config: RedisSourceConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut delay = BACKOFF_START;
+        let mut backoff = BACKOFF.schedule();
         let mut seen = Seen::default();
         loop {
-            let result = session(&store, &client, &config, &mut delay, &mut seen).await;
+            let result = session(&store, &client, &config, &mut backoff, &mut seen).await;
             if let Err(error) = result {
                 tracing::warn!(%error, "redis profile source disconnected; keeping the active set");
             }
-            tokio::time::sleep(jitter(delay)).await;
-            delay = (delay * 2).min(BACKOFF_CAP);
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     })
 }
@@ -122,7 +124,7 @@ async fn session(
     store: &ProfileStore,
     client: &redis::Client,
     config: &RedisSourceConfig,
-    delay: &mut Duration,
+    backoff: &mut Schedule,
     seen: &mut Seen,
 ) -> Result<(), StoreError> {
     let redis = RedisStore::connect(client, &config.prefix).await?;
@@ -132,7 +134,7 @@ async fn session(
     refresh(store, &redis, config, seen).await?;
     // Only a session that got as far as reading the document resets the backoff: one that
     // fails right after connecting must not reconnect at the starting delay forever.
-    *delay = BACKOFF_START;
+    backoff.reset();
     let mut messages = pubsub.on_message();
     let mut ticker = tokio::time::interval(config.poll);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -271,13 +273,4 @@ fn document(
 
 fn stored_version(text: &str) -> Option<u64> {
     serde_json::from_str::<serde_json::Value>(text).ok()?["version"].as_u64()
-}
-
-/// Full jitter: a uniform delay in [delay/2, delay], so replicas do not reconnect in step.
-fn jitter(delay: Duration) -> Duration {
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    let half = delay / 2;
-    half + Duration::from_nanos(random % (half.as_nanos() as u64 + 1))
 }

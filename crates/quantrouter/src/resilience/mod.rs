@@ -1,19 +1,21 @@
-//! Resilience policies as small state machines with no I/O: the circuit breaker, the retry
-//! budget, backoff, the sliding window they share, and admission. The attempt loop in
-//! [`crate::upstream::attempts`] is their only user and the one place that retries.
+//! Resilience: small state machines with no I/O — the circuit breaker, the retry budget,
+//! the sliding window they share, and admission — and [`retry`], the one place that retries
+//! or backs off anything (upstream attempts and fallbacks, and the waits of the Redis source,
+//! discovery and the KEDA publisher), and the only caller of those state machines on the
+//! request path.
 
 pub mod admission;
-pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod retry;
 pub mod window;
 
 use std::time::Duration;
 
 pub use admission::{Admission, AdmissionConfig, Overloaded};
-pub use backoff::Backoff;
 pub use breaker::{Admit, Breaker, BreakerConfig, CircuitState};
 pub use budget::{BudgetConfig, RetryBudget};
+pub use retry::{Backoff, Schedule};
 
 /// Every resilience setting, with its default's reason next to it.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,247 +1,180 @@
-//! The upstream HTTP/1.1 client: keep-alive connections to vLLM endpoints, driven from the
-//! request's own task.
+//! The upstream HTTP client: hyper-util's pooled client over rustls, for `http://` and
+//! `https://` upstreams, HTTP/1.1 by default and HTTP/2 where a profile asks for it (h2c with
+//! prior knowledge on `http://`, ALPN on `https://`).
 //!
-//! vLLM speaks HTTP/1.1 only, one request per connection at a time, so a stream holds a
-//! connection for its whole life. A general client (hyper-util's pooled one) spends per
-//! connection a task of its own, a request channel (a 32-slot block, ~9 KB), an 8 KiB write
-//! buffer and a read buffer — ~21 KB of the router's ~31 KB heap per open stream — and hands
-//! every request and response across tasks. Here a request writes its head and body in one
-//! `write` from its own task and reads its response from the socket itself: an open stream
-//! costs its socket and the body state, and no buffer while it waits for the next token.
+//! It sends each request at most once. hyper-util's own re-send of a request that a closing
+//! keep-alive connection never took is switched off, and every failure says whether the
+//! request may have reached the upstream ([`Sent`]): the retry module
+//! ([`crate::resilience::retry`]) alone decides what happens next, where the retry budget,
+//! the breakers, the metrics and `x-quantrouter-attempts` all see it.
 //!
-//! What it does not do, because no upstream of the router needs it: TLS, HTTP/2, upgrades,
-//! `Expect: 100-continue`, request bodies other than one buffer.
+//! One hyper client per way of connecting (plain or TLS with given roots, HTTP/1.1 or 2),
+//! each with its own pool of keep-alive connections, shared by every profile that connects
+//! that way.
 
 use std::collections::HashMap;
-use std::io;
-use std::io::Write as _;
-use std::mem::MaybeUninit;
+use std::error::Error as StdError;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use bytes::Bytes;
+use http::header;
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
-use tokio::time::Instant;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::CertificateDer;
+use rustls::RootCertStore;
 
-use super::framing::{Decoder, FramingError};
 use super::{Endpoint, UpstreamError};
+use quiet::{NotQuiet, QuietConnector};
+
+mod quiet;
+
+/// The pooled hyper client of one way of connecting.
+type HyperClient = Client<HttpsConnector<QuietConnector>, Full<Bytes>>;
 
 /// Connection-pooling client shared by every profile.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
-    idle: Arc<IdlePool>,
-    connect_timeout: Duration,
+    inner: Arc<Clients>,
     pub header_timeout: Duration,
 }
 
 /// Upstream client settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Fail fast on unroutable pods; a healthy pod on the cluster network connects in ms.
     pub connect_timeout: Duration,
     /// vLLM sends headers when the first token is ready; a long queue can take a while, but
     /// a minute with nothing means the pod is stuck.
     pub header_timeout: Duration,
-    /// Idle keep-alive connections per endpoint and worker thread; enough for bursts without
-    /// hoarding sockets.
+    /// Idle keep-alive connections per endpoint and way of connecting; enough for bursts
+    /// without hoarding sockets.
     pub max_idle_per_host: usize,
+    /// PEM CA file that `https://` upstreams are verified against when their profile names
+    /// none (`--upstream-ca-file`); `None`: the system's roots, which honour `SSL_CERT_FILE`.
+    pub ca_file: Option<PathBuf>,
 }
 
-/// A response body read straight from the upstream socket. When it ends cleanly on a
-/// keep-alive connection, the connection goes back to the idle pool; dropped early, it
-/// closes the connection, which is how vLLM learns that the client went away.
+/// How a profile's requests reach its upstream: a CA file for `https://`, and HTTP/2.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Transport {
+    /// The profile's `upstream.ca_file`.
+    pub ca_file: Option<PathBuf>,
+    /// The profile's `upstream.http2`.
+    pub http2: bool,
+}
+
+/// Whether a failed request may have reached the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// No byte of it was written: no connection, or a connection that closed before it took
+    /// the request. Sending it again cannot make the upstream work twice.
+    No,
+    /// Some or all of it may have been written: the upstream may be generating.
+    Possibly,
+}
+
+/// A response body from an upstream: hyper's, streamed from the connection, or one the
+/// router already read (an error answer it looked into), passed on as it came.
 pub struct UpstreamIncoming {
-    stream: Option<TcpStream>,
-    /// Read but not yet decoded (rarely anything: a read is usually one event).
-    input: Bytes,
-    decoder: Decoder,
-    /// Where the connection goes when the body is done, if it may be reused.
-    reuse: Option<(Arc<IdlePool>, Box<str>)>,
+    inner: Inner,
 }
 
-/// Largest response head accepted; vLLM's are ~200 bytes.
-const MAX_HEAD: usize = 64 * 1024;
-/// Most headers in a response head.
-const MAX_HEADERS: usize = 64;
-/// One read of a body: the bytes read are copied out into a buffer of their own size, so
-/// nothing of this size stays allocated while a stream waits for its next token.
-const READ_CHUNK: usize = 8 * 1024;
+enum Inner {
+    Streamed(Incoming),
+    Buffered(Full<Bytes>),
+}
+
+/// The clients, built as ways of connecting are first needed.
+#[derive(Debug)]
+struct Clients {
+    config: ClientConfig,
+    /// `http://` upstreams over HTTP/1.1 and over h2c: no TLS roots needed.
+    plain: HyperClient,
+    plain_h2: HyperClient,
+    /// `https://` upstreams by roots and HTTP version. Built on first use: loading the
+    /// system's roots reads a directory of files, which no router without an `https://`
+    /// upstream should pay.
+    tls: Mutex<HashMap<TlsKey, HyperClient>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct TlsKey {
+    /// `None`: the system's roots.
+    ca_file: Option<PathBuf>,
+    http2: bool,
+}
+
 /// An idle connection older than this is closed instead of reused: servers drop idle
 /// keep-alive connections on their own clock (uvicorn after 5 s), and a connection to an
 /// endpoint that discovery removed should not live on.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Request headers the client sets itself, and hop-by-hop headers never forwarded.
-const NOT_FORWARDED: [HeaderName; 6] = [
-    header::HOST,
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::CONNECTION,
-    header::TE,
-    header::UPGRADE,
-];
-
-/// Idle keep-alive connections by `host:port`, most recently used last, one pool per worker
-/// thread ([`crate::workers`]) and one for every other thread. A tokio socket is bound to the
-/// runtime that opened it: on another worker's runtime each of its events would first wake
-/// the thread that owns it.
-#[derive(Debug)]
-struct IdlePool {
-    by_worker: Box<[Mutex<IdleConnections>]>,
-    max_per_host: usize,
-}
-
-#[derive(Debug, Default)]
-struct IdleConnections {
-    map: HashMap<Box<str>, Vec<(TcpStream, Instant)>>,
-    swept: Option<Instant>,
-}
-
-/// Where a request goes.
-struct Target<'a> {
-    authority: &'a str,
-    host: &'a str,
-    port: u16,
-}
-
-/// Why an exchange on a connection failed, and whether any byte of a response came.
-struct ExchangeFailure {
-    error: io::Error,
-    nothing_received: bool,
-}
+/// One read from an upstream connection: an SSE event is a few hundred bytes, a whole
+/// non-streamed answer a few KiB.
+const READ_BUF: usize = 8 * 1024;
+/// Bytes an HTTP/2 upstream may send one stream before the router takes them.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
 
 // === impl UpstreamClient ===
 
 impl UpstreamClient {
-    /// A client for use on any thread and on the `workers` worker threads.
-    pub fn new(config: ClientConfig, workers: usize) -> Self {
+    pub fn new(config: ClientConfig) -> Self {
+        crate::tls::install_crypto_provider();
+        // Plain connections never verify a certificate: no roots at all.
+        let none = RootCertStore::empty();
+        let inner = Clients {
+            plain: build(&config, none.clone(), false),
+            plain_h2: build(&config, none, true),
+            tls: Mutex::default(),
+            config,
+        };
         Self {
-            idle: Arc::new(IdlePool {
-                by_worker: (0..=workers).map(|_| Mutex::default()).collect(),
-                max_per_host: config.max_idle_per_host,
-            }),
-            connect_timeout: config.connect_timeout,
-            header_timeout: config.header_timeout,
+            header_timeout: inner.config.header_timeout,
+            inner: Arc::new(inner),
         }
     }
 
-    /// Sends one request and waits for the response headers at most `timeout`.
+    /// Sends one request and waits for the response head at most `timeout`. The request is
+    /// sent at most once; a failure says whether it may have reached the upstream.
     pub async fn send(
         &self,
+        transport: &Transport,
         endpoint: &Endpoint,
-        request: &Request<Bytes>,
+        request: Request<Bytes>,
         timeout: Duration,
     ) -> Result<Response<UpstreamIncoming>, UpstreamError> {
-        match tokio::time::timeout(timeout, self.exchange(endpoint, request)).await {
+        let client = self.inner.client_for(transport, endpoint, request.uri())?;
+        let sending = client.request(request.map(Full::new));
+        let result = match tokio::time::timeout(timeout, sending).await {
             Ok(result) => result,
-            Err(_) => Err(UpstreamError::HeaderTimeout {
-                endpoint: endpoint.base().to_owned(),
-                timeout,
-            }),
-        }
-    }
-
-    /// Idle connections to `authority` held now.
-    #[cfg(test)]
-    fn idle_connections(&self, authority: &str) -> usize {
-        self.idle.count(authority)
-    }
-
-    async fn exchange(
-        &self,
-        endpoint: &Endpoint,
-        request: &Request<Bytes>,
-    ) -> Result<Response<UpstreamIncoming>, UpstreamError> {
-        let invalid = || UpstreamError::InvalidUrl(request.uri().to_string());
-        let target = Target::of(request.uri()).ok_or_else(invalid)?;
-        let wire = encode(request, target.authority);
-        let head_only = request.method() == Method::HEAD;
-        let failed = |error: io::Error| match error.kind() {
-            // What the parser refused (a head that is not HTTP, bad framing headers).
-            io::ErrorKind::InvalidData => UpstreamError::InvalidResponse {
-                endpoint: endpoint.base().to_owned(),
-                source: error,
-            },
-            _ => UpstreamError::Exchange {
-                endpoint: endpoint.base().to_owned(),
-                source: error,
-            },
-        };
-        // A kept-alive connection may have been closed by the server a moment ago; when it
-        // fails before any byte of an answer, the request goes once more on a new one.
-        if let Some(stream) = self.idle.take(target.authority) {
-            match self.exchange_on(stream, &wire, head_only, &target).await {
-                Ok(response) => return Ok(response),
-                Err(failure) if failure.nothing_received => {
-                    tracing::debug!(error = %failure.error, "kept-alive connection was closed");
-                }
-                Err(failure) => return Err(failed(failure.error)),
+            // Dropping the request closes its connection: the upstream learns it may stop.
+            Err(_) => {
+                return Err(UpstreamError::HeaderTimeout {
+                    endpoint: endpoint.base().to_owned(),
+                    timeout,
+                })
             }
-        }
-        let stream = self
-            .connect(&target)
-            .await
-            .map_err(|source| UpstreamError::Connect {
-                endpoint: endpoint.base().to_owned(),
-                source,
-            })?;
-        self.exchange_on(stream, &wire, head_only, &target)
-            .await
-            .map_err(|failure| failed(failure.error))
-    }
-
-    async fn connect(&self, target: &Target<'_>) -> io::Result<TcpStream> {
-        let connecting = TcpStream::connect((target.host, target.port));
-        let stream = tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    }
-
-    async fn exchange_on(
-        &self,
-        mut stream: TcpStream,
-        wire: &[u8],
-        head_only: bool,
-        target: &Target<'_>,
-    ) -> Result<Response<UpstreamIncoming>, ExchangeFailure> {
-        stream
-            .write_all(wire)
-            .await
-            .map_err(|error| ExchangeFailure {
-                error,
-                nothing_received: true,
-            })?;
-        let (mut head, input) = read_head(&mut stream).await?;
-        let invalid = |message: &str| ExchangeFailure {
-            error: io::Error::new(io::ErrorKind::InvalidData, message.to_owned()),
-            nothing_received: false,
         };
-        let decoder = framing(&head, head_only).map_err(invalid)?;
+        let mut response = result.map_err(|error| failure(endpoint, error))?;
         // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): passed on, the stale
-        // length would frame the body for the client differently than here. Such an answer
-        // hints at response splitting, so its connection is not reused either.
-        let both = head.headers().contains_key(header::TRANSFER_ENCODING)
-            && head.headers_mut().remove(header::CONTENT_LENGTH).is_some();
-        // A body that ends with the connection leaves nothing to reuse.
-        let reuse = keep_alive(&head) && !decoder.ends_with_close() && !both;
-        let mut body = UpstreamIncoming {
-            stream: Some(stream),
-            input,
-            decoder,
-            reuse: reuse.then(|| (Arc::clone(&self.idle), target.authority.into())),
-        };
-        if body.decoder.is_done() {
-            body.release();
+        // length would frame the body for the client differently than here.
+        if response.headers().contains_key(header::TRANSFER_ENCODING) {
+            response.headers_mut().remove(header::CONTENT_LENGTH);
         }
-        Ok(head.map(|()| body))
+        Ok(response.map(|body| UpstreamIncoming {
+            inner: Inner::Streamed(body),
+        }))
     }
 }
 
@@ -251,200 +184,197 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(2),
             header_timeout: Duration::from_secs(60),
             max_idle_per_host: 256,
+            ca_file: None,
         }
     }
 }
 
-// === impl Target ===
+// === impl Transport ===
 
-impl<'a> Target<'a> {
-    fn of(uri: &'a Uri) -> Option<Self> {
-        if uri.scheme_str() != Some("http") {
-            return None;
+impl Transport {
+    /// A profile's transport settings.
+    pub fn of(upstream: &quantrouter_policy::Upstream) -> Self {
+        let transport = upstream.transport();
+        Self {
+            ca_file: transport.ca_file.map(PathBuf::from),
+            http2: transport.http2,
         }
-        let authority = uri.authority()?;
-        let host = authority.host();
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        Some(Self {
-            authority: authority.as_str(),
-            host,
-            port: authority.port_u16().unwrap_or(80),
-        })
     }
 }
 
-/// The request as it goes on the wire: request line, `host`, the caller's headers (less
-/// hop-by-hop ones), `content-length`, the body — one buffer, one write.
-fn encode(request: &Request<Bytes>, authority: &str) -> Vec<u8> {
-    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-    let body = request.body();
-    let mut wire = Vec::with_capacity(256 + body.len());
-    for part in [
-        request.method().as_str(),
-        " ",
-        path,
-        " HTTP/1.1\r\nhost: ",
-        authority,
-        "\r\n",
-    ] {
-        wire.extend_from_slice(part.as_bytes());
-    }
-    for (name, value) in request.headers() {
-        if NOT_FORWARDED.contains(name) {
-            continue;
+// === impl Clients ===
+
+impl Clients {
+    fn client_for(
+        &self,
+        transport: &Transport,
+        endpoint: &Endpoint,
+        uri: &http::Uri,
+    ) -> Result<HyperClient, UpstreamError> {
+        match uri.scheme_str() {
+            Some("http") if transport.http2 => return Ok(self.plain_h2.clone()),
+            Some("http") => return Ok(self.plain.clone()),
+            Some("https") => {}
+            _ => return Err(UpstreamError::InvalidUrl(uri.to_string())),
         }
-        wire.extend_from_slice(name.as_str().as_bytes());
-        wire.extend_from_slice(b": ");
-        wire.extend_from_slice(value.as_bytes());
-        wire.extend_from_slice(b"\r\n");
+        let key = TlsKey {
+            ca_file: transport
+                .ca_file
+                .clone()
+                .or_else(|| self.config.ca_file.clone()),
+            http2: transport.http2,
+        };
+        let mut clients = crate::upstream::pool::lock(&self.tls);
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let roots = match &key.ca_file {
+            Some(path) => ca_roots(path),
+            None => Ok(system_roots().clone()),
+        };
+        // Not kept: once the file is fixed, the next request reads it again.
+        let roots = roots.map_err(|source| UpstreamError::Connect {
+            endpoint: endpoint.base().to_owned(),
+            source: source.into(),
+        })?;
+        let client = build(&self.config, roots, key.http2);
+        clients.insert(key, client.clone());
+        Ok(client)
     }
-    if !body.is_empty() || request.method() == Method::POST {
-        // Writing to a Vec cannot fail.
-        let _ = write!(wire, "content-length: {}\r\n", body.len());
-    }
-    wire.extend_from_slice(b"\r\n");
-    wire.extend_from_slice(body);
-    wire
 }
 
-/// Reads and parses a response head (skipping interim 1xx answers); returns it with the
-/// bytes read past it.
-async fn read_head(stream: &mut TcpStream) -> Result<(Response<()>, Bytes), ExchangeFailure> {
-    let failure = |error: io::Error, received: bool| ExchangeFailure {
-        error,
-        nothing_received: !received,
+/// One hyper client: keep-alive pool, timeouts, no re-sending of its own.
+fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.connect_timeout));
+    // ring, like every other rustls user of the process (`crate::tls`).
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls =
+        rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions();
+    // The ring provider supports the default versions; a failure would be a build mistake,
+    // and the plain-HTTP client is still useful without TLS then.
+    let tls = match tls {
+        Ok(tls) => tls.with_root_certificates(roots).with_no_client_auth(),
+        Err(error) => {
+            tracing::error!(%error, "TLS for upstreams unavailable");
+            rustls::ClientConfig::builder()
+                .with_root_certificates(RootCertStore::empty())
+                .with_no_client_auth()
+        }
     };
-    let mut buf = BytesMut::with_capacity(1024);
-    let mut received = false;
-    loop {
-        // What was read may hold an interim head and the final one: parse before reading.
-        while !buf.is_empty() {
-            let Some((head, len)) = parse_head(&buf).map_err(|e| failure(e, true))? else {
-                break;
-            };
-            let _ = buf.split_to(len);
-            if !head.status().is_informational() {
-                let rest = match buf.is_empty() {
-                    true => Bytes::new(),
-                    false => buf.freeze(),
-                };
-                return Ok((head, rest));
-            }
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    // ALPN offers exactly the version the profile asked for.
+    // HTTP/1.1 connections are checked for stray bytes before each reuse.
+    let http = QuietConnector {
+        http,
+        check: !http2,
+    };
+    let connector = match http2 {
+        true => https.enable_http2().wrap_connector(http),
+        false => https.enable_http1().wrap_connector(http),
+    };
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .pool_max_idle_per_host(config.max_idle_per_host)
+        // Reads of at most 8 KiB: hyper's adaptive buffer grows to ~400 KiB on a stream
+        // whose upstream outruns its client, and the frames waiting for the client keep it
+        // alive; a stream's backlog belongs in the kernel's socket buffers instead.
+        .http1_read_buf_exact_size(READ_BUF)
+        // The same on HTTP/2: what an upstream may send a stream ahead of its client (hyper's
+        // default is 2 MiB) — a few hundred tokens' worth.
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        // The retry module decides about every request a connection did not take.
+        .retry_canceled_requests(false)
+        .http2_only(http2)
+        .build(connector)
+}
+
+/// The system's CA certificates (or those of `SSL_CERT_FILE` / `SSL_CERT_DIR`), loaded once.
+fn system_roots() -> &'static RootCertStore {
+    static ROOTS: OnceLock<RootCertStore> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for error in &found.errors {
+            tracing::warn!(%error, "reading the system's CA certificates");
         }
-        if buf.len() >= MAX_HEAD {
-            let error = io::Error::new(io::ErrorKind::InvalidData, "response head too large");
-            return Err(failure(error, true));
-        }
-        buf.reserve(1024);
-        let n = stream
-            .read_buf(&mut buf)
-            .await
-            .map_err(|e| failure(e, received))?;
-        if n == 0 {
-            let error = io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed before a response head",
+        let mut roots = RootCertStore::empty();
+        let (added, ignored) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            tracing::warn!(
+                ignored,
+                "no system CA certificates: https:// upstreams need upstream.ca_file"
             );
-            return Err(failure(error, received));
         }
-        received = true;
-    }
+        roots
+    })
 }
 
-/// A complete head and its length, or `None` when more bytes are needed.
-fn parse_head(buf: &[u8]) -> io::Result<Option<(Response<()>, usize)>> {
-    let invalid = |message: String| io::Error::new(io::ErrorKind::InvalidData, message);
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut headers);
-    let len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(invalid(format!("invalid response head: {e}"))),
-    };
-    let status = parsed
-        .code
-        .and_then(|c| StatusCode::from_u16(c).ok())
-        .ok_or_else(|| invalid("invalid status code".into()))?;
-    // Room for the headers the router adds before passing the head on (the request id and
-    // the `x-quantrouter-*` ones): growing the map for them cost two reallocations.
-    let mut map = HeaderMap::with_capacity(parsed.headers.len() + 7);
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes());
-        let value = HeaderValue::from_bytes(h.value);
-        match (name, value) {
-            (Ok(name), Ok(value)) => map.append(name, value),
-            _ => return Err(invalid(format!("invalid header {:?}", h.name))),
+/// The CA certificates of a PEM file: the only roots its upstreams are verified against.
+fn ca_roots(path: &Path) -> Result<RootCertStore, String> {
+    let pem =
+        std::fs::read(path).map_err(|e| format!("reading CA file {}: {e}", path.display()))?;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("CA file {}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("CA file {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("CA file {} holds no certificate", path.display()));
+    }
+    Ok(roots)
+}
+
+/// What a failed exchange means, by whether the request may have been sent.
+fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> UpstreamError {
+    let endpoint = endpoint.base().to_owned();
+    if error.is_connect() {
+        return UpstreamError::Connect {
+            endpoint,
+            source: error.into(),
         };
     }
-    let mut head = Response::new(());
-    *head.status_mut() = status;
-    *head.version_mut() = match parsed.version {
-        Some(0) => Version::HTTP_10,
-        _ => Version::HTTP_11,
-    };
-    *head.headers_mut() = map;
-    Ok(Some((head, len)))
+    let cause = error
+        .source()
+        .and_then(|e| e.downcast_ref::<hyper::Error>());
+    match cause {
+        // hyper hands a request back only when its connection closed before taking it, and
+        // a connection that was not quiet refused to write any of it.
+        Some(cause) if cause.is_canceled() || refused_unwritten(cause) => UpstreamError::Unsent {
+            endpoint,
+            source: error.into(),
+        },
+        Some(cause) if cause.is_parse() => UpstreamError::InvalidResponse {
+            endpoint,
+            source: error.into(),
+        },
+        _ => UpstreamError::Exchange {
+            endpoint,
+            source: error.into(),
+        },
+    }
 }
 
-/// How the body of this response is delimited (RFC 9112 §6.3).
-fn framing(head: &Response<()>, head_only: bool) -> Result<Decoder, &'static str> {
-    let status = head.status();
-    if head_only
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Decoder::length(0));
+/// The quiet check refused the request: nothing of it was written.
+fn refused_unwritten(error: &hyper::Error) -> bool {
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let quiet = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<NotQuiet>());
+        if quiet || error.is::<NotQuiet>() {
+            return true;
+        }
+        cause = error.source();
     }
-    if head.headers().contains_key(header::TRANSFER_ENCODING) {
-        return Ok(match is_chunked(head) {
-            true => Decoder::chunked(),
-            false => Decoder::until_close(),
-        });
-    }
-    let mut lengths = head.headers().get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = lengths.next() else {
-        return Ok(Decoder::until_close());
-    };
-    if lengths.any(|other| other != first) {
-        return Err("conflicting content-length headers");
-    }
-    let n = first
-        .to_str()
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .ok_or("invalid content-length")?;
-    Ok(Decoder::length(n))
-}
-
-/// The last transfer coding is `chunked`.
-fn is_chunked(head: &Response<()>) -> bool {
-    head.headers()
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.rsplit(',').next())
-        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
-}
-
-/// The server keeps the connection open after this response.
-fn keep_alive(head: &Response<()>) -> bool {
-    let says = |token: &str| {
-        head.headers()
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    };
-    match head.version() {
-        Version::HTTP_10 => says("keep-alive"),
-        _ => !says("close"),
-    }
+    false
 }
 
 // === impl UpstreamIncoming ===
@@ -454,164 +384,53 @@ impl UpstreamIncoming {
     /// as it came.
     pub fn buffered(data: Bytes) -> Self {
         Self {
-            stream: None,
-            decoder: Decoder::length(data.len() as u64),
-            input: data,
-            reuse: None,
+            inner: Inner::Buffered(Full::new(data)),
         }
-    }
-
-    /// The body is done: the connection goes back to the pool when it may, else closes.
-    fn release(&mut self) {
-        let stream = self.stream.take();
-        if let (Some(stream), Some((pool, authority))) = (stream, self.reuse.take()) {
-            if self.input.is_empty() {
-                pool.put(authority, stream);
-            }
-        }
-    }
-
-    /// The body failed: the connection cannot carry another request.
-    fn fail(&mut self, error: io::Error) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        self.stream = None;
-        Poll::Ready(Some(Err(error)))
     }
 }
 
 impl Body for UpstreamIncoming {
     type Data = Bytes;
-    type Error = io::Error;
+    type Error = hyper::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let this = self.get_mut();
-        loop {
-            match this.decoder.decode(&mut this.input) {
-                Ok(Some(data)) => {
-                    if this.decoder.is_done() {
-                        this.release();
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Ok(None) if this.decoder.is_done() => {
-                    this.release();
-                    return Poll::Ready(None);
-                }
-                Ok(None) => this.input = Bytes::new(),
-                Err(e) => return this.fail(io::Error::new(io::ErrorKind::InvalidData, e)),
-            }
-            let Some(stream) = this.stream.as_mut() else {
-                return Poll::Ready(None);
-            };
-            // Uninitialised: most polls find nothing to read, and zeroing 8 KiB each time
-            // would cost a memset per SSE event.
-            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-            let mut buf = ReadBuf::uninit(&mut chunk);
-            match Pin::new(stream).poll_read(cx, &mut buf) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return this.fail(e),
-                Poll::Ready(Ok(())) if buf.filled().is_empty() => {
-                    this.stream = None;
-                    return match this.decoder.finish() {
-                        Ok(()) => Poll::Ready(None),
-                        Err(e @ FramingError::Truncated) => {
-                            Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::UnexpectedEof, e))))
-                        }
-                        Err(e) => this.fail(io::Error::new(io::ErrorKind::InvalidData, e)),
-                    };
-                }
-                Poll::Ready(Ok(())) => this.input = Bytes::copy_from_slice(buf.filled()),
-            }
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &mut self.get_mut().inner {
+            Inner::Streamed(body) => Pin::new(body).poll_frame(cx),
+            Inner::Buffered(body) => match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.decoder.is_done()
+        match &self.inner {
+            Inner::Streamed(body) => body.is_end_stream(),
+            Inner::Buffered(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
+        match &self.inner {
+            Inner::Streamed(body) => body.size_hint(),
+            Inner::Buffered(body) => body.size_hint(),
         }
     }
 }
 
 impl std::fmt::Debug for UpstreamIncoming {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamIncoming")
-            .field("decoder", &self.decoder)
-            .finish_non_exhaustive()
+        let kind = match self.inner {
+            Inner::Streamed(_) => "streamed",
+            Inner::Buffered(_) => "buffered",
+        };
+        f.debug_tuple("UpstreamIncoming").field(&kind).finish()
     }
-}
-
-// === impl IdlePool ===
-
-impl IdlePool {
-    /// The most recently used idle connection to `authority` that is still open and quiet.
-    ///
-    /// Every connection is probed, however recently used: bytes a server sent after a
-    /// complete response would otherwise be read as the answer to the next request, which
-    /// may be another client's. A close that races the request is caught by `exchange`,
-    /// which then opens a new connection.
-    fn take(&self, authority: &str) -> Option<TcpStream> {
-        let now = Instant::now();
-        let mut idle = self.lock();
-        let conns = idle.map.get_mut(authority)?;
-        while let Some((stream, since)) = conns.pop() {
-            if now.duration_since(since) < IDLE_TIMEOUT && is_quiet(&stream) {
-                return Some(stream);
-            }
-        }
-        None
-    }
-
-    fn put(&self, authority: Box<str>, stream: TcpStream) {
-        let now = Instant::now();
-        let mut idle = self.lock();
-        // Now and then, close what nobody took in time, including connections to
-        // endpoints no profile uses any more.
-        if idle
-            .swept
-            .is_none_or(|at| now.duration_since(at) >= IDLE_TIMEOUT)
-        {
-            idle.swept = Some(now);
-            idle.map.retain(|_, conns| {
-                conns.retain(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT);
-                !conns.is_empty()
-            });
-        }
-        let conns = idle.map.entry(authority).or_default();
-        if conns.len() < self.max_per_host {
-            conns.push((stream, now));
-        }
-    }
-
-    #[cfg(test)]
-    fn count(&self, authority: &str) -> usize {
-        self.lock().map.get(authority).map_or(0, Vec::len)
-    }
-
-    /// The calling thread's pool: each worker's lock is only ever taken by that worker.
-    fn lock(&self) -> MutexGuard<'_, IdleConnections> {
-        let pool = &self.by_worker[crate::workers::current() % self.by_worker.len()];
-        // Every step under the lock is a push, pop or retain: never a half-done update.
-        super::pool::lock(pool)
-    }
-}
-
-/// An idle connection has nothing to read: the server neither closed it nor sent bytes
-/// nobody asked for.
-///
-/// A peek straight to the kernel: tokio's `try_read` answers from the readiness its reactor
-/// has seen, which misses bytes that arrived since its last turn.
-fn is_quiet(stream: &TcpStream) -> bool {
-    use rustix::net::RecvFlags;
-    let mut probe = [0u8; 1];
-    let peeked = rustix::net::recv(stream, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT);
-    matches!(peeked, Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::WOULDBLOCK)
 }
 
 #[cfg(test)]

@@ -120,7 +120,10 @@ async fn get(
         request = request.header(header::AUTHORIZATION, auth);
     }
     let request = request.body(Bytes::new()).ok()?;
-    let response = client.send(endpoint, &request, timeout).await.ok()?;
+    let response = client
+        .send(pool.transport(), endpoint, request, timeout)
+        .await
+        .ok()?;
     let status = response.status();
     // A model list is small; one that is not is still an answer.
     let body = http_body_util::Limited::new(response.into_body(), 1 << 20);

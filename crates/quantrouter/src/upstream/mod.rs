@@ -1,15 +1,13 @@
-//! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the attempt loop that owns all
-//! retrying ([`attempts`]), the queue scraper ([`scrape`]), active health checks
-//! ([`health`]), upstream API keys ([`credential`]), the keep-alive HTTP/1.1 client
-//! ([`client`], with body framing in [`framing`]),
+//! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the queue scraper
+//! ([`scrape`]), active health checks ([`health`]), upstream API keys ([`credential`]), the
+//! HTTP client ([`client`], hyper-util over rustls),
 //! and the response body wrapper that keeps accounting honest for the whole life of a stream
 //! (with SSE events found in [`sse`]) and turns a mid-stream failure into an SSE error event.
+//! Retrying is not done here: [`crate::resilience::retry`] drives the attempts.
 
-pub mod attempts;
 mod client;
 pub mod context;
 pub mod credential;
-mod framing;
 pub mod health;
 pub mod pool;
 pub mod scrape;
@@ -26,36 +24,49 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
-pub use client::{ClientConfig, UpstreamClient, UpstreamIncoming};
+pub use client::{ClientConfig, Sent, Transport, UpstreamClient, UpstreamIncoming};
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
 
 use crate::openai::{find_usage, Usage};
 use sse::{EventScan, Scanned};
 
-/// Why an upstream call failed before a response arrived.
+/// The cause of a failed exchange, as the client library reported it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an upstream call failed before a response head arrived.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("invalid upstream URL {0}")]
     InvalidUrl(String),
+    /// No connection: refused, unreachable, timed out, or its TLS handshake failed.
     #[error("connecting to {endpoint}: {source}")]
-    Connect {
-        endpoint: String,
-        source: std::io::Error,
-    },
-    /// The connection failed before a response head.
+    Connect { endpoint: String, source: BoxError },
+    /// A kept-alive connection closed before it took the request: nothing was written.
+    #[error("{endpoint} closed the connection before the request was sent: {source}")]
+    Unsent { endpoint: String, source: BoxError },
+    /// The connection failed after the request (or part of it) was written, before a
+    /// response head.
     #[error("{endpoint} failed before a response head: {source}")]
-    Exchange {
-        endpoint: String,
-        source: std::io::Error,
-    },
+    Exchange { endpoint: String, source: BoxError },
     /// The upstream answered, but not with a valid HTTP response head.
     #[error("{endpoint} answered with an invalid response: {source}")]
-    InvalidResponse {
-        endpoint: String,
-        source: std::io::Error,
-    },
+    InvalidResponse { endpoint: String, source: BoxError },
     #[error("{endpoint} sent no response headers within {timeout:?}")]
     HeaderTimeout { endpoint: String, timeout: Duration },
+}
+
+impl UpstreamError {
+    /// Whether the request may have reached the upstream.
+    pub fn sent(&self) -> Sent {
+        match self {
+            Self::InvalidUrl(_) | Self::Connect { .. } | Self::Unsent { .. } => Sent::No,
+            // The timeout may have struck while connecting, but nobody can tell: assume the
+            // upstream has the request.
+            Self::Exchange { .. } | Self::InvalidResponse { .. } | Self::HeaderTimeout { .. } => {
+                Sent::Possibly
+            }
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -91,7 +102,7 @@ pin_project_lite::pin_project! {
 
 /// Everything of an [`UpstreamBody`] but the body and its timer.
 struct BodyState {
-    held: Option<(InflightGuard, Option<OwnedSemaphorePermit>)>,
+    held: Option<Held>,
     on_event: Option<Box<dyn FnMut(BodyEvent) + Send + Sync>>,
     started: Instant,
     idle: Duration,
@@ -110,6 +121,10 @@ struct BodyState {
     // router asked for them, not the client).
     events: Option<EventScan>,
 }
+
+/// In-flight accounting on the endpoint and the profile's admission slot: held until the
+/// answer's body ends.
+pub type Held = (InflightGuard, Option<OwnedSemaphorePermit>);
 
 /// What an [`UpstreamBody`] reports as it goes.
 #[derive(Debug, Clone, Copy)]
@@ -182,14 +197,14 @@ impl std::fmt::Debug for UpstreamBody {
 impl UpstreamBody {
     pub fn new(
         inner: UpstreamIncoming,
-        held: (InflightGuard, Option<OwnedSemaphorePermit>),
+        held: Option<Held>,
         started: Instant,
         limits: BodyLimits,
         on_event: Box<dyn FnMut(BodyEvent) + Send + Sync>,
     ) -> Self {
         let now = Instant::now();
         let state = BodyState {
-            held: Some(held),
+            held,
             on_event: Some(on_event),
             started,
             idle: limits.idle,

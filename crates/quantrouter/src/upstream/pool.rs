@@ -12,6 +12,7 @@ use http::{HeaderValue, Uri};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::client::Transport;
 use super::credential::Credential;
 use super::scrape::{QueueReading, QueueSource};
 use super::UpstreamError;
@@ -30,6 +31,8 @@ pub struct Pool {
     cold_waiting: AtomicU64,
     /// The bearer token for this profile's upstream, when the profile names one.
     credential: Option<Arc<Credential>>,
+    /// How connections to this profile's upstream are made (CA file, HTTP/2).
+    transport: Transport,
     /// Prompt bytes per token as the upstream counted them.
     token_ratio: Mutex<TokenRatio>,
 }
@@ -40,7 +43,7 @@ const GENERATION_PATHS: [&str; 2] = [
     crate::openai::Endpoint::Completions.path(),
 ];
 
-/// One upstream base URL (`http://host:port[/prefix]`, no trailing slash) and what the router
+/// One upstream base URL (`http[s]://host:port[/prefix]`, no trailing slash) and what the router
 /// knows about it.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -113,6 +116,7 @@ impl Pool {
             changed: Notify::new(),
             cold_waiting: AtomicU64::new(0),
             credential: None,
+            transport: Transport::default(),
             token_ratio: Mutex::default(),
         };
         pool.set_urls(urls);
@@ -123,6 +127,17 @@ impl Pool {
     pub fn with_credential(mut self, credential: Option<Arc<Credential>>) -> Self {
         self.credential = credential;
         self
+    }
+
+    /// Connects to this pool's upstream as `transport` says.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// How connections to this pool's upstream are made.
+    pub fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// The upstream's credential, if the profile names one.

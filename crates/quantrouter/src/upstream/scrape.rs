@@ -136,7 +136,10 @@ async fn scrape(
         return;
     };
     let page = async {
-        let response = client.send(&endpoint, &request, timeout).await.ok()?;
+        let response = client
+            .send(pool.transport(), &endpoint, request, timeout)
+            .await
+            .ok()?;
         if !response.status().is_success() {
             // A server without /metrics (or refusing it) has no queue to read.
             return Some(Bytes::new());

@@ -1,0 +1,755 @@
+//! All retrying and backing off of the router, in one place.
+//!
+//! - [`Backoff`]: the one backoff (exponential, full jitter, capped, `Retry-After` honoured
+//!   up to a cap). Upstream retries use it here; the Redis profile source, Kubernetes
+//!   discovery and the KEDA publisher follow a [`Schedule`] of it.
+//! - [`is_retryable`]: what an attempt's outcome allows — nothing, sending the request again
+//!   at once (it never left: [`Sent::No`]), or another attempt elsewhere.
+//! - [`forward`]: a request's way through the upstreams, in named steps:
+//!   1. [`try_profile`]: an admission slot, then endpoints of the profile, a different one
+//!      each time (power of two choices among closed circuits), within the retry budget, the
+//!      attempt cap and the deadline, after a backoff;
+//!   2. [`cross_tier_fallback`]: when a profile is exhausted, the next-best profile (unless
+//!      the client pinned one), or after a context overflow ([`context`]) one with a larger
+//!      context;
+//!   3. [`quality_fallback`]: a finished, non-streamed answer from a profile with a better one
+//!      above it is read and checked, and re-run there if it is empty, degenerate or broken.
+//!
+//! Nothing is retried once a byte reached the client. The breaker, the budget and admission
+//! are the state machines beside this module; this is their only caller on the request path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use opentelemetry::KeyValue;
+use quantrouter_policy::{check_choices, RoutingDecision};
+use tokio::time::Instant;
+
+use super::{Overloaded, ResilienceConfig};
+use crate::openai::ApiError;
+use crate::profiles::Snapshot;
+use crate::telemetry::{self, ProfileTelemetry};
+use crate::traces::{self, RequestTrace};
+use crate::upstream::context::{self, Checked};
+use crate::upstream::{
+    BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent, UpstreamBody,
+    UpstreamClient, UpstreamError, UpstreamIncoming,
+};
+
+/// Backoff settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// First retry's ceiling: long enough for a connection refused by a restarting pod to
+    /// change, short next to any LLM request.
+    pub base: Duration,
+    /// Ceiling of any one wait: the retry happens within the client's patience.
+    pub cap: Duration,
+    /// Longest `Retry-After` honoured: a server asking for more is treated as unavailable
+    /// for this request rather than holding the client.
+    pub retry_after_cap: Duration,
+}
+
+/// A backoff in progress: the waits before each retry of one operation that keeps failing.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    backoff: Backoff,
+    retries: u32,
+    /// Uniform in [0, 1); fixed in tests.
+    jitter: fn() -> f64,
+}
+
+/// What one attempt came to, as far as retrying goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// The upstream answered with this status.
+    Answered(StatusCode),
+    /// No response head.
+    Failed(&'a UpstreamError),
+}
+
+/// What an [`Outcome`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The answer stands: a success, or an error the client should see.
+    Done,
+    /// The request never left ([`Sent::No`] on a live connection): send it again at once, to
+    /// the same endpoint, as the same attempt. The upstream cannot work twice for it.
+    Resend,
+    /// Worth another attempt on another endpoint or profile, after a backoff and within the
+    /// budget. A request that may have reached the upstream is only ever sent again this
+    /// way: as an attempt that the budget, the breaker, the metrics and
+    /// `x-quantrouter-attempts` all count.
+    Retry,
+}
+
+/// One request's way through the upstreams.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub snapshot: &'a Snapshot,
+    pub decision: &'a RoutingDecision,
+    /// The client named the profile: no cross-tier or quality fallback.
+    pub pinned: bool,
+    /// The client asked for a stream: its answer is never held back for the quality check.
+    pub stream: bool,
+    /// The client asked for JSON output (`response_format`), which the quality check holds
+    /// the answer to.
+    pub wants_json: bool,
+    /// `/v1/chat/completions` or `/v1/completions`.
+    pub path: &'static str,
+    /// Headers for the upstream (content type, forwarded client headers, request id).
+    pub headers: &'a HeaderMap,
+    /// When the request arrived.
+    pub started: Instant,
+    pub deadline: Instant,
+    /// The request span, when tracing is on; each attempt gets a child span.
+    pub trace: Option<&'a RequestTrace>,
+    /// For log lines (the request's log span exists at debug level only).
+    pub request_id: &'a str,
+}
+
+/// A response with headers from some upstream.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: Response<UpstreamIncoming>,
+    pub profile: usize,
+    pub endpoint: Arc<Endpoint>,
+    /// In-flight accounting and the admission slot, held until the body ends (`None` once
+    /// the quality check read the body).
+    pub held: Option<Held>,
+    pub attempts: u32,
+    pub fallback: Option<Fallback>,
+    /// When the request that got this answer was sent: the header timeout runs from here
+    /// until the first output (see [`BodyLimits::first_output_by`]).
+    pub sent_at: Instant,
+}
+
+/// A switch to another profile: from, to, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    pub from: usize,
+    pub to: usize,
+    pub reason: &'static str,
+}
+
+/// The body of a request for a profile: the client's body with that profile's model name.
+pub type BodyFor<'a> = &'a (dyn Fn(usize) -> Bytes + Sync);
+
+/// The last thing that went wrong, to answer the client with. The details (which
+/// endpoint, what error) are for logs and traces: clients learn the profile, never the
+/// upstream's address.
+#[derive(Debug)]
+enum Failure {
+    Nothing,
+    Status(StatusCode),
+    Connect,
+    Timeout,
+    /// The upstream answered, but not in HTTP.
+    Invalid,
+    /// The prompt does not fit the upstream's context; its message.
+    ContextOverflow(String),
+}
+
+/// Where a request's attempts stand, across profiles.
+#[derive(Debug)]
+struct Progress {
+    attempts: u32,
+    retries: u32,
+    retry_after: Option<Duration>,
+    profiles_tried: Vec<usize>,
+    failure: Failure,
+    fallback: Option<Fallback>,
+}
+
+// === impl Backoff ===
+
+impl Backoff {
+    /// The wait before retry number `retry` (0 = the first retry), for a uniform `jitter` in
+    /// [0, 1): full jitter over `min(cap, base·2^retry)`, so concurrent retries spread out.
+    /// A `Retry-After` from the failed answer sets a floor, up to `retry_after_cap`.
+    pub fn delay(&self, retry: u32, jitter: f64, retry_after: Option<Duration>) -> Duration {
+        let ceiling = self
+            .base
+            .saturating_mul(1u32.checked_shl(retry.min(20)).unwrap_or(u32::MAX))
+            .min(self.cap);
+        let jittered = ceiling.mul_f64(jitter.clamp(0.0, 1.0));
+        match retry_after {
+            Some(asked) => jittered.max(asked.min(self.retry_after_cap)),
+            None => jittered,
+        }
+    }
+
+    /// A schedule of waits for an operation retried until it succeeds.
+    pub fn schedule(self) -> Schedule {
+        Schedule {
+            backoff: self,
+            retries: 0,
+            jitter: fastrand::f64,
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(25),
+            cap: Duration::from_secs(1),
+            retry_after_cap: Duration::from_secs(5),
+        }
+    }
+}
+
+// === impl Schedule ===
+
+impl Schedule {
+    /// The wait before the next retry; each call counts one.
+    pub fn next_delay(&mut self) -> Duration {
+        let wait = self.backoff.delay(self.retries, (self.jitter)(), None);
+        self.retries = self.retries.saturating_add(1);
+        wait
+    }
+
+    /// The operation succeeded: the next failure waits the shortest again.
+    pub fn reset(&mut self) {
+        self.retries = 0;
+    }
+
+    /// Retries since the last success.
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = Duration;
+
+    /// Never ends: such operations are retried for as long as the router runs.
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.next_delay())
+    }
+}
+
+// === impl Outcome ===
+
+/// What an attempt's outcome allows; see [`Verdict`].
+pub fn is_retryable(outcome: Outcome<'_>) -> Verdict {
+    match outcome {
+        // A server asking for patience (429) or a proxy that found no server behind it
+        // (502, 503, 504): this attempt did not happen.
+        Outcome::Answered(status) => match status.as_u16() {
+            429 | 502 | 503 | 504 => Verdict::Retry,
+            _ => Verdict::Done,
+        },
+        Outcome::Failed(error) => match (error.sent(), error) {
+            (Sent::No, UpstreamError::Unsent { .. }) => Verdict::Resend,
+            // No connection (or no usable URL) here; another endpoint may do.
+            (Sent::No, _) => Verdict::Retry,
+            // Closed, reset, silent or garbled after the request went out: another endpoint,
+            // counted, never on the quiet.
+            (Sent::Possibly, _) => Verdict::Retry,
+        },
+    }
+}
+
+// === the request's way through the upstreams ===
+
+/// Sends the request to the decision's profile and onwards (the steps above); the answer
+/// whose head and body go to the client.
+pub async fn forward(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let answer = across_tiers(client, config, plan, plan.decision.profile, 0, body_for).await?;
+    quality_fallback(client, config, plan, answer, body_for).await
+}
+
+/// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end.
+/// `attempts_before` counts attempts an earlier step already made for the same request.
+async fn across_tiers(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    start: usize,
+    attempts_before: u32,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let mut progress = Progress {
+        attempts: attempts_before,
+        retries: 0,
+        retry_after: None,
+        profiles_tried: Vec::with_capacity(2),
+        failure: Failure::Nothing,
+        fallback: None,
+    };
+    let mut profile = start;
+    loop {
+        if let Some(answer) =
+            try_profile(client, config, plan, profile, &mut progress, body_for).await?
+        {
+            return Ok(answer);
+        }
+        let id = &plan.snapshot.set.profiles[profile].id;
+        let Some((next, reason)) = cross_tier_fallback(config, plan, &progress, profile) else {
+            return Err(exhausted(progress.failure, plan.deadline, id));
+        };
+        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason);
+        progress.fallback = Some(Fallback {
+            from: progress.fallback.map_or(profile, |f| f.from),
+            to: next,
+            reason,
+        });
+        profile = next;
+    }
+}
+
+/// Step 1: the endpoints of one profile. `None`: the profile is exhausted (why is in
+/// `progress.failure`).
+async fn try_profile(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    profile: usize,
+    progress: &mut Progress,
+    body_for: BodyFor<'_>,
+) -> Result<Option<Answer>, ApiError> {
+    progress.profiles_tried.push(profile);
+    let pool = &plan.snapshot.pools[profile];
+    let id = plan.snapshot.set.profiles[profile].id.as_str();
+    let mut permit = Some(admit(config, plan, pool, id).await?);
+    pool.on_request(Instant::now());
+    let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
+    while progress.attempts < config.max_attempts {
+        if !endpoints_tried.is_empty() && !wait_to_retry(config, plan, pool, id, progress).await {
+            break;
+        }
+        let Some(pick) = pool.pick(&endpoints_tried, Instant::now()) else {
+            break;
+        };
+        progress.attempts += 1;
+        endpoints_tried.push(Arc::clone(&pick.endpoint));
+        let guard = pool.enter(&pick.endpoint);
+        let (result, sent_at) = attempt(
+            client,
+            plan,
+            pool,
+            id,
+            &pick,
+            progress.attempts,
+            body_for(profile),
+        )
+        .await?;
+        let response = match result {
+            Ok(response) if is_retryable(Outcome::Answered(response.status())) == Verdict::Done => {
+                response
+            }
+            failed => {
+                note_failure(plan, id, pick, sent_at, failed, progress);
+                continue;
+            }
+        };
+        let endpoint = Arc::clone(&pick.endpoint);
+        pick.succeeded(sent_at.elapsed());
+        let left = plan.deadline.saturating_duration_since(Instant::now());
+        let response = match context::check(response, config.idle_timeout.min(left)).await {
+            Checked::Answer(response) => response,
+            Checked::Overflow(message) => {
+                telemetry::upstream_error(id, "context_length");
+                tracing::info!(
+                    request_id = plan.request_id,
+                    profile = id,
+                    "the prompt exceeds the upstream's context"
+                );
+                progress.failure = Failure::ContextOverflow(message);
+                // Another endpoint of this profile has the same context.
+                break;
+            }
+            Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
+        };
+        return Ok(Some(Answer {
+            response,
+            profile,
+            endpoint,
+            held: Some((guard, permit.take())),
+            attempts: progress.attempts,
+            fallback: progress.fallback,
+            sent_at,
+        }));
+    }
+    Ok(None)
+}
+
+/// A slot in the profile's admission queue, within the queue timeout and the deadline.
+async fn admit(
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    pool: &Pool,
+    id: &str,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    let queue_timeout = config
+        .admission
+        .queue_timeout
+        .min(plan.deadline.saturating_duration_since(Instant::now()));
+    pool.admission
+        .admit(queue_timeout)
+        .await
+        .map_err(|overloaded| {
+            telemetry::admission_rejected(id);
+            ApiError::Overloaded {
+                profile: id.to_owned(),
+                reason: match overloaded {
+                    Overloaded::QueueFull => "the wait queue is full".into(),
+                    Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
+                },
+                retry_after_s: 1,
+            }
+        })
+}
+
+/// Before a retry: a token from the budget, then the backoff (at least `Retry-After`), if
+/// the deadline leaves room for it. False: no retry.
+async fn wait_to_retry(
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    pool: &Pool,
+    id: &str,
+    progress: &mut Progress,
+) -> bool {
+    if !pool.try_retry(Instant::now()) {
+        tracing::debug!(profile = id, "retry budget exhausted");
+        return false;
+    }
+    let wait = config
+        .backoff
+        .delay(progress.retries, fastrand::f64(), progress.retry_after);
+    if Instant::now() + wait >= plan.deadline {
+        return false;
+    }
+    tokio::time::sleep(wait).await;
+    progress.retries += 1;
+    telemetry::retry(id);
+    true
+}
+
+/// A failed attempt (an error, or a status worth a retry): the breaker, the metrics and
+/// the answer the client gets if nothing better comes.
+fn note_failure(
+    plan: &Plan<'_>,
+    id: &str,
+    pick: Pick,
+    sent_at: Instant,
+    result: Result<Response<UpstreamIncoming>, UpstreamError>,
+    progress: &mut Progress,
+) {
+    match result {
+        Ok(response) => {
+            let status = response.status();
+            // 429 is a live server asking for patience, not a broken one.
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                pick.succeeded(sent_at.elapsed());
+            } else {
+                pick.failed();
+            }
+            progress.retry_after = retry_after_header(response.headers());
+            telemetry::upstream_error(id, status_kind(status));
+            progress.failure = Failure::Status(status);
+        }
+        Err(error) => {
+            pick.failed();
+            progress.retry_after = None;
+            tracing::warn!(request_id = plan.request_id, %error, profile = id,
+                "upstream attempt failed");
+            let (kind, failure) = match error {
+                UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
+                UpstreamError::InvalidResponse { .. } => ("invalid_response", Failure::Invalid),
+                UpstreamError::Connect { .. }
+                | UpstreamError::Unsent { .. }
+                | UpstreamError::Exchange { .. }
+                | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
+            };
+            telemetry::upstream_error(id, kind);
+            progress.failure = failure;
+        }
+    }
+}
+
+/// One attempt on `pick`: the request, in its own trace span, sent once — or, when it never
+/// left ([`Verdict::Resend`]), once more on a new connection. Returns the result and when the
+/// request that got it was sent.
+async fn attempt(
+    client: &UpstreamClient,
+    plan: &Plan<'_>,
+    pool: &Pool,
+    profile: &str,
+    pick: &Pick,
+    attempt: u32,
+    body: Bytes,
+) -> Result<(Result<Response<UpstreamIncoming>, UpstreamError>, Instant), ApiError> {
+    let mut request = build(plan, profile, &pick.endpoint, body.clone())?;
+    if let Some(auth) = pool.authorization() {
+        request.headers_mut().insert(header::AUTHORIZATION, auth);
+    }
+    let span = plan.trace.map(|trace| {
+        let attributes = vec![
+            KeyValue::new("server.address", pick.endpoint.base().to_owned()),
+            KeyValue::new("quantrouter.profile", profile.to_owned()),
+            KeyValue::new("quantrouter.retry", i64::from(attempt - 1)),
+        ];
+        trace.attempt(attributes, request.headers_mut())
+    });
+    let headers = request.headers().clone();
+    let mut sent_at = Instant::now();
+    let timeout = |sent_at: Instant| {
+        client
+            .header_timeout
+            .min(plan.deadline.saturating_duration_since(sent_at))
+    };
+    let transport = pool.transport();
+    let mut result = client
+        .send(transport, &pick.endpoint, request, timeout(sent_at))
+        .await;
+    if let Err(error) = &result {
+        if is_retryable(Outcome::Failed(error)) == Verdict::Resend {
+            tracing::debug!(request_id = plan.request_id, %error, "sending the request again");
+            let mut again = build(plan, profile, &pick.endpoint, body)?;
+            *again.headers_mut() = headers;
+            sent_at = Instant::now();
+            result = client
+                .send(transport, &pick.endpoint, again, timeout(sent_at))
+                .await;
+        }
+    }
+    if let Some(span) = &span {
+        let (attributes, error) = match &result {
+            Ok(r) => (
+                vec![KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(r.status().as_u16()),
+                )],
+                None,
+            ),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        traces::end(span, attributes, error);
+    }
+    Ok((result, sent_at))
+}
+
+/// Step 2: after `current` is exhausted, the profile to try next and why; `None` when the
+/// client pinned the profile, the attempts are used up, or no profile can take it.
+fn cross_tier_fallback(
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    progress: &Progress,
+    current: usize,
+) -> Option<(usize, &'static str)> {
+    if plan.pinned || progress.attempts >= config.max_attempts {
+        return None;
+    }
+    if matches!(progress.failure, Failure::ContextOverflow(_)) {
+        return next_with_larger_context(plan, &progress.profiles_tried, current)
+            .map(|next| (next, "context"));
+    }
+    next_profile(plan, &progress.profiles_tried).map(|next| (next, "error"))
+}
+
+/// Step 3: the quality check of a finished, non-streamed answer, and the re-run on the
+/// next-better profile when the answer is empty, degenerate or not the JSON asked for.
+async fn quality_fallback(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    answer: Answer,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let quality = &plan.snapshot.set.policy.quality_fallback;
+    let better = plan.decision.next_higher_quality(answer.profile);
+    let checked = quality.enabled && !plan.stream && !plan.pinned;
+    let Some(better) = better.filter(|_| checked && answer.response.status().is_success()) else {
+        return Ok(answer);
+    };
+    let Answer {
+        response,
+        profile,
+        endpoint,
+        held,
+        attempts,
+        fallback,
+        sent_at,
+    } = answer;
+    let (head, incoming) = response.into_parts();
+    let limits = BodyLimits {
+        idle: config.idle_timeout,
+        deadline: plan.deadline,
+        first_output_by: sent_at + client.header_timeout,
+        sse: false,
+        strip_usage: false,
+    };
+    let served_by = &plan.snapshot.telemetry[profile];
+    let bytes = read_answer(incoming, held, limits, plan.started, served_by).await?;
+    // A body that is not a completion is passed on as it is, not judged.
+    let problem = crate::openai::answer_choices(&bytes)
+        .and_then(|choices| check_choices(&choices, plan.wants_json, quality.max_repetition_ratio));
+    let Some(problem) = problem else {
+        let response = Response::from_parts(head, UpstreamIncoming::buffered(bytes));
+        return Ok(Answer {
+            response,
+            profile,
+            endpoint,
+            held: None,
+            attempts,
+            fallback,
+            sent_at,
+        });
+    };
+    let profiles = &plan.snapshot.set.profiles;
+    let (from, to) = (&profiles[profile].id, &profiles[better].id);
+    tracing::info!(request_id = plan.request_id, %from, %to, problem = problem.as_str(),
+        "quality fallback");
+    telemetry::fallback(from, to, "quality");
+    let mut rerun = across_tiers(client, config, plan, better, attempts, body_for).await?;
+    rerun.fallback = Some(Fallback {
+        from: profile,
+        to: rerun.profile,
+        reason: "quality",
+    });
+    Ok(rerun)
+}
+
+/// A non-streamed answer in full (bounded), for the quality check, read under the same
+/// time limits as an answer on its way to the client: the idle timeout, not just the
+/// deadline, for an upstream that goes silent after its head.
+async fn read_answer(
+    incoming: UpstreamIncoming,
+    held: Option<Held>,
+    limits: BodyLimits,
+    started: Instant,
+    served_by: &Arc<ProfileTelemetry>,
+) -> Result<Bytes, ApiError> {
+    /// Far above any completion; a bigger body is not an answer.
+    const LIMIT: usize = 16 * 1024 * 1024;
+    let served_by = Arc::clone(served_by);
+    let on_event = Box::new(move |event| {
+        if let BodyEvent::End(BodyEnd {
+            failure: Some(failure),
+            ..
+        }) = event
+        {
+            telemetry::upstream_error(served_by.id(), failure.kind());
+        }
+    });
+    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
+    match Limited::new(body, LIMIT).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => match e.downcast_ref::<BodyError>() {
+            Some(BodyError::Upstream) | None => {
+                Err(ApiError::BadGateway(format!("reading the answer: {e}")))
+            }
+            Some(timeout) => Err(ApiError::Timeout(format!("reading the answer: {timeout}"))),
+        },
+    }
+}
+
+/// The next profile after `tried`, by the decision's fallback order, that can take a
+/// request now.
+fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
+    let now = Instant::now();
+    let mut tried = tried.to_vec();
+    while let Some(next) = plan.decision.next_after_error(&tried) {
+        if plan.snapshot.pools[next].available(now) {
+            return Some(next);
+        }
+        tried.push(next);
+    }
+    None
+}
+
+/// After a context overflow on `current`: the untried feasible profile with a larger
+/// context and the highest utility that can take a request now.
+fn next_with_larger_context(plan: &Plan<'_>, tried: &[usize], current: usize) -> Option<usize> {
+    let profiles = &plan.snapshot.set.profiles;
+    let context = profiles[current].max_context_tokens;
+    let now = Instant::now();
+    plan.decision
+        .candidates
+        .iter()
+        .filter(|c| {
+            c.feasible
+                && !tried.contains(&c.profile)
+                && profiles[c.profile].max_context_tokens > context
+                && plan.snapshot.pools[c.profile].available(now)
+        })
+        .max_by(|a, b| a.utility.total_cmp(&b.utility))
+        .map(|c| c.profile)
+}
+
+fn build(
+    plan: &Plan<'_>,
+    profile: &str,
+    endpoint: &Endpoint,
+    body: Bytes,
+) -> Result<Request<Bytes>, ApiError> {
+    let invalid = |error: &dyn std::fmt::Display| {
+        tracing::warn!(request_id = plan.request_id, %error, profile, "invalid upstream request");
+        ApiError::BadGateway(format!("profile {profile} has an invalid upstream URL"))
+    };
+    let uri = endpoint.uri(plan.path).map_err(|e| invalid(&e))?;
+    let mut request = Request::post(uri).body(body).map_err(|e| invalid(&e))?;
+    *request.headers_mut() = plan.headers.clone();
+    Ok(request)
+}
+
+fn status_kind(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "status_429",
+        502 => "status_502",
+        503 => "status_503",
+        _ => "status_504",
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by vLLM or proxies in front).
+fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
+    let secs = headers
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(Duration::from_secs(secs))
+}
+
+/// The client's answer when every attempt failed.
+fn exhausted(failure: Failure, deadline: Instant, profile: &str) -> ApiError {
+    if Instant::now() >= deadline {
+        return ApiError::Timeout("every attempt ran out of time".into());
+    }
+    match failure {
+        Failure::Nothing => ApiError::Unavailable("no endpoint can take the request now".into()),
+        Failure::Status(StatusCode::TOO_MANY_REQUESTS) => ApiError::Overloaded {
+            profile: profile.to_owned(),
+            reason: "its upstreams answered 429".into(),
+            retry_after_s: 1,
+        },
+        Failure::Status(status) => ApiError::Unavailable(format!(
+            "the upstreams of profile {profile} answered {status}"
+        )),
+        Failure::Connect => ApiError::Unavailable(format!(
+            "the upstreams of profile {profile} could not be reached"
+        )),
+        Failure::Timeout => ApiError::Timeout(format!(
+            "the upstreams of profile {profile} sent no response headers in time"
+        )),
+        Failure::Invalid => ApiError::BadGateway(format!(
+            "the upstreams of profile {profile} did not answer in HTTP"
+        )),
+        Failure::ContextOverflow(message) => ApiError::ContextLengthExceeded(message),
+    }
+}
+
+#[cfg(test)]
+mod tests;

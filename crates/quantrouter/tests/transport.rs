@@ -1,0 +1,294 @@
+//! How the router reaches its upstreams, over real sockets: `https://` upstreams (vllm-sim
+//! behind TLS, with a CA made in the test), HTTP/2 upstreams (h2c and ALPN), and an upstream
+//! that reads a request and closes without answering: the request is sent once, and what
+//! happens next is the retry module's call, counted where everything else is.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use http::StatusCode;
+use quantrouter::server::{Server, ServerConfig};
+use quantrouter_policy::{ProfileSet, Upstream, DEFAULT_PROFILE_SET};
+use support::{chat, loopback, send, start_router, Reply, SIMPLE};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use vllm_sim::{SimConfig, SimServer};
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+/// Every request below names this profile: no routing, no quality re-check.
+const PINNED: &str = "llama8b-fp16";
+
+/// A CA and a certificate it signed for 127.0.0.1, made for this test.
+struct TestPki {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+fn pki() -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "quantrouter test CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = leaf.signed_by(&key, &ca, &ca_key).unwrap();
+    TestPki {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+/// A simulator for the pinned profile's model, over HTTPS with `pki`'s certificate.
+async fn https_sim(pki: &TestPki) -> SimServer {
+    let tls =
+        vllm_sim::tls::server_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).unwrap();
+    SimServer::bind_tls(loopback(), sim_config(), tls)
+        .await
+        .unwrap()
+}
+
+fn sim_config() -> SimConfig {
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    SimConfig {
+        model: set.profile(PINNED).unwrap().model.clone(),
+        ..SimConfig::default()
+    }
+}
+
+/// The embedded set with every profile sent to `upstream` (a JSON upstream object).
+fn set_on(upstream: serde_json::Value) -> ProfileSet {
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    for profile in &mut set.profiles {
+        profile.upstream = serde_json::from_value::<Upstream>(upstream.clone()).unwrap();
+    }
+    set.validate().unwrap();
+    set
+}
+
+async fn router(set: ProfileSet, tweak: impl FnOnce(&mut ServerConfig)) -> Server {
+    start_router(set, |c| {
+        // Checks and scrapes would add requests the assertions below do not count.
+        c.resilience.health_interval = std::time::Duration::ZERO;
+        tweak(c);
+    })
+    .await
+}
+
+async fn post(router: &Server, body: &str) -> Reply {
+    let url = format!("http://{}/v1/chat/completions", router.public_addr());
+    send(&support::client(), "POST", &url, body, &[JSON]).await
+}
+
+fn stream_body() -> String {
+    serde_json::json!({"model": PINNED, "stream": true, "max_tokens": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]})
+    .to_string()
+}
+
+/// A chat answer and a whole stream through the router.
+async fn chat_and_stream_work(router: &Server) {
+    let r = post(router, &chat(PINNED, SIMPLE)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.header("x-quantrouter-profile"), PINNED);
+    let content = &r.json()["choices"][0]["message"]["content"];
+    assert!(content.as_str().is_some_and(|c| !c.is_empty()), "{content}");
+
+    let r = post(router, &stream_body()).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    assert!(text.starts_with("data: {"), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(text.matches("data: {").count() >= 2, "{text}");
+}
+
+fn write_ca(dir: &tempfile::TempDir, pki: &TestPki) -> PathBuf {
+    let path = dir.path().join("ca.pem");
+    std::fs::write(&path, &pki.ca_pem).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_signed_by_the_profiles_ca_serves_chat_and_streams() {
+    let pki = pki();
+    let sim = https_sim(&pki).await;
+    assert!(sim.url().starts_with("https://"));
+    let dir = tempfile::tempdir().unwrap();
+    let ca = write_ca(&dir, &pki);
+
+    let router = router(
+        set_on(serde_json::json!({"urls": [sim.url()], "ca_file": ca})),
+        |_| {},
+    )
+    .await;
+    chat_and_stream_work(&router).await;
+    assert_eq!(sim.stats().requests, 2);
+    assert_eq!(sim.stats().http2_requests, 0, "HTTP/1.1 unless asked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_verified_against_the_global_ca_and_never_without_one() {
+    let pki = pki();
+    let sim = https_sim(&pki).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = write_ca(&dir, &pki);
+
+    // `--upstream-ca-file`: every https upstream without a CA file of its own.
+    let trusting = router(set_on(serde_json::json!({"urls": [sim.url()]})), |c| {
+        c.client.ca_file = Some(ca.clone());
+    })
+    .await;
+    chat_and_stream_work(&trusting).await;
+
+    // The system's roots do not know the test CA: no request reaches the upstream.
+    let before = sim.stats().requests;
+    let strict = router(set_on(serde_json::json!({"urls": [sim.url()]})), |_| {}).await;
+    let r = post(&strict, &chat(PINNED, SIMPLE)).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.json()["error"]["code"], "no_healthy_profile");
+    assert_eq!(sim.stats().requests, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_upstreams_serve_chat_and_streams_over_h2c_and_alpn() {
+    let h2c = SimServer::bind(loopback(), sim_config()).await.unwrap();
+    let router_h2c = router(
+        set_on(serde_json::json!({"urls": [h2c.url()], "http2": true})),
+        |_| {},
+    )
+    .await;
+    chat_and_stream_work(&router_h2c).await;
+    let stats = h2c.stats();
+    assert_eq!((stats.requests, stats.http2_requests), (2, 2));
+
+    let pki = pki();
+    let tls = https_sim(&pki).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = write_ca(&dir, &pki);
+    let router_h2 = router(
+        set_on(serde_json::json!({"urls": [tls.url()], "ca_file": ca, "http2": true})),
+        |_| {},
+    )
+    .await;
+    chat_and_stream_work(&router_h2).await;
+    let stats = tls.stats();
+    assert_eq!((stats.requests, stats.http2_requests), (2, 2));
+}
+
+/// An HTTP/1.1 upstream over raw TCP: answers every GET with an empty 200 and every POST
+/// with a chat completion — except, while `drop_posts` is set, it reads the POST and closes
+/// the connection without a byte of answer. Counts the POSTs it read.
+async fn reads_and_hangs_up(drop_posts: Arc<AtomicBool>, posts: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (drop_posts, posts) = (Arc::clone(&drop_posts), Arc::clone(&posts));
+            tokio::spawn(async move {
+                while let Some(post) = next_request(&mut stream).await {
+                    if !post {
+                        let empty = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        let _ = stream.write_all(empty.as_bytes()).await;
+                        continue;
+                    }
+                    posts.fetch_add(1, Ordering::SeqCst);
+                    if drop_posts.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let body = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"scripted"},"finish_reason":"stop"}]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                }
+            });
+        }
+    });
+    url
+}
+
+/// Reads one request off `stream`: whether it was a POST; `None` at the end of the
+/// connection.
+async fn next_request(stream: &mut TcpStream) -> Option<bool> {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < head_end + length {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(head.starts_with("post "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_as_an_attempt() {
+    let (drop_posts, posts) = (Arc::new(AtomicBool::new(false)), Arc::default());
+    let hangs_up = reads_and_hangs_up(Arc::clone(&drop_posts), Arc::clone(&posts)).await;
+    let sim = SimServer::bind(loopback(), sim_config()).await.unwrap();
+    // Both endpoints idle: the first listed gets each first attempt.
+    let set = set_on(serde_json::json!({"urls": [hangs_up, sim.url()]}));
+    let router = router(set, |c| c.workers = 1).await;
+
+    // A first exchange leaves a kept-alive connection to the scripted upstream.
+    let r = post(&router, &chat(PINNED, SIMPLE)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "scripted");
+    assert_eq!(posts.load(Ordering::SeqCst), 1);
+
+    // The next request is read and the connection closed with no answer: the upstream may
+    // have started generating. One attempt there, then the retry module's call: another
+    // endpoint, as a second attempt everyone counts.
+    drop_posts.store(true, Ordering::SeqCst);
+    let r = post(&router, &chat(PINNED, SIMPLE)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(
+        posts.load(Ordering::SeqCst),
+        2,
+        "the request was sent to the upstream that had it again"
+    );
+    assert_eq!(r.header("x-quantrouter-attempts"), "2");
+    assert_ne!(r.json()["choices"][0]["message"]["content"], "scripted");
+    assert_eq!(sim.stats().requests, 1);
+}
