@@ -172,8 +172,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
 async fn until_interrupted(
     work: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         result = work => result,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),

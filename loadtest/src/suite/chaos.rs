@@ -44,15 +44,9 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     let redis = suite.start_redis(redis_port).await?;
     let redis_url = format!("redis://127.0.0.1:{redis_port}");
 
-    let a = suite
-        .start_sim("a", "sim-fp16", (5, 1), 64, None)
-        .await?;
-    let b = suite
-        .start_sim("b", "sim-fp16", (5, 1), 64, None)
-        .await?;
-    let c = suite
-        .start_sim("c", "sim-int4", (5, 1), 64, None)
-        .await?;
+    let a = suite.start_sim("a", "sim-fp16", (5, 1), 64, None).await?;
+    let b = suite.start_sim("b", "sim-fp16", (5, 1), 64, None).await?;
+    let c = suite.start_sim("c", "sim-int4", (5, 1), 64, None).await?;
     let fp16_urls = vec![a.url.clone(), b.url.clone()];
     let int4_urls = vec![c.url.clone()];
     // The chaos profile set at a version and canary share.
@@ -112,8 +106,8 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         .await?;
 
     let duration = suite.duration() * 6;
-    let load = Load::new(Scenario::Chaos, LoadMode::Rate(RATE), duration)
-        .timeout(Duration::from_secs(30));
+    let load =
+        Load::new(Scenario::Chaos, LoadMode::Rate(RATE), duration).timeout(Duration::from_secs(30));
     let target = Target::new("quantrouter", &router.url, "auto");
     let out = dir.join("quantrouter.json");
     let t0 = Instant::now();
@@ -136,7 +130,11 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
             .await?;
         event("restarted fp16 endpoint b".to_owned());
         at(18).await;
-        faults(&c.url, Some(json!({"error_rate": 0.5, "error_status": 503}))).await?;
+        faults(
+            &c.url,
+            Some(json!({"error_rate": 0.5, "error_status": 503})),
+        )
+        .await?;
         event("int4: 50% 503".to_owned());
         at(24).await;
         faults(&c.url, None).await?;
@@ -166,7 +164,10 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         }
         anyhow::Ok((b, redis))
     };
-    let (report, restarted) = tokio::join!(suite.run_load("quantrouter", &target, &load, &out), timeline);
+    let (report, restarted) = tokio::join!(
+        suite.run_load("quantrouter", &target, &load, &out),
+        timeline
+    );
     report?;
     let (b, redis) = restarted?;
     let applied_version = get(&format!("{}/admin/profiles", router.admin_url))

@@ -9,7 +9,10 @@ use anyhow::Context as _;
 /// Replaces the blocks of the scenarios in `ran` that have a section under `results`.
 pub fn update(doc: &Path, results: &Path, ran: &[&str]) -> anyhow::Result<()> {
     if !doc.is_file() {
-        eprintln!("suite: no {} here; tables left in the results", doc.display());
+        eprintln!(
+            "suite: no {} here; tables left in the results",
+            doc.display()
+        );
         return Ok(());
     }
     let mut text =

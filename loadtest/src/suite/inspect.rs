@@ -45,7 +45,14 @@ pub async fn instructions(suite: &Suite) -> anyhow::Result<String> {
     let (sim, router) = start_pair(suite, &valgrind, &prefix, Some(VALGRIND_READY)).await?;
     let target = Target::new("quantrouter", &router.url, "auto");
     let rate = 100.0;
-    drive(suite, &target, rate, WARMUP, &suite.work().join("warmup.json")).await?;
+    drive(
+        suite,
+        &target,
+        rate,
+        WARMUP,
+        &suite.work().join("warmup.json"),
+    )
+    .await?;
     let pid = router.proc.pid().to_string();
     tool(&control, &["--zero", &pid]).await?;
     let measured = Duration::from_secs_f64(suite.options.requests as f64 / rate);
@@ -92,7 +99,14 @@ pub async fn syscalls(suite: &Suite) -> anyhow::Result<String> {
     let (sim, router) = start_pair(suite, &router_bin, &[], None).await?;
     let target = Target::new("quantrouter", &router.url, "auto");
     let rate = 200.0;
-    drive(suite, &target, rate, WARMUP, &suite.work().join("warmup.json")).await?;
+    drive(
+        suite,
+        &target,
+        rate,
+        WARMUP,
+        &suite.work().join("warmup.json"),
+    )
+    .await?;
     let summary = suite.work().join("strace.txt");
     let pid = router.proc.pid().to_string();
     let summary_text = summary.to_string_lossy().into_owned();
@@ -103,7 +117,12 @@ pub async fn syscalls(suite: &Suite) -> anyhow::Result<String> {
         &[],
         suite.work(),
     )?;
-    wait_for_log(&suite.work().join("strace.log"), "attached", Duration::from_secs(10)).await?;
+    wait_for_log(
+        &suite.work().join("strace.log"),
+        "attached",
+        Duration::from_secs(10),
+    )
+    .await?;
     let measured = Duration::from_secs_f64(suite.options.requests as f64 / rate);
     let report = drive(suite, &target, rate, measured, &dir.join("run.json")).await?;
     tracer.interrupt().await?;
@@ -148,8 +167,8 @@ pub async fn legs(suite: &Suite) -> anyhow::Result<String> {
         tool(
             &perf,
             &[
-                "record", "-q", "-m", "1024", "-a", "-e", &events, "-o", &data_text, "--",
-                "sleep", "2",
+                "record", "-q", "-m", "1024", "-a", "-e", &events, "-o", &data_text, "--", "sleep",
+                "2",
             ],
         )
         .await
@@ -481,7 +500,10 @@ pub fn router_legs(trace: &str, router_pid: u32) -> Vec<(&'static str, Vec<f64>)
             }
             "syscalls:sys_exit_sendto" | "syscalls:sys_exit_writev" => {
                 if let Some(leg) = pending.take() {
-                    push(if leg == "request" { "send" } else { "reply" }, t - write_start);
+                    push(
+                        if leg == "request" { "send" } else { "reply" },
+                        t - write_start,
+                    );
                 }
             }
             _ => {}
@@ -575,9 +597,8 @@ calls=1 0x2000 20
     42/42    10.000125: syscalls:sys_exit_writev: 0x80
 ";
         let legs: BTreeMap<&str, Vec<f64>> = router_legs(trace, 42).into_iter().collect();
-        let rounded = |name: &str| -> Vec<i64> {
-            legs[name].iter().map(|v| v.round() as i64).collect()
-        };
+        let rounded =
+            |name: &str| -> Vec<i64> { legs[name].iter().map(|v| v.round() as i64).collect() };
         assert_eq!(rounded("wake"), vec![10]);
         assert_eq!(rounded("request"), vec![30]);
         assert_eq!(rounded("send"), vec![20]);

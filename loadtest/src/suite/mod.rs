@@ -256,7 +256,10 @@ impl Suite {
         let cwd = std::env::current_dir().unwrap_or_default();
         let router_label = format!(
             "`{}`",
-            router_bin.strip_prefix(&cwd).unwrap_or(&router_bin).display()
+            router_bin
+                .strip_prefix(&cwd)
+                .unwrap_or(&router_bin)
+                .display()
         );
         for binary in [&sim_bin, &router_bin, &cli_bin] {
             anyhow::ensure!(
@@ -271,7 +274,9 @@ impl Suite {
             "--duration-s must be positive"
         );
         seconds("--warmup-s", options.warmup_s)?;
-        let work = tempfile::Builder::new().prefix("loadtest-suite-").tempdir()?;
+        let work = tempfile::Builder::new()
+            .prefix("loadtest-suite-")
+            .tempdir()?;
         let (prompts, source) = resolve_prompts(None)?;
         eprintln!("suite: {} prompts from {source}", prompts.len());
         eprintln!("suite: router under test {}", router_bin.display());
@@ -308,7 +313,8 @@ impl Suite {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("cannot empty {}", dir.display()))?;
         }
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(dir)
     }
 

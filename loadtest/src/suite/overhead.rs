@@ -119,7 +119,10 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         ("litellm", &litellm),
     ] {
         if let Some(server) = server {
-            targets.push((Target::new(name, &server.url, "sim-model"), Some(&server.proc)));
+            targets.push((
+                Target::new(name, &server.url, "sim-model"),
+                Some(&server.proc),
+            ));
         }
     }
     facts.targets = targets.iter().map(|(t, _)| t.name.clone()).collect();
@@ -207,11 +210,7 @@ async fn stop_all<const N: usize>(servers: [Option<Server>; N]) {
 /// at 32 clients and step down by a fifth until one is sustained (every request answered,
 /// none refused or timed out, p99 under the limit). Past that point an open loop only
 /// measures the backlog.
-async fn highest_sustained_rate(
-    suite: &Suite,
-    dir: &Path,
-    router: &Target,
-) -> anyhow::Result<u64> {
+async fn highest_sustained_rate(suite: &Suite, dir: &Path, router: &Target) -> anyhow::Result<u64> {
     let saturation = RunReport::read_json(&dir.join(format!("c32-{}.json", router.name)))?;
     let mut rate = (((saturation.throughput_rps * 0.6) / 100.0).floor() as u64 * 100).max(100);
     let probe = Duration::from_secs_f64((suite.options.duration_s + 1.0) / 2.0);
@@ -249,8 +248,14 @@ fn render(suite: &Suite, dir: &Path, facts: &OverheadFacts) -> anyhow::Result<St
         out.push_str("LiteLLM was not installed or did not start in this run.\n");
     }
     let headings = [
-        ("rate200", "**200 req/s, open loop, non-streamed**".to_owned()),
-        ("rate1000", "**1,000 req/s, open loop, non-streamed**".to_owned()),
+        (
+            "rate200",
+            "**200 req/s, open loop, non-streamed**".to_owned(),
+        ),
+        (
+            "rate1000",
+            "**1,000 req/s, open loop, non-streamed**".to_owned(),
+        ),
         (
             "ratemax",
             format!(
@@ -312,8 +317,7 @@ fn paired_row(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<String> {
     let mut p99 = Vec::new();
     for round in 1..=rounds {
         let run = RunReport::read_json(&dir.join(format!("paired-{round}-{name}.json")))?;
-        let beside =
-            RunReport::read_json(&dir.join(format!("paired-{round}-{name}-direct.json")))?;
+        let beside = RunReport::read_json(&dir.join(format!("paired-{round}-{name}-direct.json")))?;
         let added = crate::compare::compare(&beside, &run).added_latency_us;
         p50.push(added.p50);
         p99.push(added.p99);

@@ -313,7 +313,11 @@ fn cpu_times() -> Vec<u64> {
         .ok()
         .and_then(|text| {
             let line = text.lines().next()?.strip_prefix("cpu ")?.to_owned();
-            Some(line.split_whitespace().filter_map(|v| v.parse().ok()).collect())
+            Some(
+                line.split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect(),
+            )
         })
         .unwrap_or_default()
 }

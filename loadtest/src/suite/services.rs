@@ -269,11 +269,21 @@ impl Suite {
             ("LITELLM_TELEMETRY", "False"),
             ("DISABLE_ADMIN_UI", "True"),
             ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
-            ("LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY", "true"),
+            (
+                "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY",
+                "true",
+            ),
         ];
         let url = format!("http://127.0.0.1:{port}");
-        self.start_alternative("litellm", &program, &args, &envs, &url, "/health/liveliness")
-            .await
+        self.start_alternative(
+            "litellm",
+            &program,
+            &args,
+            &envs,
+            &url,
+            "/health/liveliness",
+        )
+        .await
     }
 
     /// The executable `bin/NAME` of the venv `<alternatives_dir>/venv-NAME`, if installed.
