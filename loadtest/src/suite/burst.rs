@@ -47,7 +47,7 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     sim.proc.kill().await;
     write_json(&dir.join("facts.json"), &steps)?;
 
-    let mut out = suite.command("burst-memory", "");
+    let mut out = suite.command_without_warmup("burst-memory");
     out.push_str(&suite.machine());
     out.push_str("\n| step | router RSS |\n|---|---|\n");
     for (step, kib) in &steps {

@@ -196,7 +196,7 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     }
 
     let runs = [RunReport::read_json(&out)?];
-    let mut text = suite.command("chaos", "");
+    let mut text = suite.command_without_warmup("chaos");
     text.push_str(&suite.machine());
     let _ = writeln!(
         text,

@@ -138,7 +138,7 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         .iter()
         .map(|name| RunReport::read_json(&dir.join(format!("{name}.json"))))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut out = suite.command("mixed", "");
+    let mut out = suite.command("mixed");
     out.push_str(&suite.machine());
     let _ = write!(
         out,

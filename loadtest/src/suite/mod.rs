@@ -427,10 +427,18 @@ impl Suite {
     }
 
     /// The command line that reproduces a section, for its head.
-    fn command(&self, name: &str, extra: &str) -> String {
+    fn command(&self, name: &str) -> String {
         format!(
-            "```sh\nscripts/bench {name} --duration-s {} --warmup-s {}{extra}\n```\n\n",
+            "```sh\nscripts/bench {name} --duration-s {} --warmup-s {}\n```\n\n",
             self.options.duration_s, self.options.warmup_s
+        )
+    }
+
+    /// [`Suite::command`] of a scenario that has no warm-up.
+    fn command_without_warmup(&self, name: &str) -> String {
+        format!(
+            "```sh\nscripts/bench {name} --duration-s {}\n```\n\n",
+            self.options.duration_s
         )
     }
 

@@ -233,7 +233,7 @@ async fn highest_sustained_rate(suite: &Suite, dir: &Path, router: &Target) -> a
 }
 
 fn render(suite: &Suite, dir: &Path, facts: &OverheadFacts) -> anyhow::Result<String> {
-    let mut out = suite.command("overhead", "");
+    let mut out = suite.command("overhead");
     out.push_str(&suite.machine());
     out.push_str(
         "Zero-latency vllm-sim, max_tokens 16; `× baseline` is throughput relative to direct\n\

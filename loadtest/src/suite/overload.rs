@@ -100,7 +100,7 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         RunReport::read_json(&dir.join("direct.json"))?,
         RunReport::read_json(&dir.join("quantrouter.json"))?,
     ];
-    let mut out = suite.command("overload", "");
+    let mut out = suite.command("overload");
     out.push_str(&suite.machine());
     let _ = write!(
         out,
