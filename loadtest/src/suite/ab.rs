@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::services::single_profile;
-use super::{write_section, Load, Suite, SuiteOptions, Target};
+use super::{describe, write_section, Load, Suite, SuiteOptions, Target};
 use crate::run::LoadMode;
 use crate::scenario::Scenario;
 
@@ -75,10 +75,11 @@ async fn compare(suite: &Suite, args: &AbArgs) -> anyhow::Result<String> {
         Target::new("B", &b.url, "auto"),
     ];
     let mut out = format!(
-        "A = `{}`, B = `{}`; load: {mode:?}; {} rounds of {} s\n\n\
+        "A = `{}`, B = `{}`; load: {}; {} rounds of {} s\n\n\
          | round | run | throughput (req/s) | p50 (µs) | p99 (µs) |\n|---|---|---|---|---|\n",
         args.a.display(),
         args.b.display(),
+        describe(mode),
         args.rounds,
         suite.options.duration_s
     );

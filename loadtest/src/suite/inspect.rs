@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::process::{which, Proc};
 use super::services::{single_profile, Server, Sim};
-use super::{write_section, Load, Suite, Target};
+use super::{describe, write_section, Load, Suite, Target};
 use crate::report::RunReport;
 use crate::run::LoadMode;
 use crate::scenario::Scenario;
@@ -188,8 +188,9 @@ pub async fn legs(suite: &Suite) -> anyhow::Result<String> {
     .await?;
     let legs = router_legs(&trace, router.proc.pid());
     let mut out = format!(
-        "router: {} ({mode:?}, {} µs p50 end to end)\nleg          p50    p25    p75 (µs)      n\n",
+        "router: {} ({}, {} µs p50 end to end)\nleg          p50    p25    p75 (µs)      n\n",
         suite.router_bin.display(),
+        describe(mode),
         report.latency_us.p50
     );
     let mut total = 0.0;
@@ -408,7 +409,7 @@ pub fn own_functions(listing: &str, answered: u64) -> Vec<(u64, String)> {
             (!name.ends_with("{{closure}}")).then(|| (count / answered, name.to_owned()))
         })
         .collect();
-    functions.sort_by(|a, b| b.0.cmp(&a.0));
+    functions.sort_by_key(|(count, _)| std::cmp::Reverse(*count));
     functions
 }
 

@@ -532,6 +532,14 @@ fn write_section(dir: &Path, section: String) -> anyhow::Result<String> {
     Ok(section)
 }
 
+/// `200 req/s` or `32 clients`.
+fn describe(mode: LoadMode) -> String {
+    match mode {
+        LoadMode::Rate(rate) => format!("{rate} req/s"),
+        LoadMode::Concurrency(clients) => format!("{clients} clients"),
+    }
+}
+
 /// Mebibytes from kibibytes, one decimal.
 fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)

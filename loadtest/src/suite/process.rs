@@ -158,7 +158,7 @@ impl Proc {
         let _ = self.child.kill().await;
     }
 
-    /// Sends `signal` (SIGINT to let a tracer write its summary) and waits for the exit.
+    /// SIGINT (a tracer then writes its summary), and wait for the exit.
     pub async fn interrupt(mut self) -> anyhow::Result<()> {
         let pid = rustix::process::Pid::from_raw(i32::try_from(self.pid())?)
             .context("the process is gone")?;
