@@ -1,17 +1,15 @@
 # syntax=docker/dockerfile:1
-# The quantrouter image: a static binary on distroless, running as non-root (65532), built
-# profile-guided (scripts/build-pgo) when the image is for the build machine's own CPU.
+# The quantrouter image: a static binary on distroless, running as non-root (65532), the
+# plain release build (`cargo build --release`) for the target's musl libc.
 #   docker build -t ghcr.io/quantrouter/quantrouter:0.1.0 .
 # ENTRYPOINT is `quantrouter serve`, so the chart's args are serve flags only. For the
 # operator commands use `--entrypoint quantrouter`, e.g. `profiles push`.
 
 FROM --platform=$BUILDPLATFORM rust:1-bookworm AS builder
 ARG TARGETARCH
-ARG BUILDARCH
 # musl for a fully static binary (distroless/static has no libc); its gcc builds ring & co.
-# python3 and curl: scripts/build-pgo's training run.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools python3 curl \
+ && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
 RUN case "$TARGETARCH" in \
       amd64) echo x86_64-unknown-linux-musl ;; \
@@ -21,14 +19,12 @@ RUN case "$TARGETARCH" in \
  && rustup target add "$(cat /rust-target)"
 WORKDIR /src
 COPY . .
-# Profile-guided when the binary can run here for its training; a cross build (arm64 on an
-# amd64 builder) and a failed PGO build fall back to the plain release build.
+# No profile-guided build: the benchmark suite measures the plain release build, and an image
+# built differently would ship something the numbers do not describe (docs/performance.md).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    if [ "$TARGETARCH" = "$BUILDARCH" ] \
-       && PGO_TARGET="$(cat /rust-target)" PGO_OUT=/quantrouter scripts/build-pgo; then :; \
-    else cargo build --release --locked -p quantrouter --target "$(cat /rust-target)" \
-      && cp "target/$(cat /rust-target)/release/quantrouter" /quantrouter; fi
+    cargo build --release --locked -p quantrouter --target "$(cat /rust-target)" \
+ && cp "target/$(cat /rust-target)/release/quantrouter" /quantrouter
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=builder /quantrouter /usr/local/bin/quantrouter

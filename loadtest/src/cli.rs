@@ -1,4 +1,4 @@
-//! Command-line interface: `loadtest run` and `loadtest compare`.
+//! Command-line interface: `loadtest run`, `compare`, `table`, `suite` and `ab`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use crate::markdown;
 use crate::report::RunReport;
 use crate::run::{run, LoadMode, RunConfig, DEFAULT_MAX_OUTSTANDING};
 use crate::scenario::Scenario;
+use crate::suite::{run_ab, run_suite, AbArgs, SuiteArgs};
 use crate::workload::{resolve_prompts, shuffle, Endpoint, TokenMix};
 
 /// Open- and closed-loop load generator for OpenAI-compatible endpoints.
@@ -34,6 +35,12 @@ pub enum Command {
     Compare(CompareArgs),
     /// Print a Markdown table of runs with ratios to the first (the baseline).
     Table(TableArgs),
+    /// Run benchmark scenarios end to end: start the simulators, the router and the
+    /// alternatives it is compared with, drive them, and write the results and the tables
+    /// of docs/performance.md.
+    Suite(Box<SuiteArgs>),
+    /// Compare two router binaries in one run, round by round, with direct as the baseline.
+    Ab(Box<AbArgs>),
 }
 
 /// `loadtest run`.
@@ -155,6 +162,21 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run_command(*args).await,
         Command::Compare(args) => compare_command(&args),
         Command::Table(args) => table_command(&args),
+        Command::Suite(args) => until_interrupted(run_suite(*args)).await,
+        Command::Ab(args) => until_interrupted(run_ab(*args)).await,
+    }
+}
+
+/// Runs `work` unless SIGINT or SIGTERM comes first; then `work` is dropped, which kills
+/// every process it started.
+async fn until_interrupted(
+    work: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        _ = terminate.recv() => anyhow::bail!("terminated"),
     }
 }
 

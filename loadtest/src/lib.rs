@@ -7,6 +7,7 @@
 //! - **concurrency** (closed loop): `C` workers each send back to back.
 //!
 //! The binary is a thin wrapper over [`cli::execute`]; tests call [`run()`] directly.
+//! [`suite`] runs the benchmark scenarios end to end (`loadtest suite`).
 
 pub mod cli;
 pub mod client;
@@ -19,6 +20,7 @@ pub mod scenario;
 pub mod schedule;
 pub mod sse;
 pub mod stats;
+pub mod suite;
 pub mod workload;
 
 pub use client::Transport;

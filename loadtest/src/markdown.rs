@@ -145,11 +145,12 @@ fn errors(run: &RunReport) -> String {
 }
 
 /// Microseconds as milliseconds with three decimals.
-fn ms(us: u64) -> String {
+pub fn ms(us: u64) -> String {
     format!("{:.3} ms", us as f64 / 1000.0)
 }
 
-fn signed_ms(us: i64) -> String {
+/// A signed difference in microseconds as milliseconds with three decimals.
+pub fn signed_ms(us: i64) -> String {
     format!("{:+.3} ms", us as f64 / 1000.0)
 }
 

@@ -1,4 +1,5 @@
-//! Named load presets for the benchmark suite (`scripts/bench`): what each scenario sends.
+//! Named load presets for the benchmark suite (`loadtest suite`, run by `scripts/bench`): what
+//! each scenario sends.
 //!
 //! A preset fixes the shape of the requests (stream share, `max_tokens` mix, whether answers
 //! are checked); the rate or concurrency, the duration and the target come from the command
