@@ -10,7 +10,7 @@ use crate::profile::ComplexityWeights;
 use cues::Cue;
 use scan::{Counts, Scanner};
 
-mod cues;
+pub(crate) mod cues;
 mod scan;
 
 /// Who wrote a piece of prompt text.
@@ -46,6 +46,8 @@ pub enum TaskClass {
     Code,
     Math,
     Structured,
+    /// Multi-step reasoning asked in prose (science, commonsense, strategy questions).
+    Reasoning,
     General,
 }
 
@@ -84,6 +86,21 @@ const ASSISTANT_WINDOW_SHARE: usize = 4;
 /// Chat templates add a few tokens of framing per message.
 const TOKENS_PER_MESSAGE: usize = 4;
 
+// === impl TaskClass ===
+
+impl TaskClass {
+    /// The name used in profile documents, metrics and explain.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskClass::Code => "code",
+            TaskClass::Math => "math",
+            TaskClass::Structured => "structured",
+            TaskClass::Reasoning => "reasoning",
+            TaskClass::General => "general",
+        }
+    }
+}
+
 // === impl Features ===
 
 impl Features {
@@ -100,26 +117,7 @@ impl Features {
 
         let mut scan = Scanner::default();
         let window = weights.scoring_window_chars.max(1);
-        let mut assistant_left = window / ASSISTANT_WINDOW_SHARE;
-        let mut left = window;
-        // The ask (system + user) first, then assistant context if room is left.
-        for pass_assistant in [false, true] {
-            for seg in &prompt.segments {
-                if (seg.role == Role::Assistant) != pass_assistant || left == 0 {
-                    continue;
-                }
-                let mut budget = left;
-                if pass_assistant {
-                    budget = budget.min(assistant_left);
-                }
-                let text = truncate_at_char(seg.text, budget);
-                scan.feed(text.as_bytes());
-                left -= text.len();
-                if pass_assistant {
-                    assistant_left -= text.len();
-                }
-            }
-        }
+        for_each_scored(prompt, window, |text| scan.feed(text.as_bytes()));
         Ok(scores(
             &scan.finish(),
             prompt.wants_json,
@@ -153,6 +151,31 @@ impl Features {
         };
         (self.prompt_bytes as f64 / per_char).ceil() as u64
             + (self.segments * TOKENS_PER_MESSAGE) as u64
+    }
+}
+
+/// Calls `f` with each piece of text in the scoring window of `window` bytes: the ask
+/// (system and user messages) first, then assistant context if room is left, capped at
+/// a quarter of the window.
+pub(crate) fn for_each_scored<'p>(prompt: &Prompt<'p>, window: usize, mut f: impl FnMut(&'p str)) {
+    let mut assistant_left = window / ASSISTANT_WINDOW_SHARE;
+    let mut left = window;
+    for pass_assistant in [false, true] {
+        for seg in &prompt.segments {
+            if (seg.role == Role::Assistant) != pass_assistant || left == 0 {
+                continue;
+            }
+            let mut budget = left;
+            if pass_assistant {
+                budget = budget.min(assistant_left);
+            }
+            let text = truncate_at_char(seg.text, budget);
+            f(text);
+            left -= text.len();
+            if pass_assistant {
+                assistant_left -= text.len();
+            }
+        }
     }
 }
 

@@ -263,6 +263,9 @@ pub struct Quality {
     pub math: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured: Option<f64>,
+    /// Multi-step reasoning in prose; older documents without it use `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<f64>,
 }
 
 /// Why a document was refused.
@@ -352,6 +355,24 @@ impl ProfileSet {
     /// Index of `default_profile` (validated to exist; falls back to the first profile).
     pub fn default_index(&self) -> usize {
         self.index_of(&self.default_profile).unwrap_or(0)
+    }
+
+    /// The enabled profile with the lowest output price (ties: input price, then id): the
+    /// tier that routing quality is measured against.
+    pub fn cheapest(&self) -> &Profile {
+        self.profiles
+            .iter()
+            .filter(|p| p.enabled)
+            .min_by(|a, b| {
+                a.cost_per_1m_output_tokens
+                    .total_cmp(&b.cost_per_1m_output_tokens)
+                    .then(
+                        a.cost_per_1m_input_tokens
+                            .total_cmp(&b.cost_per_1m_input_tokens),
+                    )
+                    .then_with(|| a.id.cmp(&b.id))
+            })
+            .unwrap_or(&self.profiles[0])
     }
 }
 
@@ -523,6 +544,7 @@ impl Profile {
             ("code", self.quality.code),
             ("math", self.quality.math),
             ("structured", self.quality.structured),
+            ("reasoning", self.quality.reasoning),
         ] {
             if let Some(value) = value {
                 check_unit(&format!("{path}.quality.{name}"), value, err);
@@ -549,6 +571,7 @@ impl Profile {
             TaskClass::Code => q.code,
             TaskClass::Math => q.math,
             TaskClass::Structured => q.structured,
+            TaskClass::Reasoning => q.reasoning,
             TaskClass::General => None,
         }
         .unwrap_or(q.default)

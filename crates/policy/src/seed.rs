@@ -82,6 +82,7 @@ pub fn from_seed_list(
                     code: None,
                     math: None,
                     structured: None,
+                    reasoning: None,
                 },
                 max_context_tokens: SEED_CONTEXT_TOKENS,
                 max_concurrency: 256,

@@ -112,7 +112,7 @@ proptest! {
         let (a, b) = (0, 1);
         for (i, (quality, cost, ttft)) in [(q + dq, cost, ttft), (q, cost + dc, ttft + dl)].into_iter().enumerate() {
             let p = &mut set.profiles[i];
-            p.quality = quantrouter_policy::Quality { default: quality, code: None, math: None, structured: None };
+            p.quality = quantrouter_policy::Quality { default: quality, code: None, math: None, structured: None, reasoning: None };
             p.cost_per_1m_input_tokens = cost;
             p.cost_per_1m_output_tokens = cost;
             p.latency.ttft_ms = ttft;

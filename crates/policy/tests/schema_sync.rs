@@ -166,6 +166,7 @@ fn schema_property_names_match_the_rust_fields() {
         code: Some(0.9),
         math: Some(0.9),
         structured: Some(0.9),
+        reasoning: Some(0.9),
     };
     set.profiles[1].upstream = serde_json::from_str(
         r#"{"urls": ["https://127.0.0.1:1"], "api_key_file": "/k",

@@ -27,7 +27,7 @@ pub(super) const CUE_KINDS: usize = Cue::ManyMuch as usize + 1;
 pub(super) const HOW: u64 = key(b"how");
 
 /// The lookup key of a word: its first 8 bytes, lowercase, little-endian, zero padded.
-pub(super) const fn key(word: &[u8]) -> u64 {
+pub(crate) const fn key(word: &[u8]) -> u64 {
     let mut bytes = [0u8; 8];
     let mut i = 0;
     while i < word.len() && i < 8 {

@@ -12,7 +12,12 @@ use super::stats::{ClassTallies, Tally};
 
 /// Task classes with a quality field of their own in the profile schema. A class missing
 /// here is served with `quality.default`, so its items count towards that figure.
-const FIELD_CLASSES: [EvalClass; 3] = [EvalClass::Code, EvalClass::Math, EvalClass::Structured];
+const FIELD_CLASSES: [EvalClass; 4] = [
+    EvalClass::Code,
+    EvalClass::Math,
+    EvalClass::Structured,
+    EvalClass::Reasoning,
+];
 
 /// The profile fields a run measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -92,8 +97,9 @@ impl QualityFigures {
                 EvalClass::Code => &mut quality.code,
                 EvalClass::Math => &mut quality.math,
                 EvalClass::Structured => &mut quality.structured,
-                // No field of their own (FIELD_CLASSES never yields them).
-                EvalClass::General | EvalClass::Reasoning => continue,
+                EvalClass::Reasoning => &mut quality.reasoning,
+                // No field of its own (FIELD_CLASSES never yields it).
+                EvalClass::General => continue,
             };
             *field = Some(rate);
         }
@@ -153,8 +159,11 @@ mod tests {
             (EvalClass::Reasoning, 35, 40),
         ]);
         let q = QualityFigures::from_tallies(&t, 10);
-        assert_eq!(q.classes, BTreeMap::from([(EvalClass::Math, 0.8)]));
-        assert_eq!(q.default, Some(0.9));
+        assert_eq!(
+            q.classes,
+            BTreeMap::from([(EvalClass::Math, 0.8), (EvalClass::Reasoning, 0.875)])
+        );
+        assert_eq!(q.default, Some(0.917));
     }
 
     #[test]
