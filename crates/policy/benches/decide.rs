@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 mod workload;
 
@@ -30,16 +30,20 @@ fn set_with(n: usize) -> ProfileSet {
 }
 
 fn features_and_decision(c: &mut Criterion) {
+    let model = Classifier::builtin().unwrap();
     let mut group = c.benchmark_group("features_and_decision");
-    for profiles in [3, 20] {
-        let set = set_with(profiles);
-        for len in [200, 4 * 1024, 64 * 1024] {
-            let text = prompt_of(len);
-            group.throughput(Throughput::Bytes(len as u64));
-            let id = BenchmarkId::new(format!("{profiles}_profiles"), format!("{len}B"));
-            group.bench_with_input(id, &text, |b, text| {
-                b.iter(|| black_box(route(&set, black_box(text))))
-            });
+    for (scorer, classifier) in [("classifier", Some(&model)), ("structural", None)] {
+        for profiles in [3, 20] {
+            let set = set_with(profiles);
+            for len in [200, 4 * 1024, 64 * 1024] {
+                let text = prompt_of(len);
+                group.throughput(Throughput::Bytes(len as u64));
+                let id =
+                    BenchmarkId::new(format!("{scorer}/{profiles}_profiles"), format!("{len}B"));
+                group.bench_with_input(id, &text, |b, text| {
+                    b.iter(|| black_box(route(&set, classifier, black_box(text))))
+                });
+            }
         }
     }
     group.finish();

@@ -26,13 +26,17 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+pub mod classifier;
 mod features;
 mod profile;
 mod quality;
 mod seed;
 mod select;
 
-pub use audit::{audit, AuditError, AuditReport, LabelStats};
+pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
+pub use classifier::{
+    score, Classification, Classifier, ClassifierDocument, ClassifierError, DEFAULT_CLASSIFIER,
+};
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
     ApiKeySource, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet,

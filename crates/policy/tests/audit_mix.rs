@@ -1,11 +1,14 @@
-//! The routing quality bar on the shared prompt mix: heavy prompts almost never land on the
-//! cheapest profile, most light prompts do.
+//! The routing audit on the shared prompt mix: heavy prompts almost never land on the
+//! cheapest profile, most light prompts do, with the classifier and without it.
+//!
+//! Most of this mix is in the built-in model's training data; `tests/classifier.rs` holds
+//! the out-of-sample checks (leave-one-source-out).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
 
-use quantrouter_policy::{audit, ProfileSet, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{audit, AuditReport, Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 fn prompt_mix() -> String {
     let path =
@@ -18,38 +21,56 @@ fn prompt_mix() -> String {
     })
 }
 
-#[test]
-fn default_profiles_route_heavy_prompts_off_the_cheapest_tier() {
-    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-    let report = audit(&set, &prompt_mix()).unwrap();
-    println!("{report}");
-    let cheapest = set
-        .profiles
-        .iter()
-        .min_by(|a, b| {
-            a.cost_per_1m_output_tokens
-                .total_cmp(&b.cost_per_1m_output_tokens)
-        })
-        .unwrap();
-    let heavy = report.share("heavy", &cheapest.id);
-    let light = report.share("light", &cheapest.id);
+fn shares(set: &ProfileSet, report: &AuditReport) -> (f64, f64) {
+    let cheapest = &set.cheapest().id;
     assert!(report.labels["heavy"].total >= 100 && report.labels["light"].total >= 100);
-    assert!(
-        heavy <= 0.05,
-        "{:.1}% of heavy prompts on {}",
-        heavy * 100.0,
-        cheapest.id
-    );
-    assert!(
-        light >= 0.70,
-        "only {:.1}% of light prompts on {}",
-        light * 100.0,
-        cheapest.id
-    );
     for stats in report.labels.values() {
         assert!(
             stats.cost <= stats.default_cost,
             "routing must not cost more than the default"
         );
     }
+    (
+        report.share("heavy", cheapest),
+        report.share("light", cheapest),
+    )
+}
+
+#[test]
+fn default_profiles_route_heavy_prompts_off_the_cheapest_tier() {
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let model = Classifier::builtin().unwrap();
+    let report = audit(&set, Some(&model), &prompt_mix()).unwrap();
+    println!("{report}");
+    let (heavy, light) = shares(&set, &report);
+    assert!(
+        heavy <= 0.03,
+        "{:.1}% of heavy prompts on the cheapest",
+        heavy * 100.0
+    );
+    assert!(
+        light >= 0.80,
+        "only {:.1}% of light prompts on the cheapest",
+        light * 100.0
+    );
+    // Prompts without a labelled class are counted under the class they were given.
+    assert!(report.task_classes.contains_key("code"), "{report}");
+    assert!(report.task_classes.contains_key("math"), "{report}");
+}
+
+#[test]
+fn the_structural_score_alone_still_separates_the_mix() {
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let report = audit(&set, None, &prompt_mix()).unwrap();
+    let (heavy, light) = shares(&set, &report);
+    assert!(
+        heavy <= 0.05,
+        "{:.1}% of heavy prompts on the cheapest",
+        heavy * 100.0
+    );
+    assert!(
+        light >= 0.70,
+        "only {:.1}% of light prompts on the cheapest",
+        light * 100.0
+    );
 }

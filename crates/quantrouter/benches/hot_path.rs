@@ -1,4 +1,5 @@
-//! Instruction counts of the proxy's per-request work that is not I/O: parse the body, decide,
+//! Instruction counts of the proxy's per-request work that is not I/O: parse the body, classify
+//! and decide,
 //! rewrite `model` into the upstream body. Stable on a noisy machine, so a regression shows
 //! up as a number.
 //!
@@ -24,7 +25,7 @@ use quantrouter::openai::{Endpoint, ParsedRequest};
 use quantrouter::profiles::{Snapshot, SourceKind};
 use quantrouter::resilience::ResilienceConfig;
 use quantrouter::routing::route;
-use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 const ITERATIONS: usize = 1000;
 
@@ -57,9 +58,22 @@ fn body(kind: &str) -> Bytes {
 }
 
 /// One request's non-I/O work, as the server does it.
-fn handle(snapshot: &Snapshot, headers: &HeaderMap, body: &Bytes) -> Bytes {
+fn handle(
+    snapshot: &Snapshot,
+    classifier: &Classifier,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Bytes {
     let parsed = ParsedRequest::parse(body, Endpoint::Chat).unwrap();
-    let routed = route(snapshot, &parsed, headers, &[], "bench-request").unwrap();
+    let routed = route(
+        snapshot,
+        Some(classifier),
+        &parsed,
+        headers,
+        &[],
+        "bench-request",
+    )
+    .unwrap();
     let profile = routed.decision.profile;
     parsed.upstream_body(body, &snapshot.model_json[profile])
 }
@@ -76,10 +90,16 @@ fn main() {
         &ResilienceConfig::default(),
         None,
     );
+    let classifier = Classifier::builtin().unwrap();
     let headers = HeaderMap::new();
     let body = body(&kind);
     for _ in 0..ITERATIONS {
-        black_box(handle(&snapshot, black_box(&headers), black_box(&body)));
+        black_box(handle(
+            &snapshot,
+            &classifier,
+            black_box(&headers),
+            black_box(&body),
+        ));
     }
     println!("{kind}: {ITERATIONS} requests");
 }

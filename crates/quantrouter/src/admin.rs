@@ -1,6 +1,6 @@
-//! The admin port: metrics, liveness, readiness, the active profile set and the tier numbers
-//! for KEDA's metrics-api trigger. Separate from the public port so a sidecar can keep it
-//! private.
+//! The admin port: metrics, liveness, readiness, the active profile set and classifier, and
+//! the tier numbers for KEDA's metrics-api trigger. Separate from the public port so a
+//! sidecar can keep it private.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -42,6 +42,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> 
             });
             json(StatusCode::OK, &body)
         }
+        "/admin/classifier" => json(StatusCode::OK, &app.config.classifier.load().describe()),
         path => match path.strip_prefix("/keda/tiers/") {
             Some(tier) => keda_tier(app, tier).await,
             None => text(StatusCode::NOT_FOUND, "not found\n"),

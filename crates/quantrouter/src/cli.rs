@@ -15,11 +15,13 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use quantrouter_policy::{
-    audit, decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
+    audit, decide, score, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
     StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
 
+use crate::classifier::{ClassifierConfig, ClassifierStore};
 use crate::discovery::{self, Discovery, DiscoveryConfig};
+use crate::documents::{Document, RedisStore, StoreError};
 use crate::keda::publish::RedisTarget;
 use crate::keda::KedaConfig;
 use crate::profiles::{self, ProfileStore, SourceKind};
@@ -27,6 +29,8 @@ use crate::resilience::ResilienceConfig;
 use crate::server::{Server, ServerConfig};
 use crate::telemetry::{self, LogFormat};
 use crate::upstream::ClientConfig;
+
+mod classifier;
 
 /// quantrouter: one OpenAI endpoint, the cheapest quantization profile that does the job.
 #[derive(Debug, Parser)]
@@ -49,6 +53,9 @@ pub enum Command {
     /// Validate profile files and manage the profile set in Redis.
     #[command(subcommand)]
     Profiles(ProfilesCommand),
+    /// Train, evaluate and publish the prompt classifier.
+    #[command(subcommand)]
+    Classifier(classifier::ClassifierCommand),
     /// Measure a live OpenAI-compatible endpoint (latency, throughput, accuracy on an eval
     /// set) and print a profile entry; optionally merge it into a file and push it.
     ProfileTier(Box<crate::tier_profile::ProfileTierArgs>),
@@ -77,7 +84,20 @@ pub enum ProfilesCommand {
         #[arg(long = "seed-endpoint")]
         seed_endpoint: Vec<String>,
     },
-    /// Validate a file and make it the active set (version = active + 1), atomically.
+    /// Show how a file differs from the active set.
+    Diff {
+        file: PathBuf,
+        #[command(flatten)]
+        redis: RedisArgs,
+    },
+    #[command(flatten)]
+    Stored(DocumentCommand),
+}
+
+/// What operators do with a kind of versioned document in Redis.
+#[derive(Debug, Subcommand)]
+pub enum DocumentCommand {
+    /// Validate a file and make it the active document (version = active + 1), atomically.
     Push {
         file: PathBuf,
         /// Only push if the active version is still this one (for pipelines that diffed
@@ -87,14 +107,8 @@ pub enum ProfilesCommand {
         #[command(flatten)]
         redis: RedisArgs,
     },
-    /// Print the active set.
+    /// Print the active document.
     Get {
-        #[command(flatten)]
-        redis: RedisArgs,
-    },
-    /// Show how a file differs from the active set.
-    Diff {
-        file: PathBuf,
         #[command(flatten)]
         redis: RedisArgs,
     },
@@ -138,9 +152,14 @@ pub struct ServeArgs {
     /// Profile-set file, watched for changes; without it the embedded default is used.
     #[arg(long, env = "QUANTROUTER_PROFILES")]
     pub profiles: Option<PathBuf>,
-    /// How often the profile file is checked for changes.
+    /// How often the profile file (and a classifier file) is checked for changes.
     #[arg(long, env = "QUANTROUTER_PROFILES_POLL_MS", default_value_t = 1000)]
     pub profiles_poll_ms: u64,
+    /// Prompt classifier: a model file (watched for changes), `builtin` (the model compiled
+    /// in) or `off` (the structural score alone). With --redis-url a model pushed to Redis
+    /// takes over.
+    #[arg(long, env = "QUANTROUTER_CLASSIFIER", default_value = "builtin", value_parser = parse_classifier_choice)]
+    pub classifier: ClassifierChoice,
     /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`, or
     /// `rediss://` for TLS); hot reload.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
@@ -321,6 +340,23 @@ pub struct DemoArgs {
     pub admin_listen: SocketAddr,
 }
 
+/// Which model scores prompts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassifierChoice {
+    Builtin,
+    Off,
+    File(PathBuf),
+}
+
+fn parse_classifier_choice(value: &str) -> Result<ClassifierChoice, String> {
+    Ok(match value {
+        "builtin" => ClassifierChoice::Builtin,
+        "off" => ClassifierChoice::Off,
+        "" => return Err("expected a model file, `builtin` or `off`".into()),
+        path => ClassifierChoice::File(PathBuf::from(path)),
+    })
+}
+
 #[derive(Debug, Args)]
 pub struct RouteArgs {
     /// The user prompt to route.
@@ -328,6 +364,9 @@ pub struct RouteArgs {
     /// Profile-set file (default: the embedded set).
     #[arg(long)]
     pub profiles: Option<PathBuf>,
+    /// Classifier: a model file, `builtin` or `off`.
+    #[arg(long, default_value = "builtin", value_parser = parse_classifier_choice)]
+    pub classifier: ClassifierChoice,
     /// A system prompt sent along.
     #[arg(long)]
     pub system: Option<String>,
@@ -344,12 +383,15 @@ pub struct RouteArgs {
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
-    /// JSONL file of {"id", "label", "prompt"} lines.
+    /// JSONL file of {"id", "label", "prompt"} lines (optionally "task_class").
     #[arg(long)]
     pub prompts: PathBuf,
     /// Profile-set file (default: the embedded set).
     #[arg(long)]
     pub profiles: Option<PathBuf>,
+    /// Classifier: a model file, `builtin` or `off`.
+    #[arg(long, default_value = "builtin", value_parser = parse_classifier_choice)]
+    pub classifier: ClassifierChoice,
 }
 
 /// A failed command and its exit code.
@@ -472,55 +514,100 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Audit(args) => run_audit(&args),
         Command::Profiles(command) => profiles_command(command),
         Command::ProfileTier(args) => crate::tier_profile::run(*args),
+        Command::Classifier(command) => classifier::run(command),
     }
 }
 
 fn profiles_command(command: ProfilesCommand) -> Result<(), CliError> {
-    if let ProfilesCommand::Validate {
-        file,
-        seed_endpoint,
-    } = &command
-    {
-        let set = read_profile_file(file, seed_endpoint)?;
-        println!(
-            "{}: valid, version {}, {} profiles, default {}",
-            file.display(),
-            set.version,
-            set.profiles.len(),
-            set.default_profile
-        );
-        return Ok(());
+    match command {
+        ProfilesCommand::Validate {
+            file,
+            seed_endpoint,
+        } => {
+            let set = read_profile_file(&file, &seed_endpoint)?;
+            println!(
+                "{}: valid, version {}, {} profiles, default {}",
+                file.display(),
+                set.version,
+                set.profiles.len(),
+                set.default_profile
+            );
+            Ok(())
+        }
+        ProfilesCommand::Diff { file, redis } => {
+            // Validate input before touching the network.
+            let new = read_profile_file(&file, &[])?;
+            block_on(async {
+                let store = connect_store::<ProfileSet>(&redis).await?;
+                match store.active().await.map_err(store_error)? {
+                    None => println!("no active set: every profile would be added"),
+                    Some(old) => {
+                        let lines = crate::profiles::diff::diff(&old, &new);
+                        if lines.is_empty() {
+                            println!("no changes (active version {})", old.version);
+                        }
+                        for line in lines {
+                            println!("{line}");
+                        }
+                    }
+                }
+                Ok(())
+            })
+        }
+        ProfilesCommand::Stored(command) => {
+            document_command(command, |file| read_profile_file(file, &[]))
+        }
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Io(e.to_string()))?;
-    runtime.block_on(profiles_redis(command))
 }
 
-async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
-    let redis = match &command {
-        ProfilesCommand::Validate { .. } => return Ok(()),
-        ProfilesCommand::Push { redis, .. }
-        | ProfilesCommand::Get { redis }
-        | ProfilesCommand::Diff { redis, .. }
-        | ProfilesCommand::History { redis }
-        | ProfilesCommand::Rollback { redis, .. } => redis.clone(),
+/// Runs `push`, `get`, `history` or `rollback` on documents of kind `D`; `read` reads and
+/// validates a file to push.
+pub(crate) fn document_command<D: Document>(
+    command: DocumentCommand,
+    read: impl FnOnce(&Path) -> Result<D, CliError>,
+) -> Result<(), CliError> {
+    let (redis, operation) = match command {
+        DocumentCommand::Push {
+            file,
+            expect_version,
+            redis,
+        } => (redis, StoreCommand::Push(read(&file)?, expect_version)),
+        DocumentCommand::Get { redis } => (redis, StoreCommand::Get),
+        DocumentCommand::History { redis } => (redis, StoreCommand::History),
+        DocumentCommand::Rollback { to, redis } => (redis, StoreCommand::Rollback(to)),
     };
-    // Validate input before touching the network.
-    let file_set = match &command {
-        ProfilesCommand::Push { file, .. } | ProfilesCommand::Diff { file, .. } => {
-            Some(read_profile_file(file, &[])?)
-        }
-        _ => None,
-    };
-    let store = connect_store(&redis).await?;
+    block_on(run_store_command(&redis, operation))
+}
+
+/// What an operator does with a kind of document in Redis.
+pub(crate) enum StoreCommand<D> {
+    /// Push a validated document, optionally only over the given active version.
+    Push(D, Option<u64>),
+    Get,
+    History,
+    Rollback(Option<u64>),
+}
+
+/// Runs a command's Redis work on a small runtime of its own.
+fn block_on<T>(
+    work: impl std::future::Future<Output = Result<T, CliError>>,
+) -> Result<T, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Io(e.to_string()))?
+        .block_on(work)
+}
+
+async fn run_store_command<D: Document>(
+    redis: &RedisArgs,
+    command: StoreCommand<D>,
+) -> Result<(), CliError> {
+    let store = connect_store::<D>(redis).await?;
     match command {
-        ProfilesCommand::Validate { .. } => {}
-        ProfilesCommand::Push { expect_version, .. } => {
-            let mut set = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
+        StoreCommand::Push(mut doc, expect_version) => {
             let version = match expect_version {
-                None => store.push(set).await,
+                None => store.push(doc).await,
                 Some(expected) => {
                     let too_large = || {
                         CliError::Invalid(format!(
@@ -529,49 +616,33 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
                         ))
                     };
                     let expected = i64::try_from(expected).map_err(|_| too_large())?;
-                    set.version = (expected as u64).saturating_add(1);
-                    store.push_expecting(&set, expected).await
+                    doc.set_version((expected as u64).saturating_add(1));
+                    store.push_expecting(&doc, expected).await
                 }
             }
             .map_err(store_error)?;
             println!("pushed version {version}");
         }
-        ProfilesCommand::Get { .. } => match store.active_raw().await.map_err(store_error)? {
+        StoreCommand::Get => match store.active_raw().await.map_err(store_error)? {
             Some(text) => println!("{text}"),
             None => {
                 return Err(CliError::Invalid(format!(
-                    "no profile set at {}",
+                    "nothing at {}",
                     store.keys().active
                 )))
             }
         },
-        ProfilesCommand::Diff { .. } => {
-            let new = file_set.ok_or_else(|| CliError::Invalid("no file".into()))?;
-            let active = store.active().await.map_err(store_error)?;
-            match active {
-                None => println!("no active set: every profile would be added"),
-                Some(old) => {
-                    let lines = crate::profiles::diff::diff(&old, &new);
-                    if lines.is_empty() {
-                        println!("no changes (active version {})", old.version);
-                    }
-                    for line in lines {
-                        println!("{line}");
-                    }
-                }
-            }
-        }
-        ProfilesCommand::History { .. } => {
+        StoreCommand::History => {
             for entry in store.history().await.map_err(store_error)? {
                 println!(
-                    "version {:>5}  {:<25} {} profiles",
+                    "version {:>5}  {:<25} {}",
                     entry.version,
                     entry.updated_at.as_deref().unwrap_or("-"),
-                    entry.profiles
+                    entry.summary
                 );
             }
         }
-        ProfilesCommand::Rollback { to, .. } => {
+        StoreCommand::Rollback(to) => {
             let version = store.rollback(to).await.map_err(store_error)?;
             println!("rolled back: published as version {version}");
         }
@@ -579,21 +650,19 @@ async fn profiles_redis(command: ProfilesCommand) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Connects to the profile keys in Redis: exit 1 for a bad URL, 2 when unreachable.
-pub(crate) async fn connect_store(
+/// Connects to one kind of document in Redis: exit 1 for a bad URL, 2 when unreachable.
+pub(crate) async fn connect_store<D: Document>(
     redis: &RedisArgs,
-) -> Result<crate::profiles::redis_store::RedisStore, CliError> {
-    let client =
-        crate::profiles::redis_store::client(&redis.redis_url, redis.redis_ca_file.as_deref())
-            .map_err(|e| CliError::Invalid(e.to_string()))?;
-    crate::profiles::redis_store::RedisStore::connect(&client, &redis.redis_prefix)
+) -> Result<RedisStore<D>, CliError> {
+    let client = crate::documents::client(&redis.redis_url, redis.redis_ca_file.as_deref())
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    RedisStore::connect(&client, &redis.redis_prefix)
         .await
         .map_err(store_error)
 }
 
 /// A Redis store error as the CLI's exit code: 3 conflict, 2 unreachable, 1 bad data.
-pub(crate) fn store_error(e: crate::profiles::redis_store::StoreError) -> CliError {
-    use crate::profiles::redis_store::StoreError;
+pub(crate) fn store_error(e: StoreError) -> CliError {
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
         StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
@@ -652,6 +721,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
     let store = start_profiles(&args).await?;
+    let classifier = start_classifier(&args).await?;
     // Held until shutdown: dropping it stops the watches.
     let _discovery = match args.discovery {
         DiscoveryMode::Dns => None,
@@ -696,6 +766,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
             None
         }),
         log_prompts: args.log_prompts,
+        classifier,
         keda,
         workers: args
             .workers
@@ -715,7 +786,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
 fn keda_config(args: &ServeArgs) -> Result<KedaConfig, CliError> {
     let redis = match &args.redis_url {
         Some(url) => Some(RedisTarget {
-            client: profiles::redis_store::client(url, args.redis_ca_file.as_deref())
+            client: crate::documents::client(url, args.redis_ca_file.as_deref())
                 .map_err(|e| CliError::Invalid(e.to_string()))?,
             prefix: args.redis_prefix.clone(),
         }),
@@ -753,7 +824,7 @@ fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
 async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError> {
     let mut sources: Vec<Arc<dyn profiles::ProfileSource>> = Vec::new();
     if let Some(url) = &args.redis_url {
-        let client = profiles::redis_store::client(url, args.redis_ca_file.as_deref())
+        let client = crate::documents::client(url, args.redis_ca_file.as_deref())
             .map_err(|e| CliError::Invalid(e.to_string()))?;
         let config = profiles::redis_source::RedisSourceConfig {
             prefix: args.redis_prefix.clone(),
@@ -776,6 +847,45 @@ async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError>
         .await
         .map_err(|e| CliError::Invalid(e.to_string()))?;
     Ok(started.store)
+}
+
+async fn start_classifier(args: &ServeArgs) -> Result<Arc<ClassifierStore>, CliError> {
+    let redis = match &args.redis_url {
+        Some(url) => Some((
+            crate::documents::client(url, args.redis_ca_file.as_deref())
+                .map_err(|e| CliError::Invalid(e.to_string()))?,
+            args.redis_prefix.clone(),
+        )),
+        None => None,
+    };
+    let config = ClassifierConfig {
+        file: match &args.classifier {
+            ClassifierChoice::File(path) => Some(path.clone()),
+            _ => None,
+        },
+        off: args.classifier == ClassifierChoice::Off,
+        file_interval: Duration::from_millis(args.profiles_poll_ms.max(10)),
+        redis,
+        redis_poll: Duration::from_millis(args.redis_poll_ms.max(10)),
+    };
+    let started = crate::classifier::start(config)
+        .await
+        .map_err(|e| CliError::Invalid(format!("--classifier: {e}")))?;
+    Ok(started.store)
+}
+
+/// The model a command scores with: none for `off`.
+fn offline_classifier(
+    choice: &ClassifierChoice,
+) -> Result<Option<quantrouter_policy::Classifier>, CliError> {
+    let model = match choice {
+        ClassifierChoice::Off => return Ok(None),
+        ClassifierChoice::Builtin => quantrouter_policy::Classifier::builtin(),
+        ClassifierChoice::File(path) => classifier::read_model(path)?.classifier(),
+    };
+    model
+        .map(Some)
+        .map_err(|e| CliError::Invalid(e.to_string()))
 }
 
 /// One key per line; blank lines and `#` comments are skipped.
@@ -899,9 +1009,9 @@ fn route(args: &RouteArgs) -> Result<(), CliError> {
         segments,
         wants_json: args.json_output,
     };
-    let features = Features::extract(&prompt, &set.policy.complexity)
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    let model = offline_classifier(&args.classifier)?;
     let started = std::time::Instant::now();
+    let (features, classification) = score(&prompt, &set.policy.complexity, model.as_ref());
     let request = RouteRequest {
         features: &features,
         max_tokens: args.max_tokens,
@@ -910,8 +1020,13 @@ fn route(args: &RouteArgs) -> Result<(), CliError> {
     };
     let decision = decide(&set, &request, &[]).map_err(|e| CliError::Invalid(e.to_string()))?;
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
+    let top = model
+        .as_ref()
+        .map_or_else(Vec::new, |m| crate::routing::top_features(&set, m, &prompt));
     if args.json {
-        println!("{}", crate::routing::explain(&set, &decision, decision_us));
+        let classification = classification.as_ref();
+        let explain = crate::routing::explain(&set, &decision, classification, &top, decision_us);
+        println!("{explain}");
         return Ok(());
     }
     let chosen = &set.profiles[decision.profile];
@@ -940,6 +1055,26 @@ fn route(args: &RouteArgs) -> Result<(), CliError> {
             c.rejected_because.map_or("", |r| r.as_str())
         );
     }
+    if let Some(c) = &classification {
+        let classes: Vec<String> = quantrouter_policy::classifier::TASK_CLASSES
+            .iter()
+            .zip(c.class_probabilities)
+            .map(|(class, p)| format!("{} {:.2}", class.as_str(), p))
+            .collect();
+        let [heavy, medium, light] = c.difficulty_probabilities;
+        println!("\nclassifier: {}", classes.join(", "));
+        println!("difficulty: heavy {heavy:.2}, medium {medium:.2}, light {light:.2}");
+        println!(
+            "\n{:<28} {:>10} {:>11}",
+            "top feature", "difficulty", "task class"
+        );
+        for f in &top {
+            println!(
+                "{:<28} {:>+10.3} {:>+11.3}",
+                f.feature, f.difficulty, f.task_class
+            );
+        }
+    }
     Ok(())
 }
 
@@ -947,7 +1082,9 @@ fn run_audit(args: &AuditArgs) -> Result<(), CliError> {
     let set = load_set(args.profiles.as_deref())?;
     let text = std::fs::read_to_string(&args.prompts)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", args.prompts.display())))?;
-    let report = audit(&set, &text).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let model = offline_classifier(&args.classifier)?;
+    let report =
+        audit(&set, model.as_ref(), &text).map_err(|e| CliError::Invalid(e.to_string()))?;
     print!("{report}");
     Ok(())
 }

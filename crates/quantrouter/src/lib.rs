@@ -6,9 +6,11 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod classifier;
 pub mod cli;
 pub mod descriptors;
 pub mod discovery;
+pub mod documents;
 pub mod keda;
 pub mod openai;
 pub mod profiles;

@@ -4,9 +4,10 @@
 use http::{HeaderMap, HeaderName};
 use std::time::Duration;
 
+use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
-    decide, FeatureError, Features, Overrides, ProfileLoad, ProfileSet, Reason, RouteError,
-    RouteRequest, RoutingDecision,
+    decide, score, Classification, Classifier, Overrides, ProfileLoad, ProfileSet, Reason,
+    RouteError, RouteRequest, RoutingDecision,
 };
 
 use crate::openai::{ApiError, ParsedRequest, Usage};
@@ -35,9 +36,11 @@ const MAX_HEADER_MS: f64 = 86_400_000.0;
 /// Routes one request against a snapshot.
 ///
 /// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
-/// assignment when the request names no `user`.
+/// assignment when the request names no `user`; `classifier` scores the prompt (none: the
+/// structural score alone).
 pub fn route(
     snapshot: &Snapshot,
+    classifier: Option<&Classifier>,
     parsed: &ParsedRequest<'_>,
     headers: &HeaderMap,
     aliases: &[String],
@@ -56,11 +59,8 @@ pub fn route(
         profile: pinned,
     };
     let prompt = parsed.prompt();
-    let weights = &set.policy.complexity;
     // A request with no text (an image-only message) is valid and routes as the simplest.
-    let features = Features::extract(&prompt, weights).unwrap_or_else(|e| match e {
-        FeatureError::EmptyPrompt => Features::without_text(&prompt, weights),
-    });
+    let (features, classification) = score(&prompt, &set.policy.complexity, classifier);
     let load = live_load(snapshot);
     let request = RouteRequest {
         features: &features,
@@ -93,6 +93,7 @@ pub fn route(
     };
     Ok(Routed {
         decision,
+        classification,
         wait_for,
         cold_preferred,
         prompt: PromptSize {
@@ -107,6 +108,8 @@ pub fn route(
 #[derive(Debug)]
 pub struct Routed {
     pub decision: RoutingDecision,
+    /// What the classifier said of the prompt, when one scored it.
+    pub classification: Option<Classification>,
     /// Wait up to this long for the profile's first endpoint before sending.
     pub wait_for: Option<(usize, Duration)>,
     /// A scaled-to-zero profile that would have won; a warm one serves instead, but the
@@ -201,6 +204,23 @@ fn cold_start(
     })
 }
 
+/// The inputs that moved the classifier's scores of a request most (explain only: it
+/// keeps the text of every word, which the request path does not).
+pub fn top_features(
+    set: &ProfileSet,
+    classifier: &Classifier,
+    prompt: &quantrouter_policy::Prompt<'_>,
+) -> Vec<Contribution> {
+    const TOP: usize = 10;
+    let weights = &set.policy.complexity;
+    match quantrouter_policy::Features::extract(prompt, weights) {
+        Ok(features) => {
+            classifier.explain(prompt, &features, weights.scoring_window_chars.max(1), TOP)
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
 /// The client's overall deadline, if it set one (at most [`MAX_HEADER_MS`]).
 pub fn timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     let ms = header_number(headers, TIMEOUT_HEADER, |v| v > 0.0 && v <= MAX_HEADER_MS)?;
@@ -289,10 +309,12 @@ fn header_number(
     }
 }
 
-/// The `POST /v1/route` answer (SPEC §5).
+/// The `POST /v1/route` answer (SPEC §5, §10).
 pub fn explain(
     set: &ProfileSet,
     decision: &RoutingDecision,
+    classification: Option<&Classification>,
+    top_features: &[Contribution],
     decision_us: f64,
 ) -> serde_json::Value {
     let profile = &set.profiles[decision.profile];
@@ -311,7 +333,7 @@ pub fn explain(
             })
         })
         .collect();
-    serde_json::json!({
+    let mut answer = serde_json::json!({
         "profile": profile.id,
         "tier": profile.tier,
         "reason": decision.reason.as_str(),
@@ -321,5 +343,19 @@ pub fn explain(
         "estimated_input_tokens": decision.chosen().map_or(0, |c| c.estimated_input_tokens),
         "candidates": candidates,
         "decision_us": decision_us,
-    })
+    });
+    if let Some(c) = classification {
+        let classes: serde_json::Map<String, serde_json::Value> = TASK_CLASSES
+            .iter()
+            .zip(c.class_probabilities)
+            .map(|(class, p)| (class.as_str().to_owned(), p.into()))
+            .collect();
+        let [heavy, medium, light] = c.difficulty_probabilities;
+        answer["class_probabilities"] = classes.into();
+        answer["difficulty"] = serde_json::json!({
+            "heavy": heavy, "medium": medium, "light": light, "score": c.difficulty,
+        });
+        answer["top_features"] = serde_json::to_value(top_features).unwrap_or_default();
+    }
+    answer
 }

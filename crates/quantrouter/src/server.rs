@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::admin;
+use crate::classifier::ClassifierStore;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
 use crate::keda::{Keda, KedaConfig};
@@ -90,6 +91,8 @@ pub struct ServerConfig {
     pub traces: Option<Traces>,
     /// Log prompt text with each routing decision.
     pub log_prompts: bool,
+    /// The prompt classifier requests are scored with, followed by its own sources.
+    pub classifier: Arc<ClassifierStore>,
     /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
     pub keda: KedaConfig,
     /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
@@ -612,7 +615,15 @@ fn route_and_forward<'a>(
         let key = id.to_str().unwrap_or_default();
         let parsed = ParsedRequest::parse(&body, endpoint)?;
         let snapshot = app.store.load();
-        let routed = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+        let classifier = app.config.classifier.load();
+        let routed = routing::route(
+            &snapshot,
+            classifier.model.as_ref(),
+            &parsed,
+            &parts.headers,
+            &app.config.aliases,
+            key,
+        )?;
         let decision = routed.decision;
         app.keda.on_route(&snapshot, decision.profile);
         if let Some(cold) = routed.cold_preferred {
@@ -1088,10 +1099,30 @@ async fn dry_run(
     };
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     let snapshot = app.store.load();
+    let classifier = app.config.classifier.load();
+    let model = classifier.model.as_ref();
     let key = id.to_str().unwrap_or_default();
-    let decision = routing::route(&snapshot, &parsed, &parts.headers, &app.config.aliases, key)?;
+    let routed = routing::route(
+        &snapshot,
+        model,
+        &parsed,
+        &parts.headers,
+        &app.config.aliases,
+        key,
+    )?;
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
-    let explain = crate::routing::explain(&snapshot.set, &decision.decision, decision_us);
+    let prompt = parsed.prompt();
+    let top = model.map_or_else(Vec::new, |m| {
+        routing::top_features(&snapshot.set, m, &prompt)
+    });
+    let classification = routed.classification.as_ref();
+    let explain = routing::explain(
+        &snapshot.set,
+        &routed.decision,
+        classification,
+        &top,
+        decision_us,
+    );
     Ok(json_response(StatusCode::OK, &explain))
 }
 
@@ -1137,6 +1168,7 @@ impl Default for ServerConfig {
             max_connections: None,
             traces: None,
             log_prompts: false,
+            classifier: Arc::new(ClassifierStore::default()),
             keda: KedaConfig::default(),
             workers: workers::default_count(),
             pin_workers: workers::Pinning::default(),

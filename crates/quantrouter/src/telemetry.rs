@@ -57,6 +57,10 @@ pub const COUNTERFACTUAL_COST: &str = "quantrouter_counterfactual_cost_usd_total
 pub const PROFILE_SET_VERSION: &str = "quantrouter_profile_set_version";
 /// Profile-set reload attempts by source and result.
 pub const PROFILE_RELOADS: &str = "quantrouter_profile_reloads_total";
+/// Version of the active classifier model (0: built in or off).
+pub const CLASSIFIER_VERSION: &str = "quantrouter_classifier_version";
+/// Classifier reload attempts by source and result.
+pub const CLASSIFIER_RELOADS: &str = "quantrouter_classifier_reloads_total";
 /// Kubernetes discovery events: `updated` (a service's endpoint list changed), `error`
 /// (a list or watch failed; the last known endpoints stay).
 pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
@@ -183,6 +187,14 @@ fn describe() {
         PROFILE_RELOADS,
         "Profile-set reloads, by source and result."
     );
+    metrics::describe_gauge!(
+        CLASSIFIER_VERSION,
+        "Version of the active classifier model (0: built in or off)."
+    );
+    metrics::describe_counter!(
+        CLASSIFIER_RELOADS,
+        "Classifier reloads, by source and result."
+    );
     metrics::describe_counter!(
         DISCOVERY_EVENTS,
         "Kubernetes discovery endpoint updates and errors, by result."
@@ -223,12 +235,27 @@ pub enum ReloadResult {
 }
 
 pub fn profile_reload(source: &'static str, result: ReloadResult) {
-    let result = match result {
-        ReloadResult::Applied => "applied",
-        ReloadResult::Rejected => "rejected",
-        ReloadResult::Ignored => "ignored",
-    };
-    counter!(PROFILE_RELOADS, "source" => source, "result" => result).increment(1);
+    counter!(PROFILE_RELOADS, "source" => source, "result" => result.label()).increment(1);
+}
+
+// === impl ReloadResult ===
+
+impl ReloadResult {
+    fn label(self) -> &'static str {
+        match self {
+            ReloadResult::Applied => "applied",
+            ReloadResult::Rejected => "rejected",
+            ReloadResult::Ignored => "ignored",
+        }
+    }
+}
+
+pub fn classifier_applied(version: u64) {
+    gauge!(CLASSIFIER_VERSION).set(version as f64);
+}
+
+pub fn classifier_reload(source: &'static str, result: ReloadResult) {
+    counter!(CLASSIFIER_RELOADS, "source" => source, "result" => result.label()).increment(1);
 }
 
 /// `result`: `updated` or `error`.

@@ -174,8 +174,7 @@ async fn without_redis_a_replica_answers_its_own_numbers() {
         .unwrap()
         .port();
     let down =
-        quantrouter::profiles::redis_store::client(&format!("redis://127.0.0.1:{dead_port}"), None)
-            .unwrap();
+        quantrouter::documents::client(&format!("redis://127.0.0.1:{dead_port}"), None).unwrap();
     let router = start_router(h.set.clone(), |c| {
         c.keda.redis = Some(RedisTarget {
             client: down,

@@ -104,6 +104,19 @@ async fn docs_list_exactly_the_exported_metrics() {
     .await
     .unwrap();
     std::fs::write(&path, "{\"version\": 2}").unwrap();
+    // A classifier reload (rejected) from a watched file.
+    let model = dir.path().join("classifier.json");
+    std::fs::write(&model, quantrouter_policy::DEFAULT_CLASSIFIER).unwrap();
+    let classifier = quantrouter::classifier::start(quantrouter::classifier::ClassifierConfig {
+        file: Some(model.clone()),
+        off: false,
+        file_interval: Duration::from_millis(20),
+        redis: None,
+        redis_poll: Duration::from_secs(1),
+    })
+    .await
+    .unwrap();
+    std::fs::write(&model, "{}").unwrap();
 
     let url = format!("http://{}/metrics", t.router.admin_addr());
     let want = documented(false);
@@ -128,7 +141,7 @@ async fn docs_list_exactly_the_exported_metrics() {
         "exported but not documented: {:?}",
         got.difference(&all).collect::<Vec<_>>()
     );
-    for task in watched.tasks {
+    for task in watched.tasks.into_iter().chain(classifier.tasks) {
         task.abort();
     }
 }

@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use quantrouter::profiles::redis_store::RedisStore;
+use quantrouter::documents::RedisStore;
 use quantrouter_policy::ProfileSet;
 use serde_json::Value;
 use support::redis_server::RedisServer;
@@ -368,7 +368,7 @@ async fn merge_writes_the_measurement_into_a_valid_profile_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_updates_the_active_set_with_compare_and_set() {
     let redis = RedisServer::start(None);
-    let store = RedisStore::connect(&redis.client(), "quantrouter")
+    let store = RedisStore::<ProfileSet>::connect(&redis.client(), "quantrouter")
         .await
         .unwrap();
     let tier = sim(SimConfig {

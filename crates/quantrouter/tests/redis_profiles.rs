@@ -5,11 +5,10 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quantrouter::profiles::redis_store::{StoreError, HISTORY_CAP};
+use quantrouter::documents::{Document, StoreError};
 use quantrouter::profiles::{redis_source, ProfileStore, SourceKind};
 use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET, MAX_VERSION};
 use support::redis_server::RedisServer;
@@ -272,11 +271,11 @@ async fn rollback_restores_an_earlier_set_and_history_is_capped() {
     ops.push(original.clone()).await.unwrap();
     let mut changed = original.clone();
     changed.profiles[2].enabled = false;
-    for _ in 0..(HISTORY_CAP + 5) {
+    for _ in 0..(ProfileSet::HISTORY_CAP + 5) {
         ops.push(changed.clone()).await.unwrap();
     }
     let history = ops.history().await.unwrap();
-    assert_eq!(history.len(), HISTORY_CAP);
+    assert_eq!(history.len(), ProfileSet::HISTORY_CAP);
     assert!(
         history.windows(2).all(|w| w[0].version > w[1].version),
         "newest first"
@@ -296,18 +295,6 @@ async fn rollback_restores_an_earlier_set_and_history_is_capped() {
     );
 }
 
-fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_quantrouter"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn repo_file(path: &str) -> String {
     format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -317,20 +304,20 @@ fn cli_push_get_history_and_exit_codes() {
     let redis = RedisServer::start(Some("s3cret"));
     let url = redis.url();
     let default = repo_file("profiles/default.json");
-    let (code, out, err) = cli(&["profiles", "push", &default, "--redis-url", &url]);
+    let (code, out, err) = support::cli(&["profiles", "push", &default, "--redis-url", &url]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.trim(), "pushed version 1");
-    let (code, out, _) = cli(&["profiles", "push", &default, "--redis-url", &url]);
+    let (code, out, _) = support::cli(&["profiles", "push", &default, "--redis-url", &url]);
     assert_eq!((code, out.trim()), (0, "pushed version 2"));
-    let (code, out, _) = cli(&["profiles", "get", "--redis-url", &url]);
+    let (code, out, _) = support::cli(&["profiles", "get", "--redis-url", &url]);
     assert_eq!(code, 0);
     assert_eq!(ProfileSet::from_json(&out).unwrap().version, 2);
-    let (code, out, _) = cli(&["profiles", "history", "--redis-url", &url]);
+    let (code, out, _) = support::cli(&["profiles", "history", "--redis-url", &url]);
     assert_eq!(code, 0);
     assert!(out.trim_start().starts_with("version     1"), "{out}");
 
     // A pipeline that diffed against version 1 must not overwrite version 2: exit 3.
-    let (code, _, err) = cli(&[
+    let (code, _, err) = support::cli(&[
         "profiles",
         "push",
         &default,
@@ -341,7 +328,7 @@ fn cli_push_get_history_and_exit_codes() {
     ]);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("changed"), "{err}");
-    let (code, out, _) = cli(&[
+    let (code, out, _) = support::cli(&[
         "profiles",
         "push",
         &default,
@@ -363,7 +350,7 @@ fn cli_push_get_history_and_exit_codes() {
         DEFAULT_PROFILE_SET.replace("\"itl_ms\": 7", "\"itl_ms\": 0"),
     )
     .unwrap();
-    let (code, _, err) = cli(&[
+    let (code, _, err) = support::cli(&[
         "profiles",
         "push",
         bad.to_str().unwrap(),
@@ -379,9 +366,9 @@ fn cli_push_get_history_and_exit_codes() {
     // Wrong password and unreachable Redis: exit 2, promptly.
     let wrong = format!("redis://:nope@127.0.0.1:{}", redis.port);
     let started = Instant::now();
-    let (code, _, err) = cli(&["profiles", "get", "--redis-url", &wrong]);
+    let (code, _, err) = support::cli(&["profiles", "get", "--redis-url", &wrong]);
     assert_eq!(code, 2, "{err}");
-    let (code, _, _) = cli(&["profiles", "get", "--redis-url", "redis://127.0.0.1:1"]);
+    let (code, _, _) = support::cli(&["profiles", "get", "--redis-url", "redis://127.0.0.1:1"]);
     assert_eq!(code, 2);
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -401,41 +388,7 @@ async fn requests_in_flight_during_twenty_pushes_all_succeed() {
     let mut alternate = base.clone();
     alternate.profiles[2].enabled = false;
 
-    let url = h.url("/v1/chat/completions");
-    let workers: Vec<_> = (0..8)
-        .map(|w| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                let client = support::client();
-                let mut failures = Vec::new();
-                for i in 0..30 {
-                    let stream = (w + i) % 3 == 0;
-                    let body =
-                        serde_json::json!({"model": "auto", "stream": stream, "max_tokens": 8,
-                        "messages": [{"role": "user", "content": support::SIMPLE}]})
-                        .to_string();
-                    let r = support::send(
-                        &client,
-                        "POST",
-                        &url,
-                        &body,
-                        &[("content-type", "application/json")],
-                    )
-                    .await;
-                    let text = String::from_utf8_lossy(&r.body).into_owned();
-                    let complete = if stream {
-                        text.contains("[DONE]")
-                    } else {
-                        text.contains("\"choices\"")
-                    };
-                    if r.status != 200 || !complete {
-                        failures.push(format!("{} {text}", r.status));
-                    }
-                }
-                failures
-            })
-        })
-        .collect();
+    let workers = support::steady_requests(&h.url("/v1/chat/completions"), 8, 30, support::SIMPLE);
     // Spread the pushes over the load.
     let mut pace = tokio::time::interval(Duration::from_millis(15));
     let mut last = 0;
@@ -448,10 +401,7 @@ async fn requests_in_flight_during_twenty_pushes_all_succeed() {
         };
         last = ops.push(set).await.unwrap();
     }
-    let mut failures = Vec::new();
-    for w in workers {
-        failures.extend(w.await.unwrap());
-    }
+    let failures = support::failures(workers).await;
     assert!(
         failures.is_empty(),
         "{} failed requests: {:?}",
@@ -537,19 +487,19 @@ async fn rediss_with_a_private_ca_and_a_password_works_end_to_end() {
         "--redis-prefix",
         "qr",
     ];
-    let (code, _, err) = cli(&[&["profiles", "push", &default][..], &args].concat());
+    let (code, _, err) = support::cli(&[&["profiles", "push", &default][..], &args].concat());
     assert_eq!(code, 0, "{err}");
     // A router follows the document over TLS.
     let r = router(&redis);
     assert!(applied(&r, 1).await);
 
     // Without the CA the server's certificate is untrusted: a clear connection error.
-    let (code, _, err) = cli(&["profiles", "get", "--redis-url", &url]);
+    let (code, _, err) = support::cli(&["profiles", "get", "--redis-url", &url]);
     assert_eq!(code, 2, "{err}");
     assert!(err.to_lowercase().contains("certificate"), "{err}");
     // A CA file only makes sense with TLS.
     let plain = url.replace("rediss://", "redis://");
-    let (code, _, err) = cli(&[
+    let (code, _, err) = support::cli(&[
         "profiles",
         "get",
         "--redis-url",

@@ -1,7 +1,8 @@
 //! The workload both policy benchmarks measure: one request's features + decision.
 
 use quantrouter_policy::{
-    decide, Features, Overrides, ProfileSet, Prompt, Role, RouteRequest, RoutingDecision, Segment,
+    decide, score, Classifier, Overrides, ProfileSet, Prompt, Role, RouteRequest, RoutingDecision,
+    Segment,
 };
 
 /// A prompt of about `len` bytes mixing prose, numbers and a little code.
@@ -11,8 +12,9 @@ pub fn prompt_of(len: usize) -> String {
     unit.repeat(len / unit.len() + 1)[..len].to_owned()
 }
 
-/// What the router does per request: extract features, then decide.
-pub fn route(set: &ProfileSet, text: &str) -> RoutingDecision {
+/// What the router does per request: extract features, classify (unless `classifier` is
+/// `None`, the structural score alone), then decide.
+pub fn route(set: &ProfileSet, classifier: Option<&Classifier>, text: &str) -> RoutingDecision {
     let prompt = Prompt {
         segments: vec![Segment {
             role: Role::User,
@@ -20,7 +22,7 @@ pub fn route(set: &ProfileSet, text: &str) -> RoutingDecision {
         }],
         wants_json: false,
     };
-    let features = Features::extract(&prompt, &set.policy.complexity).unwrap();
+    let (features, _) = score(&prompt, &set.policy.complexity, classifier);
     let req = RouteRequest {
         features: &features,
         max_tokens: Some(256),

@@ -17,6 +17,7 @@ use quantrouter_policy::{
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::documents::Document;
 use crate::resilience::ResilienceConfig;
 use crate::telemetry::{self, ProfileTelemetry};
 use crate::upstream::credential::Credential;
@@ -24,7 +25,6 @@ use crate::upstream::{Pool, Transport};
 
 pub mod diff;
 pub mod redis_source;
-pub mod redis_store;
 pub mod source;
 
 pub use source::{start, Embedded, FileSource, ProfileSource, Started};
@@ -89,6 +89,35 @@ pub enum ReloadError {
         offered: SourceKind,
         active: SourceKind,
     },
+}
+
+// === impl Document for ProfileSet ===
+
+impl Document for ProfileSet {
+    const KEY: &'static str = "profiles";
+    /// Enough for weeks of daily pushes.
+    const HISTORY_CAP: usize = 50;
+
+    fn parse(text: &str) -> Result<Self, String> {
+        Self::from_json(text).map_err(|e| e.to_string())
+    }
+
+    fn version(&self) -> u64 {
+        self.version
+    }
+
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+
+    fn to_json(&self) -> Result<String, String> {
+        serde_json::to_string_pretty(self).map_err(|e| e.to_string())
+    }
+
+    fn describe(document: &serde_json::Value) -> String {
+        let profiles = document["profiles"].as_array().map_or(0, Vec::len);
+        format!("{profiles} profiles")
+    }
 }
 
 // === impl SourceKind ===

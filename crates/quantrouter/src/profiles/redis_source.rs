@@ -1,30 +1,20 @@
-//! Hot reload from Redis: read `<prefix>:profiles`, SUBSCRIBE to `<prefix>:profiles:updates`,
-//! and poll the document as a safety net for missed messages. Reconnects with capped
-//! exponential backoff and jitter; requests never wait on Redis, and the last good set stays
-//! in force while Redis is down or holds bad data.
+//! Hot reload from Redis: `<prefix>:profiles` (or a seed-format list), followed through its
+//! update channel and polled ([`crate::documents::follow`]). The last good set stays in force
+//! while Redis is down or holds bad data.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
-use super::redis_store::{RedisStore, StoreError};
 use quantrouter_policy::{ProfileSet, ProfileSetError};
 
 use super::{ProfileSource, ProfileStore, ReloadError, SourceKind};
-use crate::resilience::{Backoff, Schedule};
+use crate::documents::follow::{self, document, stored_version, Follower};
+use crate::documents::{RedisStore, StoreError};
 use crate::telemetry::{self, ReloadResult};
-
-/// Reconnect waits: a first ceiling of 100 ms does not hammer a restarting Redis; at most
-/// 5 s, so an outage is recovered from within seconds.
-const BACKOFF: Backoff = Backoff {
-    base: Duration::from_millis(100),
-    cap: Duration::from_secs(5),
-    retry_after_cap: Duration::ZERO,
-};
 
 /// The seed write-ups' key: a plain JSON list of profiles, used when `<prefix>:profiles` is
 /// absent.
@@ -73,19 +63,38 @@ impl ProfileSource for RedisSource {
     }
 }
 
+/// Applies the profile documents Redis holds to a store.
+struct ProfileFollower {
+    store: Arc<ProfileStore>,
+    config: RedisSourceConfig,
+    seen: Seen,
+}
+
+impl Follower for ProfileFollower {
+    type Doc = ProfileSet;
+    const WHAT: &'static str = "profile set";
+
+    fn refresh<'a>(
+        &'a mut self,
+        redis: &'a RedisStore<ProfileSet>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(refresh(&self.store, redis, &self.config, &mut self.seen))
+    }
+}
+
 impl RedisSource {
     /// The valid document Redis holds now, if any; an invalid one is logged and counted.
     async fn fetch(&self) -> Result<Option<(ProfileSet, SourceKind)>, StoreError> {
-        let redis = RedisStore::connect(&self.client, &self.config.prefix).await?;
+        let redis = RedisStore::<ProfileSet>::connect(&self.client, &self.config.prefix).await?;
         let (parsed, kind) = match document(redis.active_raw().await)? {
             Some(Ok(text)) => (ProfileSet::from_json(&text), SourceKind::Redis),
-            Some(Err(unreadable)) => (Err(unreadable), SourceKind::Redis),
+            Some(Err(unreadable)) => (Err(not_a_document(unreadable)), SourceKind::Redis),
             None => match document(redis.raw(SEED_KEY).await)? {
                 Some(Ok(text)) => (
                     quantrouter_policy::from_seed_list(&text, &self.config.seed_endpoints, 1),
                     SourceKind::RedisSeed,
                 ),
-                Some(Err(unreadable)) => (Err(unreadable), SourceKind::RedisSeed),
+                Some(Err(unreadable)) => (Err(not_a_document(unreadable)), SourceKind::RedisSeed),
                 None => return Ok(None),
             },
         };
@@ -106,49 +115,14 @@ pub fn spawn(
     client: redis::Client,
     config: RedisSourceConfig,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut backoff = BACKOFF.schedule();
-        let mut seen = Seen::default();
-        loop {
-            let result = session(&store, &client, &config, &mut backoff, &mut seen).await;
-            if let Err(error) = result {
-                tracing::warn!(%error, "redis profile source disconnected; keeping the active set");
-            }
-            tokio::time::sleep(backoff.next_delay()).await;
-        }
-    })
-}
-
-/// One connected period: subscribe, apply the current document, then follow updates.
-async fn session(
-    store: &ProfileStore,
-    client: &redis::Client,
-    config: &RedisSourceConfig,
-    backoff: &mut Schedule,
-    seen: &mut Seen,
-) -> Result<(), StoreError> {
-    let redis = RedisStore::connect(client, &config.prefix).await?;
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(&redis.keys().channel).await?;
-    tracing::info!(channel = %redis.keys().channel, "redis profile source connected");
-    refresh(store, &redis, config, seen).await?;
-    // Only a session that got as far as reading the document resets the backoff: one that
-    // fails right after connecting must not reconnect at the starting delay forever.
-    backoff.reset();
-    let mut messages = pubsub.on_message();
-    let mut ticker = tokio::time::interval(config.poll);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            message = messages.next() => {
-                if message.is_none() {
-                    return Ok(());
-                }
-            }
-            _ = ticker.tick() => {}
-        }
-        refresh(store, &redis, config, seen).await?;
-    }
+    let prefix = config.prefix.clone();
+    let poll = config.poll;
+    let follower = ProfileFollower {
+        store,
+        config,
+        seen: Seen::default(),
+    };
+    follow::spawn(client, prefix, poll, follower)
 }
 
 /// Texts already handled, so an unchanged document is not re-parsed (and a bad one not
@@ -164,7 +138,7 @@ struct Seen {
 /// Applies the stored document if it is new, else the seed-format list if there is one.
 async fn refresh(
     store: &ProfileStore,
-    redis: &RedisStore,
+    redis: &RedisStore<ProfileSet>,
     config: &RedisSourceConfig,
     seen: &mut Seen,
 ) -> Result<(), StoreError> {
@@ -172,10 +146,13 @@ async fn refresh(
         None => return refresh_seed(store, redis, config, seen).await,
         Some(Ok(text)) => text,
         Some(Err(unreadable)) => {
-            let marker = unreadable.to_string();
-            if seen.rejected.as_deref() != Some(marker.as_str()) {
-                apply(store, Err(unreadable), SourceKind::Redis);
-                seen.rejected = Some(marker);
+            if seen.rejected.as_deref() != Some(unreadable.as_str()) {
+                apply(
+                    store,
+                    Err(not_a_document(unreadable.clone())),
+                    SourceKind::Redis,
+                );
+                seen.rejected = Some(unreadable);
             }
             return Ok(());
         }
@@ -195,7 +172,7 @@ async fn refresh(
 /// a changed list is applied as the next version.
 async fn refresh_seed(
     store: &ProfileStore,
-    redis: &RedisStore,
+    redis: &RedisStore<ProfileSet>,
     config: &RedisSourceConfig,
     seen: &mut Seen,
 ) -> Result<(), StoreError> {
@@ -203,10 +180,13 @@ async fn refresh_seed(
         None => return Ok(()),
         Some(Ok(text)) => text,
         Some(Err(unreadable)) => {
-            let marker = unreadable.to_string();
-            if seen.seed.as_deref() != Some(marker.as_str()) {
-                apply(store, Err(unreadable), SourceKind::RedisSeed);
-                seen.seed = Some(marker);
+            if seen.seed.as_deref() != Some(unreadable.as_str()) {
+                apply(
+                    store,
+                    Err(not_a_document(unreadable.clone())),
+                    SourceKind::RedisSeed,
+                );
+                seen.seed = Some(unreadable);
             }
             return Ok(());
         }
@@ -256,21 +236,9 @@ fn apply(
     result.is_ok()
 }
 
-/// A key's text (`Some(Ok)`), or why it cannot be a document (`Some(Err)`, a rejected
-/// document); connection failures stay errors.
-fn document(
-    read: Result<Option<String>, StoreError>,
-) -> Result<Option<Result<String, ProfileSetError>>, StoreError> {
-    match read {
-        Ok(text) => Ok(text.map(Ok)),
-        Err(error @ StoreError::NotADocument { .. }) => Ok(Some(Err(ProfileSetError::Parse {
-            path: "$".into(),
-            message: error.to_string(),
-        }))),
-        Err(error) => Err(error),
+fn not_a_document(why: String) -> ProfileSetError {
+    ProfileSetError::Parse {
+        path: "$".into(),
+        message: why,
     }
-}
-
-fn stored_version(text: &str) -> Option<u64> {
-    serde_json::from_str::<serde_json::Value>(text).ok()?["version"].as_u64()
 }

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use quantrouter_policy::{ProfileSet, DEFAULT_PROFILE_SET};
@@ -96,21 +96,12 @@ impl ProfileSource for FileSource {
     }
 
     fn follow(self: Arc<Self>, store: Arc<ProfileStore>) -> Option<JoinHandle<()>> {
-        // Stamp now, not when the task first runs: an edit made in between must count.
-        let mut last = stamp(&self.path);
-        Some(tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(self.interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                let now = stamp(&self.path);
-                if now == last || now.is_none() {
-                    continue;
-                }
-                last = now;
-                self.reload(&store);
-            }
-        }))
+        let path = self.path.clone();
+        Some(crate::documents::file::watch(
+            path,
+            self.interval,
+            move |_| self.reload(&store),
+        ))
     }
 }
 
@@ -141,9 +132,4 @@ pub(super) fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
         source,
     })?;
     Ok(ProfileSet::from_json(&text)?)
-}
-
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }

@@ -14,7 +14,7 @@ use quantrouter_policy::ProfileSet;
 use tokio::time::Instant;
 
 use crate::cli::{self, CliError, RedisArgs};
-use crate::profiles::redis_store::RedisStore;
+use crate::documents::RedisStore;
 
 pub mod client;
 pub mod eval;
@@ -326,7 +326,7 @@ fn with_profile(set: ProfileSet, id: &str) -> Result<ProfileSet, CliError> {
     Ok(set)
 }
 
-async fn active_set(store: &RedisStore) -> Result<ProfileSet, CliError> {
+async fn active_set(store: &RedisStore<ProfileSet>) -> Result<ProfileSet, CliError> {
     store
         .active()
         .await

@@ -367,6 +367,73 @@ pub async fn rejected_since(source: &str, before: u64, n: u64) -> bool {
     .await
 }
 
+/// `workers` tasks each sending `per_worker` chat requests for `content` (every other one
+/// streamed) to `url`, one after another; each task returns the failures it saw (a status
+/// other than 200 or an answer that did not end properly).
+pub fn steady_requests(
+    url: &str,
+    workers: usize,
+    per_worker: usize,
+    content: &'static str,
+) -> Vec<tokio::task::JoinHandle<Vec<String>>> {
+    (0..workers)
+        .map(|w| {
+            let url = url.to_owned();
+            tokio::spawn(async move {
+                let client = client();
+                let mut failures = Vec::new();
+                for i in 0..per_worker {
+                    let stream = (w + i) % 2 == 0;
+                    let body =
+                        serde_json::json!({"model": "auto", "stream": stream, "max_tokens": 8,
+                        "messages": [{"role": "user", "content": content}]})
+                        .to_string();
+                    let r = send(
+                        &client,
+                        "POST",
+                        &url,
+                        &body,
+                        &[("content-type", "application/json")],
+                    )
+                    .await;
+                    let text = String::from_utf8_lossy(&r.body).into_owned();
+                    let complete = if stream {
+                        text.contains("[DONE]")
+                    } else {
+                        text.contains("\"choices\"")
+                    };
+                    if r.status != 200 || !complete {
+                        failures.push(format!("{} {text}", r.status));
+                    }
+                }
+                failures
+            })
+        })
+        .collect()
+}
+
+/// Waits for [`steady_requests`] and gathers their failures.
+pub async fn failures(workers: Vec<tokio::task::JoinHandle<Vec<String>>>) -> Vec<String> {
+    let mut failures = Vec::new();
+    for w in workers {
+        failures.extend(w.await.unwrap());
+    }
+    failures
+}
+
+/// Runs the `quantrouter` binary: exit code, stdout, stderr.
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn chat(model: &str, content: &str) -> String {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8})
         .to_string()

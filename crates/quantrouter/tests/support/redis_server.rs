@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use quantrouter::profiles::redis_store::RedisStore;
+use quantrouter::documents::RedisStore;
+use quantrouter_policy::ProfileSet;
 use tempfile::TempDir;
 
 /// A redis-server on a free loopback port, stopped on drop.
@@ -139,7 +140,7 @@ impl RedisServer {
     }
 
     pub fn client(&self) -> redis::Client {
-        quantrouter::profiles::redis_store::client(&self.url(), self.ca_file().as_deref()).unwrap()
+        quantrouter::documents::client(&self.url(), self.ca_file().as_deref()).unwrap()
     }
 
     /// Writes a key directly, bypassing the operator CLI (and optionally announces it).
@@ -165,7 +166,7 @@ impl RedisServer {
         }
     }
 
-    pub async fn store(&self) -> RedisStore {
+    pub async fn store(&self) -> RedisStore<ProfileSet> {
         RedisStore::connect(&self.client(), "qr").await.unwrap()
     }
 }

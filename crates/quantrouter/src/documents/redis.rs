@@ -1,20 +1,15 @@
-//! The profile set in Redis (SPEC §3): the active document, its history and the update
-//! channel, and the atomic operations operators use on them.
-//!
-//! Keys under a configurable prefix (default `quantrouter`):
-//! - `<prefix>:profiles` — the active document (JSON);
-//! - `<prefix>:profiles:history` — previous documents, newest first, capped at 50;
-//! - channel `<prefix>:profiles:updates` — a message with the new version after each push.
+//! A kind of document in Redis (SPEC §3, §10): the active document, its history and the
+//! update channel, and the atomic operations operators use on them.
 
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use quantrouter_policy::{ProfileSet, ProfileSetError, ValidationErrors, MAX_VERSION};
+use quantrouter_policy::MAX_VERSION;
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
-/// Previous documents kept for rollback; enough for weeks of daily pushes.
-pub const HISTORY_CAP: usize = 50;
+use super::{Document, Keys};
 
 /// Redis calls never wait longer than this: a router must not stall on Redis, and an
 /// operator should get an answer quickly.
@@ -46,22 +41,15 @@ redis.call('PUBLISH', ARGV[5], ARGV[3])
 return {1, tonumber(ARGV[3])}
 "#;
 
-/// Key names under one prefix.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    pub active: String,
-    pub history: String,
-    pub channel: String,
-}
-
-/// A connection to the profile keys.
-#[derive(Debug, Clone)]
-pub struct RedisStore {
+/// A connection to the keys of documents of kind `D`.
+#[derive(Debug)]
+pub struct RedisStore<D> {
     conn: MultiplexedConnection,
     keys: Keys,
+    kind: PhantomData<fn() -> D>,
 }
 
-/// What can go wrong talking to Redis about profiles.
+/// What can go wrong talking to Redis about documents.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("redis: {0}")]
@@ -72,11 +60,11 @@ pub enum StoreError {
         "the active document changed (now version {active}) since it was read; nothing was written"
     )]
     Conflict { active: i64 },
-    #[error("the document in redis is invalid: {0}")]
-    Invalid(ProfileSetError),
+    #[error("the document is invalid: {0}")]
+    Invalid(String),
     /// The key holds something that cannot be a document (another type, or bytes that are
     /// not UTF-8): a bad document, not a broken connection.
-    #[error("{key} does not hold a profile document: {why}")]
+    #[error("{key} does not hold a document: {why}")]
     NotADocument { key: String, why: &'static str },
     #[error("no version {0} in the history")]
     NotInHistory(u64),
@@ -89,7 +77,8 @@ pub enum StoreError {
 pub struct HistoryEntry {
     pub version: u64,
     pub updated_at: Option<String>,
-    pub profiles: usize,
+    /// What [`Document::describe`] says of it.
+    pub summary: String,
     pub document: String,
 }
 
@@ -130,27 +119,26 @@ pub enum ClientError {
     },
 }
 
-// === impl Keys ===
+// === impl RedisStore ===
 
-impl Keys {
-    pub fn new(prefix: &str) -> Self {
+impl<D> Clone for RedisStore<D> {
+    fn clone(&self) -> Self {
         Self {
-            active: format!("{prefix}:profiles"),
-            history: format!("{prefix}:profiles:history"),
-            channel: format!("{prefix}:profiles:updates"),
+            conn: self.conn.clone(),
+            keys: self.keys.clone(),
+            kind: PhantomData,
         }
     }
 }
 
-// === impl RedisStore ===
-
-impl RedisStore {
+impl<D: Document> RedisStore<D> {
     /// Connects (and authenticates, when the URL carries credentials).
     pub async fn connect(client: &redis::Client, prefix: &str) -> Result<Self, StoreError> {
         let conn = timed(client.get_multiplexed_async_connection()).await??;
         Ok(Self {
             conn,
-            keys: Keys::new(prefix),
+            keys: Keys::new(prefix, D::KEY),
+            kind: PhantomData,
         })
     }
 
@@ -163,7 +151,7 @@ impl RedisStore {
         self.raw(&self.keys.active).await
     }
 
-    /// Any key's string value (the seed-format key lives outside the prefix).
+    /// Any key's string value (the seed-format profile key lives outside the prefix).
     pub async fn raw(&self, key: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn.clone();
         let not_a_document = |why| StoreError::NotADocument {
@@ -183,49 +171,65 @@ impl RedisStore {
             .map_err(|_| not_a_document("it is not UTF-8 text"))
     }
 
-    /// The active document, validated.
-    pub async fn active(&self) -> Result<Option<ProfileSet>, StoreError> {
-        match self.active_raw().await? {
-            None => Ok(None),
-            Some(text) => ProfileSet::from_json(&text)
-                .map(Some)
-                .map_err(StoreError::Invalid),
+    /// The length and first bytes of the active document: enough to tell, without reading
+    /// a large document, that it has not changed since it was last read (a push rewrites the
+    /// version near its start).
+    pub async fn fingerprint(&self) -> Result<Option<(usize, Vec<u8>)>, StoreError> {
+        const HEAD: isize = 255;
+        let mut conn = self.conn.clone();
+        let mut pipe = redis::pipe();
+        pipe.strlen(&self.keys.active)
+            .getrange(&self.keys.active, 0, HEAD);
+        let answer: Result<(usize, Vec<u8>), redis::RedisError> =
+            timed(pipe.query_async(&mut conn)).await?;
+        match answer {
+            Ok((0, _)) => Ok(None),
+            Ok(found) => Ok(Some(found)),
+            Err(e) if e.code() == Some("WRONGTYPE") => Err(StoreError::NotADocument {
+                key: self.keys.active.clone(),
+                why: "it holds another type than a string",
+            }),
+            Err(e) => Err(e.into()),
         }
     }
 
-    /// Writes `set` as the next version after the active one (`active + 1`, or its own
-    /// version when Redis holds none) with compare-and-set; returns the new version.
-    pub async fn push(&self, mut set: ProfileSet) -> Result<u64, StoreError> {
+    /// The active document, validated.
+    pub async fn active(&self) -> Result<Option<D>, StoreError> {
+        match self.active_raw().await? {
+            None => Ok(None),
+            Some(text) => D::parse(&text).map(Some).map_err(StoreError::Invalid),
+        }
+    }
+
+    /// Writes `doc` as the next version after the active one (`active + 1`, or its own
+    /// version, at least 1, when Redis holds none) with compare-and-set; returns the new
+    /// version.
+    pub async fn push(&self, mut doc: D) -> Result<u64, StoreError> {
         let expected = match self.active_raw().await? {
             Some(text) => version_of(&text),
             None => -1,
         };
         if expected >= 0 {
-            set.version = expected as u64 + 1;
+            doc.set_version(expected as u64 + 1);
+        } else if doc.version() == 0 {
+            // Versions start at 1: 0 is what a freshly trained, never pushed model carries.
+            doc.set_version(1);
         }
-        self.push_expecting(&set, expected).await
+        self.push_expecting(&doc, expected).await
     }
 
-    /// Compare-and-set: writes `set` only if the active version is `expected` (-1: none).
-    /// The set is validated first: what Redis holds must be a document every router accepts
-    /// (a version past [`MAX_VERSION`] would come back rounded and break the next push).
-    pub async fn push_expecting(&self, set: &ProfileSet, expected: i64) -> Result<u64, StoreError> {
-        set.validate()
-            .map_err(|e| StoreError::Invalid(ProfileSetError::Invalid(e)))?;
+    /// Compare-and-set: writes `doc` only if the active version is `expected` (-1: none).
+    /// The document is validated first, as stored: what Redis holds must be a document
+    /// every router accepts (a version past [`MAX_VERSION`] would come back rounded and
+    /// break the next push).
+    pub async fn push_expecting(&self, doc: &D, expected: i64) -> Result<u64, StoreError> {
         if expected > MAX_VERSION as i64 {
-            return Err(StoreError::Invalid(ProfileSetError::Invalid(
-                ValidationErrors(vec![quantrouter_policy::FieldError {
-                    path: "version".into(),
-                    message: format!("the expected version {expected} is past {MAX_VERSION}"),
-                }]),
+            return Err(StoreError::Invalid(format!(
+                "version: the expected version {expected} is past {MAX_VERSION}"
             )));
         }
-        let document = serde_json::to_string_pretty(set).map_err(|e| {
-            StoreError::Invalid(ProfileSetError::Parse {
-                path: "$".into(),
-                message: e.to_string(),
-            })
-        })?;
+        let document = doc.to_json().map_err(StoreError::Invalid)?;
+        D::parse(&document).map_err(StoreError::Invalid)?;
         let mut conn = self.conn.clone();
         let script = redis::Script::new(PUSH_SCRIPT);
         let mut invocation = script.key(&self.keys.active);
@@ -233,8 +237,8 @@ impl RedisStore {
             .key(&self.keys.history)
             .arg(expected)
             .arg(&document)
-            .arg(set.version)
-            .arg(HISTORY_CAP)
+            .arg(doc.version())
+            .arg(D::HISTORY_CAP)
             .arg(&self.keys.channel);
         let (written, version): (i64, i64) = timed(invocation.invoke_async(&mut conn)).await??;
         if written == 1 {
@@ -255,7 +259,7 @@ impl RedisStore {
                 HistoryEntry {
                     version: value["version"].as_u64().unwrap_or_default(),
                     updated_at: value["updated_at"].as_str().map(str::to_owned),
-                    profiles: value["profiles"].as_array().map_or(0, Vec::len),
+                    summary: D::describe(&value),
                     document,
                 }
             })
@@ -272,8 +276,8 @@ impl RedisStore {
                 .ok_or(StoreError::NotInHistory(v))?,
             None => history.first().ok_or(StoreError::EmptyHistory)?,
         };
-        let set = ProfileSet::from_json(&entry.document).map_err(StoreError::Invalid)?;
-        self.push(set).await
+        let doc = D::parse(&entry.document).map_err(StoreError::Invalid)?;
+        self.push(doc).await
     }
 }
 

@@ -1,0 +1,330 @@
+//! Domain vocabularies the classifier counts as dense inputs: programming words and
+//! science and mathematics words.
+//!
+//! A bag of n-grams learns only the words its training data happen to use. These lists
+//! carry what any reader knows — that "JavaScript", "dataframe" or "recursion" ask for
+//! code, and "wavelength" or "irrational" for science — to prompts from sources the data
+//! never covered. They are generic vocabularies, not words picked from the data set.
+//! Words match on their first eight bytes, lowercased, so "accelerat" covers
+//! "accelerates" and "acceleration".
+
+use crate::features::cues::key;
+
+/// Which vocabulary a word belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Domain {
+    Code = 1,
+    Science = 2,
+}
+
+const CODE: &[&[u8]] = &[
+    // Languages, formats and tools.
+    b"python",
+    b"java",
+    b"javascri",
+    b"typescri",
+    b"ruby",
+    b"php",
+    b"perl",
+    b"rust",
+    b"golang",
+    b"kotlin",
+    b"swift",
+    b"scala",
+    b"haskell",
+    b"matlab",
+    b"fortran",
+    b"cobol",
+    b"html",
+    b"css",
+    b"sql",
+    b"mysql",
+    b"postgres",
+    b"sqlite",
+    b"mongodb",
+    b"json",
+    b"xml",
+    b"yaml",
+    b"regex",
+    b"bash",
+    b"shell",
+    b"powershe",
+    b"django",
+    b"flask",
+    b"react",
+    b"angular",
+    b"nodejs",
+    b"jquery",
+    b"pandas",
+    b"numpy",
+    b"tensorfl",
+    b"pytorch",
+    b"docker",
+    b"git",
+    b"linux",
+    b"unix",
+    b"api",
+    b"http",
+    b"url",
+    b"cpp",
+    b"csharp",
+    // Constructs and concepts.
+    b"function",
+    b"method",
+    b"methods",
+    b"class",
+    b"classes",
+    b"object",
+    b"objects",
+    b"array",
+    b"arrays",
+    b"string",
+    b"strings",
+    b"substrin",
+    b"integer",
+    b"integers",
+    b"boolean",
+    b"variable",
+    b"variables",
+    b"loop",
+    b"loops",
+    b"recursio",
+    b"recursiv",
+    b"algorith",
+    b"compile",
+    b"compiler",
+    b"debug",
+    b"syntax",
+    b"script",
+    b"scripts",
+    b"program",
+    b"programs",
+    b"programm",
+    b"code",
+    b"snippet",
+    b"database",
+    b"query",
+    b"queries",
+    b"datafram",
+    b"dictiona",
+    b"tuple",
+    b"tuples",
+    b"hashmap",
+    b"stack",
+    b"queue",
+    b"linked",
+    b"pointer",
+    b"struct",
+    b"interfac",
+    b"inherita",
+    b"construc",
+    b"exceptio",
+    b"paramete",
+    b"argument",
+    b"lambda",
+    b"iterate",
+    b"iterator",
+    b"iteratio",
+    b"sorting",
+    b"implemen",
+    b"refactor",
+    b"runtime",
+    b"endpoint",
+    b"thread",
+    b"threads",
+    b"async",
+    b"callback",
+    b"binary",
+    b"bitwise",
+    b"null",
+    b"regexp",
+    b"html5",
+    b"frontend",
+    b"backend",
+];
+
+const SCIENCE: &[&[u8]] = &[
+    // Physics.
+    b"physics",
+    b"velocity",
+    b"accelera",
+    b"force",
+    b"forces",
+    b"mass",
+    b"energy",
+    b"momentum",
+    b"friction",
+    b"gravity",
+    b"gravitat",
+    b"electric",
+    b"magnetic",
+    b"voltage",
+    b"resistan",
+    b"circuit",
+    b"waveleng",
+    b"frequenc",
+    b"photon",
+    b"electron",
+    b"proton",
+    b"neutron",
+    b"nucleus",
+    b"quantum",
+    b"orbit",
+    b"lens",
+    b"refracti",
+    b"density",
+    b"kinetic",
+    b"inertia",
+    b"torque",
+    b"pressure",
+    b"tempera",
+    b"thermody",
+    b"entropy",
+    b"radiatio",
+    b"particle",
+    b"oscillat",
+    b"pendulum",
+    b"projecti",
+    // Chemistry and biology.
+    b"chemical",
+    b"chemistr",
+    b"molecule",
+    b"molecula",
+    b"atom",
+    b"atoms",
+    b"atomic",
+    b"reaction",
+    b"acid",
+    b"oxidatio",
+    b"equilibr",
+    b"isotope",
+    b"compound",
+    b"enzyme",
+    b"protein",
+    b"genetic",
+    b"dna",
+    b"species",
+    // Mathematics and statistics.
+    b"theorem",
+    b"prove",
+    b"proof",
+    b"lemma",
+    b"derivati",
+    b"integral",
+    b"matrix",
+    b"vector",
+    b"eigenval",
+    b"polynomi",
+    b"equation",
+    b"equations",
+    b"irration",
+    b"rational",
+    b"prime",
+    b"divisibl",
+    b"factoria",
+    b"logarith",
+    b"exponent",
+    b"geometry",
+    b"triangle",
+    b"angle",
+    b"radius",
+    b"circle",
+    b"perimete",
+    b"probabil",
+    b"variance",
+    b"deviatio",
+    b"statisti",
+    b"hypothes",
+    b"regressi",
+    b"coeffici",
+    b"converge",
+    b"infinite",
+    b"infinity",
+    b"modulo",
+    b"algebra",
+    b"calculus",
+    b"sqrt",
+    b"square",
+    b"root",
+];
+
+const SLOT_BITS: u32 = 10;
+const SLOTS: usize = 1 << SLOT_BITS;
+
+const fn slot(key: u64) -> usize {
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOT_BITS)) as usize
+}
+
+/// Open addressing with linear probing: keys (0 = empty) and their domains.
+static TABLE: ([u64; SLOTS], [u8; SLOTS]) = {
+    let mut keys = [0u64; SLOTS];
+    let mut domains = [0u8; SLOTS];
+    let lists: [(&[&[u8]], Domain); 2] = [(CODE, Domain::Code), (SCIENCE, Domain::Science)];
+    let mut l = 0;
+    while l < lists.len() {
+        let (words, domain) = lists[l];
+        let mut w = 0;
+        while w < words.len() {
+            let k = key(words[w]);
+            let mut i = slot(k);
+            while keys[i] != 0 && keys[i] != k {
+                i = (i + 1) % SLOTS;
+            }
+            keys[i] = k;
+            domains[i] = domain as u8;
+            w += 1;
+        }
+        l += 1;
+    }
+    (keys, domains)
+};
+
+/// The domain of a word's key, if it has one.
+pub(crate) fn lookup(key: u64) -> Option<Domain> {
+    let (keys, domains) = &TABLE;
+    let mut i = slot(key);
+    while keys[i] != 0 {
+        if keys[i] == key {
+            return match domains[i] {
+                1 => Some(Domain::Code),
+                _ => Some(Domain::Science),
+            };
+        }
+        i = (i + 1) % SLOTS;
+    }
+    None
+}
+
+/// Accumulates the key of a word one lowercased byte at a time.
+pub(crate) fn push(key: u64, len: usize, byte: u8) -> u64 {
+    if len < 8 {
+        key | u64::from(byte) << (8 * len)
+    } else {
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn word(w: &str) -> Option<Domain> {
+        let k = w
+            .bytes()
+            .enumerate()
+            .fold(0, |k, (i, b)| push(k, i, b.to_ascii_lowercase()));
+        lookup(k)
+    }
+
+    #[test]
+    fn words_match_on_their_first_eight_bytes() {
+        assert_eq!(word("JavaScript"), Some(Domain::Code));
+        assert_eq!(word("recursion"), Some(Domain::Code));
+        assert_eq!(word("accelerates"), Some(Domain::Science));
+        assert_eq!(word("irrational"), Some(Domain::Science));
+        assert_eq!(word("the"), None);
+        assert_eq!(word("weather"), None);
+        assert_eq!(lookup(0), None);
+    }
+}

@@ -1,0 +1,138 @@
+//! The built-in classifier against the targets of `docs/routing.md`: where heavy and light
+//! prompts land on data it did not train on, task-class accuracy, and that the committed
+//! model is exactly what `scripts/train-classifier` makes from the shared data.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use quantrouter_policy::classifier::{
+    evaluate, leave_one_source_out, parse_labelled, train, LabelledPrompt, Split, TrainOptions,
+};
+use quantrouter_policy::{
+    decide, score, Classifier, ClassifierDocument, Overrides, ProfileSet, Prompt, Role,
+    RouteRequest, Segment, TaskClass, DEFAULT_CLASSIFIER, DEFAULT_PROFILE_SET,
+};
+
+fn read(relative: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "read {}: {e} (the shared/ folder sits beside the repo)",
+            path.display()
+        )
+    })
+}
+
+/// The training data as `scripts/train-classifier` assembles it (keep the two in step).
+fn training_data() -> Vec<LabelledPrompt> {
+    let mut data = parse_labelled(&read("../../../shared/eval/train-dev-mix.jsonl"), 0).unwrap();
+    let mut mix = parse_labelled(&read("../../../shared/eval/prompt-mix.jsonl"), 0).unwrap();
+    for p in &mut mix {
+        p.task_class = match p.source.as_str() {
+            "alpaca" => Some(TaskClass::General),
+            "humaneval" => Some(TaskClass::Code),
+            "gsm8k" => Some(TaskClass::Math),
+            _ => p.task_class,
+        };
+        if p.source == "gsm8k" {
+            p.source = "gsm8k_train".into();
+        }
+    }
+    data.extend(mix);
+    data.extend(parse_labelled(&read("../../eval/classifier-supplement.jsonl"), 0).unwrap());
+    data
+}
+
+fn default_set() -> ProfileSet {
+    ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap()
+}
+
+#[test]
+fn the_builtin_model_is_what_the_training_script_makes() {
+    let built = ClassifierDocument::from_json(DEFAULT_CLASSIFIER).unwrap();
+    let trained = train(&training_data(), &TrainOptions::default());
+    assert_eq!(
+        trained.sha256, built.sha256,
+        "crates/policy/classifier/default.json is stale: run scripts/train-classifier"
+    );
+    assert!(built.classifier().unwrap().weight_bytes() <= 2 * 1024 * 1024);
+}
+
+#[test]
+fn on_the_dev_split_heavy_prompts_stay_off_the_cheapest_tier() {
+    let set = default_set();
+    let model = Classifier::builtin().unwrap();
+    let data = training_data();
+    let dev: Vec<&LabelledPrompt> = data.iter().filter(|p| p.split == Split::Dev).collect();
+    let report = evaluate(&set, Some(&model), &dev).unwrap();
+    let summary = report.summary();
+    println!("{report}");
+    assert!(summary.heavy_to_cheapest.unwrap() <= 0.03, "{summary:?}");
+    assert!(summary.light_to_cheapest.unwrap() >= 0.85, "{summary:?}");
+    assert!(summary.task_class_accuracy.unwrap() >= 0.85, "{summary:?}");
+}
+
+#[test]
+fn sources_it_never_saw_are_routed_within_the_targets() {
+    let set = default_set();
+    let loso = leave_one_source_out(
+        &set,
+        &training_data(),
+        &TrainOptions::default(),
+        &["curated".to_owned()],
+    )
+    .unwrap();
+    println!("{loso}");
+    assert!(loso.mean_heavy_to_cheapest <= 0.15, "{loso}");
+    assert!(loso.mean_light_to_cheapest >= 0.75, "{loso}");
+    // prompt-mix.jsonl, measured by models that never saw its sources.
+    let of = |source: &str| {
+        loso.sources
+            .iter()
+            .find(|s| s.source == source)
+            .unwrap()
+            .summary
+            .clone()
+    };
+    assert!(of("alpaca").light_to_cheapest.unwrap() >= 0.80, "{loso}");
+    assert!(of("humaneval").heavy_to_cheapest.unwrap() <= 0.03, "{loso}");
+    assert!(
+        of("gsm8k_train").heavy_to_cheapest.unwrap() <= 0.03,
+        "{loso}"
+    );
+}
+
+#[test]
+fn hard_requests_in_plain_prose_stay_off_the_cheapest_tier() {
+    let set = default_set();
+    let model = Classifier::builtin().unwrap();
+    let cheapest = set.cheapest().id.clone();
+    for text in [
+        "Write a function that returns the k-th smallest element of a binary search tree \
+         without recursion and explain its complexity",
+        "A ladder leans against a wall; its foot slides away at a constant rate. Explain why \
+         the top accelerates as it nears the floor",
+        "Prove that the square root of two is irrational",
+    ] {
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text,
+            }],
+            wants_json: false,
+        };
+        let (features, _) = score(&prompt, &set.policy.complexity, Some(&model));
+        let request = RouteRequest {
+            features: &features,
+            max_tokens: None,
+            overrides: Overrides::default(),
+            routing_key: "test",
+        };
+        let decision = decide(&set, &request, &[]).unwrap();
+        assert_ne!(
+            set.profiles[decision.profile].id, cheapest,
+            "{text}: {features:?}"
+        );
+    }
+}

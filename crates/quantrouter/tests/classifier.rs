@@ -1,0 +1,401 @@
+//! The prompt classifier in a running router: explained in `/v1/route` and `/admin`,
+//! pushed through a real Redis to every replica, rolled back, watched in a file, and never
+//! replaced by an invalid model — without dropping a request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quantrouter::classifier::{self, ClassifierConfig, ClassifierStore};
+use quantrouter::documents::RedisStore;
+use quantrouter::server::ServerConfig;
+use quantrouter_policy::classifier::{parse_labelled, train, TrainOptions};
+use quantrouter_policy::ClassifierDocument;
+use support::redis_server::RedisServer;
+use support::{eventually, Harness};
+
+/// Greets land on the cheapest tier with the built-in model.
+const GREETING: &str = "Say hello in French.";
+
+/// A model trained on heavy code prompts only: it calls every prompt heavy code, so a
+/// greeting it scores leaves the cheapest tier.
+fn everything_is_code(seed: u64) -> ClassifierDocument {
+    let data: String = (0..24)
+        .map(|i| {
+            let prompt =
+                format!("Write a Python function number {i} that sorts a list of {seed} items.");
+            format!(
+                "{}\n",
+                serde_json::json!({"id": format!("c{i}"), "prompt": prompt, "label": "heavy",
+                    "task_class": "code", "split": "train"})
+            )
+        })
+        .collect();
+    let options = TrainOptions {
+        bits: 10,
+        ..TrainOptions::default()
+    };
+    train(&parse_labelled(&data, seed).unwrap(), &options)
+}
+
+/// `/v1/route` for one user message.
+async fn route(h: &Harness, text: &str) -> serde_json::Value {
+    let body =
+        serde_json::json!({"model": "auto", "messages": [{"role": "user", "content": text}]});
+    let reply = h.post("/v1/route", &body.to_string()).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    reply.json()
+}
+
+async fn admin_classifier(h: &Harness) -> serde_json::Value {
+    h.get(&h.admin_url("/admin/classifier")).await.json()
+}
+
+fn classifier_reloads(source: &str, result: &str) -> u64 {
+    quantrouter::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .find(|l| {
+            l.starts_with("quantrouter_classifier_reloads_total{")
+                && l.contains(&format!("source=\"{source}\""))
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn with_classifier(config: ClassifierConfig) -> Harness {
+    let store = classifier::start(config).await.unwrap().store;
+    Harness::start_with(Duration::ZERO, move |c: &mut ServerConfig| {
+        c.classifier = store
+    })
+    .await
+}
+
+fn config() -> ClassifierConfig {
+    ClassifierConfig {
+        file: None,
+        off: false,
+        file_interval: Duration::from_millis(20),
+        redis: None,
+        redis_poll: Duration::from_millis(50),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_explains_the_class_probabilities_and_the_words_that_moved_them() {
+    let h = Harness::start().await;
+    let answer = route(
+        &h,
+        "Write a function that returns the k-th smallest element of a binary search tree \
+         without recursion and explain its complexity",
+    )
+    .await;
+    assert_eq!(answer["task_class"], "code", "{answer}");
+    assert_ne!(answer["tier"], "int4", "{answer}");
+    let probabilities = answer["class_probabilities"].as_object().unwrap();
+    assert_eq!(probabilities.len(), 5, "{answer}");
+    let total: f64 = probabilities.values().map(|p| p.as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-6, "{answer}");
+    assert!(probabilities["code"].as_f64().unwrap() > 0.5, "{answer}");
+    let top = answer["top_features"].as_array().unwrap();
+    assert!(!top.is_empty() && top.len() <= 10, "{answer}");
+    assert!(
+        top.iter()
+            .any(|f| f["feature"] == "function" || f["feature"] == "[code_terms]"),
+        "the code words should be among what moved it: {answer}"
+    );
+    let greeting = route(&h, GREETING).await;
+    assert_eq!(greeting["tier"], "int4", "{greeting}");
+    let admin = admin_classifier(&h).await;
+    assert_eq!(admin["source"], "builtin");
+    assert_eq!(admin["active"], true);
+    assert!(
+        admin["metrics"]["dev"]["task_class_accuracy"]
+            .as_f64()
+            .unwrap()
+            >= 0.85,
+        "{admin}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_classifier_off_routing_uses_the_structural_score() {
+    let h = with_classifier(ClassifierConfig {
+        off: true,
+        ..config()
+    })
+    .await;
+    let answer = route(&h, GREETING).await;
+    assert!(answer.get("class_probabilities").is_none(), "{answer}");
+    assert_eq!(admin_classifier(&h).await["active"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
+    let redis = RedisServer::start(None);
+    let redis_config = || ClassifierConfig {
+        redis: Some((redis.client(), "qr".into())),
+        ..config()
+    };
+    let replicas = [
+        with_classifier(redis_config()).await,
+        with_classifier(redis_config()).await,
+    ];
+    for h in &replicas {
+        assert_eq!(route(h, GREETING).await["tier"], "int4");
+    }
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+        .await
+        .unwrap();
+    let code = everything_is_code(1);
+    let v1 = ops.push(code.clone()).await.unwrap();
+    for h in &replicas {
+        assert!(serving(h, v1, &code).await, "{}", admin_classifier(h).await);
+        let answer = route(h, GREETING).await;
+        assert_eq!(answer["task_class"], "code", "{answer}");
+        assert_ne!(answer["tier"], "int4", "{answer}");
+    }
+    let other = everything_is_code(2);
+    assert_ne!(other.sha256, code.sha256);
+    let v2 = ops.push(other.clone()).await.unwrap();
+    for h in &replicas {
+        assert!(
+            serving(h, v2, &other).await,
+            "{}",
+            admin_classifier(h).await
+        );
+    }
+
+    // Written past the CLI, a model whose digest does not match is rejected everywhere.
+    let rejected = classifier_reloads("redis", "rejected");
+    let mut tampered: serde_json::Value = serde_json::from_str(&other.to_json()).unwrap();
+    tampered["version"] = serde_json::json!(v2 + 1);
+    tampered["weights"]["bias"][0] = serde_json::json!(9.5);
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("SET")
+        .arg("qr:classifier")
+        .arg(tampered.to_string())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let counted = eventually(Duration::from_secs(5), || async {
+        classifier_reloads("redis", "rejected") >= rejected + 2
+    })
+    .await;
+    assert!(counted, "both replicas reject it");
+    for h in &replicas {
+        assert_eq!(
+            admin_classifier(h).await["version"],
+            v2,
+            "the last good model stays"
+        );
+    }
+
+    // Rollback re-publishes an earlier model over the bad document.
+    let v4 = ops.rollback(Some(v1)).await.unwrap();
+    assert_eq!(v4, v2 + 2);
+    for h in &replicas {
+        assert!(serving(h, v4, &code).await, "{}", admin_classifier(h).await);
+    }
+}
+
+/// Waits until `h` scores with `doc` as version `version`.
+async fn serving(h: &Harness, version: u64, doc: &ClassifierDocument) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        let admin = admin_classifier(h).await;
+        admin["version"] == version && admin["sha256"] == doc.sha256.as_str()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_while_models_change_all_succeed() {
+    let redis = RedisServer::start(None);
+    let h = with_classifier(ClassifierConfig {
+        redis: Some((redis.client(), "qr".into())),
+        ..config()
+    })
+    .await;
+    let workers = support::steady_requests(&h.url("/v1/chat/completions"), 6, 25, GREETING);
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+        .await
+        .unwrap();
+    let models = [everything_is_code(1), everything_is_code(2)];
+    let mut last = 0;
+    for i in 0..10 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        last = ops.push(models[i % 2].clone()).await.unwrap();
+    }
+    let mut failures = Vec::new();
+    for w in workers {
+        failures.extend(w.await.unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    let applied = eventually(Duration::from_secs(5), || async {
+        admin_classifier(&h).await["version"] == last
+    })
+    .await;
+    assert!(applied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_model_file_is_applied_and_a_bad_edit_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.json");
+    let builtin = ClassifierDocument::from_json(quantrouter_policy::DEFAULT_CLASSIFIER).unwrap();
+    std::fs::write(&path, builtin.to_json()).unwrap();
+    let h = with_classifier(ClassifierConfig {
+        file: Some(path.clone()),
+        ..config()
+    })
+    .await;
+    assert_eq!(admin_classifier(&h).await["source"], "file");
+    assert_eq!(route(&h, GREETING).await["tier"], "int4");
+
+    let code = everything_is_code(1);
+    std::fs::write(&path, code.to_json()).unwrap();
+    let applied = eventually(Duration::from_secs(5), || async {
+        admin_classifier(&h).await["sha256"] == code.sha256.as_str()
+    })
+    .await;
+    assert!(applied);
+    assert_ne!(route(&h, GREETING).await["tier"], "int4");
+
+    let rejected = classifier_reloads("file", "rejected");
+    std::fs::write(&path, &code.to_json()[..1000]).unwrap();
+    let counted = eventually(Duration::from_secs(5), || async {
+        classifier_reloads("file", "rejected") > rejected
+    })
+    .await;
+    assert!(counted);
+    assert_eq!(admin_classifier(&h).await["sha256"], code.sha256.as_str());
+}
+
+#[test]
+fn an_unreadable_model_file_at_start_up_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.json");
+    std::fs::write(&path, "{\"format\": \"quantrouter-classifier/1\"}").unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = runtime.block_on(classifier::start(ClassifierConfig {
+        file: Some(path),
+        ..config()
+    }));
+    assert!(started.is_err());
+    let _ = Arc::new(ClassifierStore::default());
+}
+
+#[test]
+fn the_cli_trains_evaluates_and_publishes_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("labels.jsonl");
+    let lines: String = [
+        ("Write a Python function that merges two sorted lists.", "heavy", "code"),
+        ("Implement a queue with two stacks.", "heavy", "code"),
+        ("A shop sells 3 apples for $2. How much do 12 apples cost?", "heavy", "math"),
+        ("Solve for x: 4x - 6 = 10.", "heavy", "math"),
+        ("What is the capital of Italy?", "light", "general"),
+        ("Say good night in Spanish.", "light", "general"),
+    ]
+    .iter()
+    .cycle()
+    .take(48)
+    .enumerate()
+    .map(|(i, (p, l, c))| format!("{}\n", serde_json::json!({"prompt": format!("{p} #{i}"), "label": l, "task_class": c, "source": if i % 2 == 0 { "a" } else { "b" }})))
+    .collect();
+    std::fs::write(&data, lines).unwrap();
+    let data = data.to_str().unwrap();
+    let out = dir.path().join("model.json");
+    let out = out.to_str().unwrap();
+    let train_args = [
+        "classifier",
+        "train",
+        "--data",
+        data,
+        "--out",
+        out,
+        "--bits",
+        "10",
+        "--seed",
+        "7",
+        "--leave-one-source-out",
+    ];
+    let (code, stdout, stderr) = support::cli(&train_args);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("task class accuracy"), "{stdout}");
+    assert!(stdout.contains("held-out source"), "{stdout}");
+    let first = std::fs::read(out).unwrap();
+    let (code, _, _) = support::cli(&train_args);
+    assert_eq!(code, 0);
+    assert_eq!(
+        std::fs::read(out).unwrap(),
+        first,
+        "the same data and seed give the same bytes"
+    );
+    let doc = ClassifierDocument::from_json(std::str::from_utf8(&first).unwrap()).unwrap();
+    assert!(doc.metrics.leave_one_source_out.is_some());
+
+    let (code, stdout, _) = support::cli(&["classifier", "eval", "--model", out, "--data", data]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("heavy -> cheapest"), "{stdout}");
+    let (code, _, stderr) = support::cli(&["classifier", "eval", "--data", "/nonexistent.jsonl"]);
+    assert_eq!(code, 1, "{stderr}");
+
+    let redis = RedisServer::start(None);
+    let url = redis.url();
+    let (code, stdout, stderr) = support::cli(&["classifier", "push", out, "--redis-url", &url]);
+    assert_eq!((code, stdout.trim()), (0, "pushed version 1"), "{stderr}");
+    let (code, stdout, _) = support::cli(&["classifier", "push", out, "--redis-url", &url]);
+    assert_eq!((code, stdout.trim()), (0, "pushed version 2"));
+    let (code, stdout, _) = support::cli(&["classifier", "get", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert_eq!(ClassifierDocument::from_json(&stdout).unwrap().version, 2);
+    let (code, stdout, _) = support::cli(&["classifier", "history", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("version     1") && stdout.contains(&doc.sha256[..12]),
+        "{stdout}"
+    );
+    let (code, stdout, _) = support::cli(&["classifier", "rollback", "--redis-url", &url]);
+    assert_eq!(
+        (code, stdout.trim()),
+        (0, "rolled back: published as version 3")
+    );
+
+    let bad = dir.path().join("bad.json");
+    let mut tampered: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    tampered["weights"]["blend"] = serde_json::json!(0.1);
+    std::fs::write(&bad, tampered.to_string()).unwrap();
+    let (code, _, stderr) = support::cli(&[
+        "classifier",
+        "push",
+        bad.to_str().unwrap(),
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(
+        code, 1,
+        "an invalid model is refused before Redis is touched: {stderr}"
+    );
+    assert!(stderr.contains("sha256"), "{stderr}");
+    let (code, _, _) = support::cli(&["classifier", "get", "--redis-url", "redis://127.0.0.1:1"]);
+    assert_eq!(code, 2);
+}
