@@ -32,6 +32,7 @@ mod profile;
 mod quality;
 mod seed;
 mod select;
+mod tenant;
 
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use classifier::{
@@ -48,6 +49,10 @@ pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
     decide, queue_wait_ms, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection,
     RouteError, RouteRequest, RoutingDecision,
+};
+pub use tenant::{
+    hash_key, is_valid_api_key, parse_key_hash, Tenant, TenantDocument, TenantError, TenantLimits,
+    MAX_BUDGET, MAX_COUNT_LIMIT, MAX_KEYS, MAX_KEY_BYTES,
 };
 
 /// The built-in profile set (`profiles/default.json`), used when no other source is set.
