@@ -28,6 +28,7 @@
 mod audit;
 pub mod classifier;
 mod features;
+pub mod limits;
 mod profile;
 mod quality;
 mod seed;
@@ -47,8 +48,8 @@ pub use profile::{
 pub use quality::{check_answer, check_choices, repetition_ratio, AnswerChoice, AnswerProblem};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
-    decide, queue_wait_ms, stable_percent, Candidate, Overrides, ProfileLoad, Reason, Rejection,
-    RouteError, RouteRequest, RoutingDecision,
+    decide, queue_wait_ms, stable_percent, Candidate, Downgrade, Overrides, ProfileLoad, Reason,
+    Rejection, RouteError, RouteRequest, RoutingDecision,
 };
 pub use tenant::{
     hash_key, is_valid_api_key, parse_key_hash, Tenant, TenantDocument, TenantError, TenantLimits,

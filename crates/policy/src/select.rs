@@ -28,6 +28,23 @@ pub struct Overrides<'a> {
     pub min_quality: Option<f64>,
     /// Route to this profile id regardless of utility.
     pub profile: Option<&'a str>,
+    /// A tenant's quality floor: the required quality never goes below it, downgraded or
+    /// not.
+    pub quality_floor: Option<f64>,
+    /// The profile ids a tenant may use; `None`: every profile. Others are not candidates,
+    /// and pinning one is an unknown profile.
+    pub allowed_profiles: Option<&'a [String]>,
+    /// A tenant near one of its limits: route cheaper.
+    pub downgrade: Option<Downgrade>,
+}
+
+/// How a request of a tenant past its soft limit is routed: the cost weight is multiplied
+/// and the required quality lowered (never below the tenant's floor), so cheaper tiers become
+/// feasible and preferred.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Downgrade {
+    pub cost_weight_factor: f64,
+    pub quality_drop: f64,
 }
 
 /// Live state of one profile, observed by the caller.
@@ -62,6 +79,8 @@ pub enum Reason {
     FallbackQuality,
     /// The preferred profile is scaled to zero; a warm one within budget serves instead.
     ColdStartAvoided,
+    /// Highest utility with the tenant past its soft limit ([`Downgrade`]).
+    BudgetDowngrade,
 }
 
 /// Why a candidate is not feasible.
@@ -106,7 +125,7 @@ pub struct RoutingDecision {
     pub required_quality: f64,
     pub latency_budget_ms: f64,
     pub expected_output_tokens: u32,
-    /// Every enabled profile, in profile-set order.
+    /// Every enabled profile the request may use, in profile-set order.
     pub candidates: Vec<Candidate>,
 }
 
@@ -140,10 +159,18 @@ pub fn decide(
         .latency_budget_ms
         .unwrap_or(policy.latency_budget_ms);
     let rq = &policy.required_quality;
+    let downgrade = req.overrides.downgrade;
     let required = req
         .overrides
         .min_quality
-        .unwrap_or(rq.base + (rq.max - rq.base) * features.complexity);
+        .unwrap_or(rq.base + (rq.max - rq.base) * features.complexity)
+        - downgrade.map_or(0.0, |d| d.quality_drop.max(0.0));
+    let required = required.max(req.overrides.quality_floor.unwrap_or(0.0));
+    let allowed = |p: &Profile| {
+        req.overrides
+            .allowed_profiles
+            .is_none_or(|ids| ids.contains(&p.id))
+    };
     let expected_out = req
         .max_tokens
         .map_or(policy.expected_output_tokens, |m| {
@@ -156,7 +183,7 @@ pub fn decide(
         .profiles
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.enabled)
+        .filter(|(_, p)| p.enabled && allowed(p))
         .map(|(i, p)| {
             let load = load.get(i).copied().unwrap_or(AVAILABLE);
             score(
@@ -171,16 +198,21 @@ pub fn decide(
             )
         })
         .collect();
-    apply_utility(&mut candidates, set);
+    let cost_factor = downgrade.map_or(1.0, |d| d.cost_weight_factor.max(1.0));
+    apply_utility(&mut candidates, set, cost_factor);
 
+    let utility = match downgrade {
+        Some(_) => Reason::BudgetDowngrade,
+        None => Reason::Utility,
+    };
     let adaptive = best_feasible(&candidates, set)
-        .map(|c| (c.profile, Reason::Utility))
+        .map(|c| (c.profile, utility))
         .or_else(|| best_quality(&candidates, set).map(|c| (c.profile, Reason::ConstraintsUnmet)));
 
     let (profile, reason) = if let Some(id) = req.overrides.profile {
         let pinned = set
             .index_of(id)
-            .filter(|&i| set.profiles[i].enabled)
+            .filter(|&i| set.profiles[i].enabled && allowed(&set.profiles[i]))
             .ok_or_else(|| RouteError::UnknownProfile(id.to_owned()))?;
         (pinned, Reason::Pinned)
     } else {
@@ -246,9 +278,11 @@ fn score(
     }
 }
 
-/// `U = w_q·Q − w_l·L/budget − w_c·C/C_max`, with C_max the costliest candidate.
-fn apply_utility(candidates: &mut [Candidate], set: &ProfileSet) {
+/// `U = w_q·Q − w_l·L/budget − w_c·C/C_max`, with C_max the costliest candidate and `w_c`
+/// multiplied by `cost_factor` (1 unless downgraded).
+fn apply_utility(candidates: &mut [Candidate], set: &ProfileSet, cost_factor: f64) {
     let w = &set.policy.weights;
+    let w_cost = w.cost * cost_factor;
     let budget = set.policy.latency_budget_ms;
     let c_max = candidates
         .iter()
@@ -258,7 +292,7 @@ fn apply_utility(candidates: &mut [Candidate], set: &ProfileSet) {
     for c in candidates {
         c.utility = w.quality * c.quality
             - w.latency * c.predicted_latency_ms / budget
-            - w.cost * c.cost / c_max;
+            - w_cost * c.cost / c_max;
     }
 }
 
@@ -405,11 +439,24 @@ impl RoutingDecision {
     }
 }
 
+// === impl Downgrade ===
+
+impl Downgrade {
+    /// A tenant past its soft limit: cost weighs four times as much, so among feasible
+    /// profiles the cheaper one wins even against a sizeable quality lead, and the required
+    /// quality drops by 0.1, about one tier's step in the default profile set, so the next
+    /// cheaper tier becomes feasible for all but the hardest prompts.
+    pub const NEAR_LIMIT: Downgrade = Downgrade {
+        cost_weight_factor: 4.0,
+        quality_drop: 0.1,
+    };
+}
+
 // === impl Reason ===
 
 impl Reason {
     /// Every reason, for tables indexed by reason (metric handles).
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::Utility,
         Reason::Pinned,
         Reason::ConstraintsUnmet,
@@ -418,6 +465,7 @@ impl Reason {
         Reason::FallbackError,
         Reason::FallbackQuality,
         Reason::ColdStartAvoided,
+        Reason::BudgetDowngrade,
     ];
 
     /// Position in [`Reason::ALL`], for tables indexed by reason.
@@ -436,6 +484,7 @@ impl Reason {
             Reason::FallbackError => "fallback_error",
             Reason::FallbackQuality => "fallback_quality",
             Reason::ColdStartAvoided => "cold_start_avoided",
+            Reason::BudgetDowngrade => "budget_downgrade",
         }
     }
 }

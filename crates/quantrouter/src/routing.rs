@@ -57,6 +57,7 @@ pub fn route(
         })?,
         min_quality: header_number(headers, MIN_QUALITY_HEADER, |v| (0.0..=1.0).contains(&v))?,
         profile: pinned,
+        ..Overrides::default()
     };
     let prompt = parsed.prompt();
     // A request with no text (an image-only message) is valid and routes as the simplest.

@@ -357,8 +357,102 @@ fn all_lists_every_reason_once_in_order() {
             Reason::FallbackError => 5,
             Reason::FallbackQuality => 6,
             Reason::ColdStartAvoided => 7,
+            Reason::BudgetDowngrade => 8,
         };
         assert_eq!(i, position, "{}", reason.as_str());
         assert_eq!(reason.index(), i, "{}", reason.as_str());
     }
+}
+
+#[test]
+fn a_downgrade_routes_a_code_prompt_to_the_cheapest_feasible_tier() {
+    let s = set();
+    let normal = route(&s, CODE, Overrides::default(), &[]).unwrap();
+    assert_ne!(tier(&s, &normal), "int4");
+    let o = Overrides {
+        downgrade: Some(Downgrade::NEAR_LIMIT),
+        ..Overrides::default()
+    };
+    let d = route(&s, CODE, o, &[]).unwrap();
+    assert_eq!(tier(&s, &d), "int4");
+    assert_eq!(d.reason, Reason::BudgetDowngrade);
+    assert!((d.required_quality - (normal.required_quality - 0.1)).abs() < 1e-12);
+    assert_eq!(d.reason.as_str(), "budget_downgrade");
+}
+
+#[test]
+fn the_quality_floor_bounds_a_downgrade_and_raises_normal_routing() {
+    let s = set();
+    let o = Overrides {
+        downgrade: Some(Downgrade::NEAR_LIMIT),
+        quality_floor: Some(0.9),
+        ..Overrides::default()
+    };
+    let d = route(&s, CODE, o, &[]).unwrap();
+    assert_eq!(d.required_quality, 0.9);
+    assert_ne!(
+        tier(&s, &d),
+        "int4",
+        "int4's code quality 0.80 is under the floor"
+    );
+    let o = Overrides {
+        quality_floor: Some(0.96),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    assert_eq!(tier(&s, &d), "fp16");
+}
+
+#[test]
+fn a_downgrade_does_not_move_a_pinned_request() {
+    let s = set();
+    let o = Overrides {
+        downgrade: Some(Downgrade::NEAR_LIMIT),
+        profile: Some("llama8b-fp16"),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    assert_eq!(
+        (tier(&s, &d), d.reason),
+        ("fp16".to_owned(), Reason::Pinned)
+    );
+}
+
+#[test]
+fn profiles_outside_the_allowed_list_are_not_candidates_nor_pinnable() {
+    let s = set();
+    let allowed = ["llama8b-fp8".to_owned(), "llama8b-fp16".to_owned()];
+    let o = Overrides {
+        allowed_profiles: Some(&allowed),
+        ..Overrides::default()
+    };
+    let d = route(&s, SIMPLE, o, &[]).unwrap();
+    assert_eq!(tier(&s, &d), "fp8");
+    assert_eq!(d.candidates.len(), 2);
+    let pinned = Overrides {
+        profile: Some("llama8b-awq"),
+        ..o
+    };
+    assert_eq!(
+        route(&s, SIMPLE, pinned, &[]).unwrap_err(),
+        RouteError::UnknownProfile("llama8b-awq".into())
+    );
+    // Only int4 allowed, and it is down: nothing else may stand in.
+    let only_int4 = ["llama8b-awq".to_owned()];
+    let o = Overrides {
+        allowed_profiles: Some(&only_int4),
+        ..Overrides::default()
+    };
+    let load = [
+        ProfileLoad::default(),
+        ProfileLoad::default(),
+        ProfileLoad {
+            available: false,
+            ..ProfileLoad::default()
+        },
+    ];
+    assert_eq!(
+        route(&s, SIMPLE, o, &load).unwrap_err(),
+        RouteError::NoAvailableProfile
+    );
 }
