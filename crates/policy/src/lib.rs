@@ -34,6 +34,7 @@ mod quality;
 mod seed;
 mod select;
 mod tenant;
+pub mod wait_queue;
 
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use classifier::{
