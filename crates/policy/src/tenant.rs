@@ -211,6 +211,11 @@ impl Tenant {
                 format!("{path}.id"),
                 "must be 1 to 64 characters of [A-Za-z0-9._-], starting with a letter or digit",
             );
+        } else if self.id == "other" {
+            err(
+                format!("{path}.id"),
+                "`other` is reserved: it labels the metrics of the tenants outside the top N",
+            );
         }
         for (j, hash) in self.key_sha256.iter().enumerate() {
             if !is_key_hash(hash) {

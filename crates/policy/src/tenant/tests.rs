@@ -134,7 +134,7 @@ fn ids_are_bounded_to_a_label_safe_charset() {
         d.tenants[0].id = good.to_owned();
         assert!(errors_of(&d).is_empty(), "{good}");
     }
-    for bad in ["", "-a", ".a", "a:b", "a b", "é", &"x".repeat(65)] {
+    for bad in ["", "-a", ".a", "a:b", "a b", "é", "other", &"x".repeat(65)] {
         d.tenants[0].id = bad.to_owned();
         assert_eq!(errors_of(&d).len(), 1, "{bad:?}");
     }
