@@ -18,6 +18,7 @@ pub mod resilience;
 pub mod routing;
 pub mod server;
 pub mod telemetry;
+pub mod tenants;
 pub mod tier_profile;
 pub mod tls;
 pub mod traces;

@@ -33,7 +33,7 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
 }
 
 /// Recurses into objects so a change names its leaf field.
-fn changed_fields(path: &str, old: &Value, new: &Value, lines: &mut Vec<String>) {
+pub(crate) fn changed_fields(path: &str, old: &Value, new: &Value, lines: &mut Vec<String>) {
     if old == new {
         return;
     }
