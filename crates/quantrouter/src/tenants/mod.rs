@@ -1,6 +1,6 @@
 //! Tenants (SPEC §10): who may call the router, with which key, within which limits and
 //! routing bounds; where that document comes from; and the check of a request's key.
-//! Counting and enforcing the limits comes next.
+//! [`limiter`] counts and enforces the limits cluster-wide, [`usage`] reports them.
 //!
 //! Like profile sets and classifier models, a tenant document is applied whole: a request
 //! loads the active [`TenantSnapshot`] once, a reload validates a new document completely
@@ -31,6 +31,8 @@ use crate::documents::{Document, RedisStore, StoreError};
 pub mod diff;
 pub mod keys;
 pub mod labels;
+pub mod limiter;
+pub mod usage;
 
 pub use keys::{bearer, KeyIndex, KeyRejected};
 

@@ -122,6 +122,25 @@ impl RedisServer {
         redis::cmd("PING").query::<String>(&mut conn).is_ok()
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers, as with a
+    /// Redis stuck in a long command or behind a dead network path.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} redis-server");
+    }
+
     pub fn url(&self) -> String {
         let scheme = if self.tls_dir.is_some() {
             "rediss"

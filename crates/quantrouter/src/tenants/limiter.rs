@@ -1,0 +1,788 @@
+//! Counting and enforcing tenant limits across every replica (SPEC §10).
+//!
+//! The counters live in Redis, one key per tenant, kind and window under
+//! `<prefix>:tenants:usage:`. A request costs one round trip: [`ADMIT_SCRIPT`] reads the
+//! tenant's four counters, makes the same comparisons as
+//! [`quantrouter_policy::limits::exceeded`] and, when it admits, counts the request and its
+//! estimated tokens, all atomically, so N replicas enforce one limit. When the answer's
+//! `usage` is known, [`Limiter::settle`] corrects the tokens and adds the spend
+//! ([`APPLY_SCRIPT`]), off the request's path.
+//!
+//! No request waits on Redis beyond [`LimiterConfig::redis_timeout`]: a failed or slow call
+//! marks Redis out of reach, and from then on requests are decided locally, each replica on
+//! its share of what was left of each limit (the headroom over the counters it last read,
+//! divided by the replicas seen recently). The heartbeat task notices when Redis is back,
+//! adds what was counted locally meanwhile to the shared counters, and only then sends
+//! requests to Redis again. Without Redis at all, each replica enforces the whole limit.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use quantrouter_policy::limits::{
+    admit, to_micros, Counters, LimitDecision, Outcome, WindowedCounters, Windows, MINUTE_MS,
+};
+use quantrouter_policy::MAX_COUNT_LIMIT;
+use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
+
+use super::ActiveTenant;
+
+/// Checks a request against the tenant's counters and counts it if admitted, atomically.
+/// Limits are -1 when absent; the comparisons and their order are those of
+/// `quantrouter_policy::limits::exceeded`. Returns the refusing limit (0 none, 1 requests,
+/// 2 tokens, 3 daily budget, 4 monthly budget) and the counters before this request.
+pub const ADMIT_SCRIPT: &str = r#"
+local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
+local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
+local day = tonumber(redis.call('GET', KEYS[3]) or '0')
+local month = tonumber(redis.call('GET', KEYS[4]) or '0')
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local per_day, per_month = tonumber(ARGV[3]), tonumber(ARGV[4])
+local estimate = tonumber(ARGV[5])
+local refused = 0
+if per_month >= 0 and month >= per_month then refused = 4
+elseif per_day >= 0 and day >= per_day then refused = 3
+elseif rpm >= 0 and requests + 1 > rpm then refused = 1
+elseif tpm >= 0 and tokens + estimate > tpm then refused = 2
+end
+if refused == 0 then
+  redis.call('INCR', KEYS[1])
+  redis.call('PEXPIREAT', KEYS[1], ARGV[6])
+  if estimate > 0 then
+    redis.call('INCRBY', KEYS[2], estimate)
+    redis.call('PEXPIREAT', KEYS[2], ARGV[6])
+  end
+end
+return {refused, requests, tokens, day, month}
+"#;
+
+/// Adds signed amounts to counters (a token correction may be negative) with their expiry;
+/// a counter never goes below zero, even when Redis lost what a correction refers to.
+/// ARGV holds a delta and an expiry time (Unix ms) per key.
+pub const APPLY_SCRIPT: &str = r#"
+for i, key in ipairs(KEYS) do
+  local delta = tonumber(ARGV[2 * i - 1])
+  if delta ~= 0 then
+    local value = redis.call('INCRBY', key, delta)
+    if value < 0 then
+      redis.call('SET', key, 0, 'KEEPTTL')
+    end
+    redis.call('PEXPIREAT', key, ARGV[2 * i])
+  end
+end
+return 1
+"#;
+
+/// Calls outside a request (heartbeat, flush) never wait longer than this.
+const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How the limiter talks to Redis, with each default's reason.
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    /// The shared counters' Redis and key prefix; `None`: each replica counts alone.
+    pub redis: Option<(redis::Client, String)>,
+    /// This replica's name among the replicas seen recently.
+    pub replica_id: String,
+    /// Longest a request waits for the admission script: a healthy Redis answers in well
+    /// under a millisecond, and 50 ms bounds what one request loses to a failing one before
+    /// the rest are decided locally.
+    pub redis_timeout: Duration,
+    /// How often this replica tells Redis it is alive, and, while Redis is out of reach,
+    /// tries it again: an outage is over for requests within two seconds of Redis's return.
+    pub heartbeat: Duration,
+    /// A replica not heard from for this long no longer counts in local shares: five
+    /// heartbeats, so one late heartbeat does not change anybody's share.
+    pub replica_ttl: Duration,
+}
+
+/// Counts tenants' usage and decides each request against their limits.
+#[derive(Debug)]
+pub struct Limiter {
+    shared: Arc<Shared>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+/// The decision on one request.
+#[derive(Debug)]
+pub struct Admission {
+    pub decision: LimitDecision,
+    /// Where the counters came from.
+    pub source: CounterSource,
+    /// For [`Limiter::settle`] when the answer ends; `None` when refused.
+    pub ticket: Option<Ticket>,
+}
+
+/// Whose counters a decision used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterSource {
+    /// The cluster's, in Redis.
+    Redis,
+    /// This replica's own, on its share of the limits.
+    Local,
+}
+
+/// An admitted request whose tokens are still an estimate.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    tenant: Arc<str>,
+    estimate: u64,
+    admitted_ms: u64,
+}
+
+/// What a limiter has done, for tests and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimiterStats {
+    pub redis_decisions: u64,
+    pub local_decisions: u64,
+    /// Requests whose admission call to Redis failed or timed out: each waited at most
+    /// [`LimiterConfig::redis_timeout`] and then was decided locally.
+    pub redis_failures: u64,
+    /// Whether requests currently go to Redis.
+    pub redis_up: bool,
+    /// Replicas seen recently (this one included); 1 without Redis.
+    pub replicas: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    redis: Option<RedisCounters>,
+    replica_id: String,
+    redis_timeout: Duration,
+    replica_ttl: Duration,
+    replicas: AtomicU64,
+    tenants: Mutex<HashMap<Arc<str>, TenantState>>,
+    redis_decisions: AtomicU64,
+    local_decisions: AtomicU64,
+    redis_failures: AtomicU64,
+}
+
+#[derive(Debug)]
+struct RedisCounters {
+    client: redis::Client,
+    prefix: String,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    /// Requests go to Redis only while this is set: cleared by any failure, set by the
+    /// heartbeat once what was counted locally meanwhile is in Redis.
+    up: AtomicBool,
+    admit: redis::Script,
+    apply: redis::Script,
+}
+
+/// What this replica knows of one tenant.
+#[derive(Debug, Default)]
+struct TenantState {
+    /// The cluster's counters as Redis last answered (this replica's charges since added).
+    seen: Option<WindowedCounters>,
+    /// What this replica counted since Redis last answered for the tenant.
+    own: Option<WindowedCounters>,
+    /// Amounts counted locally that Redis does not have yet, by counter key.
+    unsynced: HashMap<String, Pending>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    delta: i64,
+    expire_at_ms: u64,
+}
+
+/// The counter keys of one tenant in one set of windows, with when each expires.
+#[derive(Debug, Clone)]
+pub struct CounterKeys {
+    pub requests: String,
+    pub tokens: String,
+    pub spend_day: String,
+    pub spend_month: String,
+    pub minute_expiry_ms: u64,
+    pub day_expiry_ms: u64,
+    pub month_expiry_ms: u64,
+}
+
+/// Why a Redis exchange failed.
+#[derive(Debug, thiserror::Error)]
+enum CounterError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+// === impl LimiterConfig ===
+
+impl LimiterConfig {
+    /// Defaults for a replica named `replica_id` counting in `redis`, if any.
+    pub fn new(redis: Option<(redis::Client, String)>, replica_id: String) -> Self {
+        Self {
+            redis,
+            replica_id,
+            redis_timeout: Duration::from_millis(50),
+            heartbeat: Duration::from_secs(2),
+            replica_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+// === impl CounterKeys ===
+
+impl CounterKeys {
+    /// `<prefix>:tenants:usage:<tenant>:{requests,tokens}:<YYYYMMDDHHMM>` and
+    /// `…:spend:<YYYYMMDD>` / `…:spend:<YYYYMM>`. Each expires a little after its window, so
+    /// a replica whose clock is slightly behind still finds it.
+    pub fn new(prefix: &str, tenant: &str, windows: Windows) -> Self {
+        let base = format!("{prefix}:tenants:usage:{tenant}");
+        let minute = windows.minute_label();
+        Self {
+            requests: format!("{base}:requests:{minute}"),
+            tokens: format!("{base}:tokens:{minute}"),
+            spend_day: format!("{base}:spend:{}", windows.day_label()),
+            spend_month: format!("{base}:spend:{}", windows.month_label()),
+            minute_expiry_ms: windows.minute_end_ms().saturating_add(MINUTE_MS),
+            day_expiry_ms: windows.day_end_ms().saturating_add(3_600_000),
+            month_expiry_ms: windows.month_end_ms().saturating_add(86_400_000),
+        }
+    }
+
+    /// The four keys in the order the scripts and usage reads take them.
+    pub fn all(&self) -> [&str; 4] {
+        [
+            &self.requests,
+            &self.tokens,
+            &self.spend_day,
+            &self.spend_month,
+        ]
+    }
+}
+
+/// `<prefix>:tenants:replicas`: a sorted set of replica ids scored by their last heartbeat.
+pub fn replicas_key(prefix: &str) -> String {
+    format!("{prefix}:tenants:replicas")
+}
+
+// === impl Limiter ===
+
+impl Limiter {
+    /// A limiter; with Redis it first tries to reach it (at most a second) so the first
+    /// requests already count cluster-wide, then keeps a heartbeat running until dropped.
+    pub async fn start(config: LimiterConfig) -> Self {
+        let redis = config.redis.map(|(client, prefix)| RedisCounters {
+            client,
+            prefix,
+            conn: Mutex::new(None),
+            up: AtomicBool::new(false),
+            admit: redis::Script::new(ADMIT_SCRIPT),
+            apply: redis::Script::new(APPLY_SCRIPT),
+        });
+        let shared = Arc::new(Shared {
+            redis,
+            replica_id: config.replica_id,
+            redis_timeout: config.redis_timeout,
+            replica_ttl: config.replica_ttl,
+            replicas: AtomicU64::new(1),
+            tenants: Mutex::new(HashMap::new()),
+            redis_decisions: AtomicU64::new(0),
+            local_decisions: AtomicU64::new(0),
+            redis_failures: AtomicU64::new(0),
+        });
+        let heartbeat = match shared.redis.is_some() {
+            true => {
+                shared.beat().await;
+                let shared = Arc::clone(&shared);
+                let interval = config.heartbeat;
+                Some(tokio::spawn(async move {
+                    let mut ticker = tokio::time::interval(interval);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    ticker.tick().await;
+                    loop {
+                        ticker.tick().await;
+                        shared.beat().await;
+                    }
+                }))
+            }
+            false => None,
+        };
+        Self { shared, heartbeat }
+    }
+
+    /// Decides one request of `tenant` estimated at `tokens` tokens at `now_ms` (Unix ms),
+    /// and counts it if admitted.
+    pub async fn admit(&self, tenant: &ActiveTenant, tokens: u64, now_ms: u64) -> Admission {
+        let tokens = tokens.min(MAX_COUNT_LIMIT);
+        let shared = &self.shared;
+        if let Some(redis) = shared.redis.as_ref() {
+            if let Some(conn) = redis.connection_if_up() {
+                let call = redis.admit_call(conn, tenant, tokens, now_ms);
+                let answer = match tokio::time::timeout(shared.redis_timeout, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(CounterError::Timeout(shared.redis_timeout)),
+                };
+                match answer {
+                    Ok(before) => return shared.decided_by_redis(tenant, before, tokens, now_ms),
+                    Err(error) => {
+                        shared.redis_failures.fetch_add(1, Ordering::Relaxed);
+                        redis.mark_down(&error);
+                    }
+                }
+            }
+        }
+        shared.admit_locally(tenant, tokens, now_ms)
+    }
+
+    /// Corrects an admitted request's tokens to what its answer used and adds its `cost`
+    /// (in the profiles' currency) to the tenant's spend, at `now_ms`. Returns once the
+    /// correction is in Redis or, failing that, counted locally for later.
+    pub async fn settle(&self, ticket: Ticket, tokens: u64, cost: f64, now_ms: u64) {
+        let shared = &self.shared;
+        let delta = i64::try_from(tokens.min(MAX_COUNT_LIMIT)).unwrap_or(i64::MAX)
+            - i64::try_from(ticket.estimate).unwrap_or(i64::MAX);
+        // A correction to a minute that is over changes nothing anybody will read.
+        let same_minute = Windows::at(ticket.admitted_ms).minute == Windows::at(now_ms).minute;
+        let delta = if same_minute { delta } else { 0 };
+        let spend = to_micros(cost).min(MAX_COUNT_LIMIT);
+        if delta == 0 && spend == 0 {
+            return;
+        }
+        if let Some(redis) = shared.redis.as_ref() {
+            let updates = settle_updates(&redis.prefix, &ticket, delta, spend, now_ms);
+            if let Some(conn) = redis.connection_if_up() {
+                let call = redis.apply_call(conn, &updates);
+                match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
+                    Ok(Ok(())) => {
+                        shared.note_spend(&ticket.tenant, spend, now_ms);
+                        return;
+                    }
+                    Ok(Err(error)) => redis.mark_down(&error),
+                    Err(_) => redis.mark_down(&CounterError::Timeout(BACKGROUND_TIMEOUT)),
+                }
+            }
+            shared.keep_unsynced(&ticket.tenant, &updates);
+        }
+        shared.count_locally(&ticket.tenant, 0, delta, spend, now_ms);
+    }
+
+    /// What this limiter has done so far.
+    pub fn stats(&self) -> LimiterStats {
+        let shared = &self.shared;
+        LimiterStats {
+            redis_decisions: shared.redis_decisions.load(Ordering::Relaxed),
+            local_decisions: shared.local_decisions.load(Ordering::Relaxed),
+            redis_failures: shared.redis_failures.load(Ordering::Relaxed),
+            redis_up: shared
+                .redis
+                .as_ref()
+                .is_some_and(|r| r.up.load(Ordering::Acquire)),
+            replicas: shared.replicas.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The counters of `tenant` in the windows of `now_ms`: the cluster's from Redis when it
+    /// answers, else what this replica knows (its last read plus its own since), and which.
+    pub async fn counters(&self, tenant: &str, now_ms: u64) -> (Counters, CounterSource) {
+        let ids = [tenant];
+        let mut read = self.read_counters(&ids, now_ms).await;
+        read.0
+            .pop()
+            .map_or((Counters::default(), read.1), |c| (c, read.1))
+    }
+
+    /// [`Limiter::counters`] of several tenants in one round trip.
+    pub async fn read_counters(
+        &self,
+        tenants: &[&str],
+        now_ms: u64,
+    ) -> (Vec<Counters>, CounterSource) {
+        let shared = &self.shared;
+        if let Some(redis) = shared.redis.as_ref() {
+            if let Some(mut conn) = redis.connection_if_up() {
+                let read = super::usage::read_counters(&mut conn, &redis.prefix, tenants, now_ms);
+                if let Ok(Ok(counters)) = tokio::time::timeout(BACKGROUND_TIMEOUT, read).await {
+                    return (counters, CounterSource::Redis);
+                }
+            }
+        }
+        let states = shared.lock_tenants();
+        let counters = tenants
+            .iter()
+            .map(|id| {
+                states.get(*id).map_or_else(Counters::default, |s| {
+                    let seen = s.seen.map_or_else(Counters::default, |c| c.at(now_ms));
+                    let own = s.own.map_or_else(Counters::default, |c| c.at(now_ms));
+                    Counters {
+                        requests: seen.requests.saturating_add(own.requests),
+                        tokens: seen.tokens.saturating_add(own.tokens),
+                        spend_day: seen.spend_day.saturating_add(own.spend_day),
+                        spend_month: seen.spend_month.saturating_add(own.spend_month),
+                    }
+                })
+            })
+            .collect();
+        (counters, CounterSource::Local)
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        if let Some(task) = &self.heartbeat {
+            task.abort();
+        }
+    }
+}
+
+/// A settled request's amounts as counter updates: the token correction in the minute it
+/// was admitted, the spend in today's and this month's windows.
+fn settle_updates(
+    prefix: &str,
+    ticket: &Ticket,
+    delta: i64,
+    spend: u64,
+    now_ms: u64,
+) -> Vec<(String, Pending)> {
+    let admitted = CounterKeys::new(prefix, &ticket.tenant, Windows::at(ticket.admitted_ms));
+    let now = CounterKeys::new(prefix, &ticket.tenant, Windows::at(now_ms));
+    let spend = i64::try_from(spend).unwrap_or(i64::MAX);
+    let mut updates = Vec::with_capacity(3);
+    if delta != 0 {
+        updates.push((
+            admitted.tokens,
+            Pending {
+                delta,
+                expire_at_ms: admitted.minute_expiry_ms,
+            },
+        ));
+    }
+    if spend != 0 {
+        updates.push((
+            now.spend_day,
+            Pending {
+                delta: spend,
+                expire_at_ms: now.day_expiry_ms,
+            },
+        ));
+        updates.push((
+            now.spend_month,
+            Pending {
+                delta: spend,
+                expire_at_ms: now.month_expiry_ms,
+            },
+        ));
+    }
+    updates
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn lock_tenants(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, TenantState>> {
+        self.tenants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn decided_by_redis(
+        &self,
+        tenant: &ActiveTenant,
+        before: Counters,
+        tokens: u64,
+        now_ms: u64,
+    ) -> Admission {
+        self.redis_decisions.fetch_add(1, Ordering::Relaxed);
+        let decision = admit(&tenant.quota, &before, tokens, now_ms);
+        let admitted = !matches!(decision.outcome, Outcome::Refuse { .. });
+        let after = if admitted {
+            before.plus_request(tokens)
+        } else {
+            before
+        };
+        let mut states = self.lock_tenants();
+        let state = states.entry(Arc::clone(&tenant.id)).or_default();
+        state.seen = Some(WindowedCounters {
+            windows: Windows::at(now_ms),
+            counters: after,
+        });
+        state.own = None;
+        Admission {
+            decision,
+            source: CounterSource::Redis,
+            ticket: admitted.then(|| Ticket {
+                tenant: Arc::clone(&tenant.id),
+                estimate: tokens,
+                admitted_ms: now_ms,
+            }),
+        }
+    }
+
+    /// Decides on this replica's share of what the cluster had left when last read.
+    fn admit_locally(&self, tenant: &ActiveTenant, tokens: u64, now_ms: u64) -> Admission {
+        self.local_decisions.fetch_add(1, Ordering::Relaxed);
+        let mut states = self.lock_tenants();
+        let state = states.entry(Arc::clone(&tenant.id)).or_default();
+        let quota = match &self.redis {
+            Some(_) => {
+                let seen = state.seen.map_or_else(Counters::default, |s| s.at(now_ms));
+                tenant
+                    .quota
+                    .local_share(&seen, self.replicas.load(Ordering::Relaxed))
+            }
+            None => tenant.quota,
+        };
+        let own = state
+            .own
+            .get_or_insert_with(|| WindowedCounters::new(now_ms));
+        let decision = admit(&quota, &own.at(now_ms), tokens, now_ms);
+        let admitted = !matches!(decision.outcome, Outcome::Refuse { .. });
+        if admitted {
+            own.charge(now_ms, 1, i64::try_from(tokens).unwrap_or(i64::MAX), 0);
+            if let Some(redis) = &self.redis {
+                let keys = CounterKeys::new(&redis.prefix, &tenant.id, Windows::at(now_ms));
+                add_pending(&mut state.unsynced, keys.requests, 1, keys.minute_expiry_ms);
+                let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+                add_pending(
+                    &mut state.unsynced,
+                    keys.tokens,
+                    tokens,
+                    keys.minute_expiry_ms,
+                );
+            }
+        }
+        Admission {
+            decision,
+            source: CounterSource::Local,
+            ticket: admitted.then(|| Ticket {
+                tenant: Arc::clone(&tenant.id),
+                estimate: tokens,
+                admitted_ms: now_ms,
+            }),
+        }
+    }
+
+    /// Counts a settled request's amounts in this replica's own counters.
+    fn count_locally(
+        &self,
+        tenant: &Arc<str>,
+        requests: u64,
+        tokens: i64,
+        spend: u64,
+        now_ms: u64,
+    ) {
+        let mut states = self.lock_tenants();
+        let state = states.entry(Arc::clone(tenant)).or_default();
+        state
+            .own
+            .get_or_insert_with(|| WindowedCounters::new(now_ms))
+            .charge(now_ms, requests, tokens, spend);
+    }
+
+    /// Keeps a settled request's spend in the last read of the cluster's counters, so the
+    /// local shares after an outage start from it.
+    fn note_spend(&self, tenant: &Arc<str>, spend: u64, now_ms: u64) {
+        let mut states = self.lock_tenants();
+        if let Some(seen) = states.get_mut(tenant).and_then(|s| s.seen.as_mut()) {
+            seen.charge(now_ms, 0, 0, spend);
+        }
+    }
+
+    fn keep_unsynced(&self, tenant: &Arc<str>, updates: &[(String, Pending)]) {
+        let mut states = self.lock_tenants();
+        let state = states.entry(Arc::clone(tenant)).or_default();
+        for (key, pending) in updates {
+            add_pending(
+                &mut state.unsynced,
+                key.clone(),
+                pending.delta,
+                pending.expire_at_ms,
+            );
+        }
+    }
+
+    /// One heartbeat: say this replica is alive and count the replicas seen recently; then
+    /// hand Redis what was counted locally; only then do requests go to Redis again.
+    async fn beat(&self) {
+        let Some(redis) = self.redis.as_ref() else {
+            return;
+        };
+        let now_ms = unix_ms(SystemTime::now());
+        let beat = async {
+            let mut conn = redis.connection().await?;
+            let key = replicas_key(&redis.prefix);
+            let ttl_ms = u64::try_from(self.replica_ttl.as_millis()).unwrap_or(u64::MAX);
+            let mut pipe = redis::pipe();
+            pipe.zadd(&key, &self.replica_id, now_ms)
+                .ignore()
+                .cmd("ZREMRANGEBYSCORE")
+                .arg(&key)
+                .arg("-inf")
+                .arg(now_ms.saturating_sub(ttl_ms))
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ttl_ms.saturating_mul(2))
+                .ignore()
+                .zcard(&key);
+            let (replicas,): (u64,) = pipe.query_async(&mut conn).await?;
+            Ok::<_, CounterError>((conn, replicas))
+        };
+        let (conn, replicas) = match tokio::time::timeout(BACKGROUND_TIMEOUT, beat).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => return redis.mark_down(&error),
+            Err(_) => return redis.mark_down(&CounterError::Timeout(BACKGROUND_TIMEOUT)),
+        };
+        self.replicas.store(replicas.max(1), Ordering::Relaxed);
+        // A beat that was in flight through an outage answers on the connection it started
+        // with, which a failed request may have dropped meanwhile: requests need one too.
+        redis
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| conn.clone());
+        let pending = self.take_unsynced(now_ms);
+        if !pending.is_empty() {
+            let updates: Vec<(String, Pending)> = pending
+                .iter()
+                .map(|(_, key, p)| (key.clone(), *p))
+                .collect();
+            let call = redis.apply_call(conn, &updates);
+            let flushed = match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
+                Ok(result) => result,
+                Err(_) => Err(CounterError::Timeout(BACKGROUND_TIMEOUT)),
+            };
+            if let Err(error) = flushed {
+                self.return_unsynced(pending);
+                return redis.mark_down(&error);
+            }
+            tracing::info!(
+                counters = updates.len(),
+                "tenant usage counted during the redis outage is in redis"
+            );
+        }
+        if !redis.up.swap(true, Ordering::AcqRel) {
+            tracing::info!(replicas, "tenant limits counted in redis");
+        }
+    }
+
+    /// Every tenant's unsynced amounts whose windows are not over, taken out.
+    fn take_unsynced(&self, now_ms: u64) -> Vec<(Arc<str>, String, Pending)> {
+        let mut states = self.lock_tenants();
+        let mut taken = Vec::new();
+        for (tenant, state) in states.iter_mut() {
+            for (key, pending) in state.unsynced.drain() {
+                if pending.expire_at_ms > now_ms && pending.delta != 0 {
+                    taken.push((Arc::clone(tenant), key, pending));
+                }
+            }
+        }
+        taken
+    }
+
+    /// Puts back amounts a flush could not deliver, for the next one.
+    fn return_unsynced(&self, pending: Vec<(Arc<str>, String, Pending)>) {
+        let mut states = self.lock_tenants();
+        for (tenant, key, p) in pending {
+            let state = states.entry(tenant).or_default();
+            add_pending(&mut state.unsynced, key, p.delta, p.expire_at_ms);
+        }
+    }
+}
+
+fn add_pending(
+    unsynced: &mut HashMap<String, Pending>,
+    key: String,
+    delta: i64,
+    expire_at_ms: u64,
+) {
+    let entry = unsynced.entry(key).or_insert(Pending {
+        delta: 0,
+        expire_at_ms,
+    });
+    entry.delta = entry.delta.saturating_add(delta);
+}
+
+// === impl RedisCounters ===
+
+impl RedisCounters {
+    fn connection_if_up(&self) -> Option<MultiplexedConnection> {
+        if !self.up.load(Ordering::Acquire) {
+            return None;
+        }
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The open connection, or a new one.
+    async fn connection(&self) -> Result<MultiplexedConnection, CounterError> {
+        let open = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(conn) = open {
+            return Ok(conn);
+        }
+        let mut conn = self.client.get_multiplexed_async_connection().await?;
+        // Loaded now, a script costs requests one round trip even right after a restart of
+        // Redis (otherwise the first call finds it missing and loads it on the way).
+        self.admit.load_async(&mut conn).await?;
+        self.apply.load_async(&mut conn).await?;
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends requests local until the heartbeat has Redis back.
+    fn mark_down(&self, error: &CounterError) {
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if self.up.swap(false, Ordering::AcqRel) {
+            tracing::warn!(%error, "tenant counters in redis out of reach; deciding on local shares of the limits");
+        }
+    }
+
+    async fn admit_call(
+        &self,
+        mut conn: MultiplexedConnection,
+        tenant: &ActiveTenant,
+        tokens: u64,
+        now_ms: u64,
+    ) -> Result<Counters, CounterError> {
+        let keys = CounterKeys::new(&self.prefix, &tenant.id, Windows::at(now_ms));
+        let limit = |l: Option<u64>| l.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let quota = &tenant.quota;
+        let mut invocation = self.admit.prepare_invoke();
+        for key in keys.all() {
+            invocation.key(key);
+        }
+        invocation
+            .arg(limit(quota.requests_per_minute))
+            .arg(limit(quota.tokens_per_minute))
+            .arg(limit(quota.budget_per_day))
+            .arg(limit(quota.budget_per_month))
+            .arg(tokens)
+            .arg(keys.minute_expiry_ms);
+        let (_refused, requests, tokens, spend_day, spend_month): (i64, u64, u64, u64, u64) =
+            invocation.invoke_async(&mut conn).await?;
+        Ok(Counters {
+            requests,
+            tokens,
+            spend_day,
+            spend_month,
+        })
+    }
+
+    async fn apply_call(
+        &self,
+        mut conn: MultiplexedConnection,
+        updates: &[(String, Pending)],
+    ) -> Result<(), CounterError> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.apply.prepare_invoke();
+        for (key, pending) in updates {
+            invocation
+                .key(key)
+                .arg(pending.delta)
+                .arg(pending.expire_at_ms);
+        }
+        let _: i64 = invocation.invoke_async(&mut conn).await?;
+        Ok(())
+    }
+}
+
+/// Unix milliseconds of a time (0 before the epoch).
+pub fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests;
