@@ -1,4 +1,5 @@
-//! Command-line interface: `serve`, `demo`, `route`, `audit`, `profiles`, `profile-tier`.
+//! Command-line interface: `serve`, `demo`, `route`, `audit`, `profiles`, `classifier`,
+//! `tenants`, `profile-tier`.
 //!
 //! Every `serve` flag can also come from `QUANTROUTER_<FLAG>` and from a JSON config file
 //! given with `--config` (keys are flag names). Precedence: command line, environment,
@@ -31,6 +32,7 @@ use crate::telemetry::{self, LogFormat};
 use crate::upstream::ClientConfig;
 
 mod classifier;
+mod tenants;
 
 /// quantrouter: one OpenAI endpoint, the cheapest quantization profile that does the job.
 #[derive(Debug, Parser)]
@@ -56,6 +58,9 @@ pub enum Command {
     /// Train, evaluate and publish the prompt classifier.
     #[command(subcommand)]
     Classifier(classifier::ClassifierCommand),
+    /// Manage tenants (API keys, limits, budgets) in Redis and read their usage.
+    #[command(subcommand)]
+    Tenants(tenants::TenantsCommand),
     /// Measure a live OpenAI-compatible endpoint (latency, throughput, accuracy on an eval
     /// set) and print a profile entry; optionally merge it into a file and push it.
     ProfileTier(Box<crate::tier_profile::ProfileTierArgs>),
@@ -515,6 +520,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Profiles(command) => profiles_command(command),
         Command::ProfileTier(args) => crate::tier_profile::run(*args),
         Command::Classifier(command) => classifier::run(command),
+        Command::Tenants(command) => tenants::run(command),
     }
 }
 

@@ -7,11 +7,14 @@
 
 mod support;
 
-use std::sync::Arc;
+use std::io::Write as _;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use quantrouter::tenants::limiter::{unix_ms, CounterSource, Limiter, LimiterConfig};
-use quantrouter::tenants::{ActiveTenant, TenantSnapshot, TenantSource, TenantStore};
+use quantrouter::tenants::{
+    usage, ActiveTenant, KeyRejected, TenantSnapshot, TenantSource, TenantStore,
+};
 use quantrouter_policy::limits::{LimitKind, Outcome, Windows, DAY_MS};
 use quantrouter_policy::{
     decide, Features, Prompt, Reason, Role, RouteRequest, Segment, TenantDocument,
@@ -332,4 +335,311 @@ async fn a_frozen_redis_costs_one_request_its_timeout_and_the_rest_go_local() {
     let (counters, source) = limiter.counters("team-a", now).await;
     assert_eq!(source, CounterSource::Redis);
     assert!((21..=22).contains(&counters.requests), "{counters:?}");
+}
+
+/// Log lines written while it is installed.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bad_keys_are_refused_and_no_key_text_reaches_redis_logs_or_the_report() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let redis = RedisServer::start(None);
+    let secret = "sk-live-Zq8mWv3x";
+    let dir = tempfile::Builder::new()
+        .prefix("qr-tenants-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("tenants.json");
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{"version": 1, "tenants": [{{"id": "team-a", "keys": ["{secret}"],
+                "limits": {{"requests_per_minute": 5}}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = support::cli(&[
+        "tenants",
+        "push",
+        file.to_str().unwrap(),
+        "--redis-url",
+        &redis.url(),
+    ]);
+    assert_eq!((code, out.trim()), (0, "pushed version 1"), "{err}");
+    assert!(!out.contains(secret) && !err.contains(secret));
+
+    // Routers follow the document from Redis; the key works, every other is refused.
+    let config = quantrouter::tenants::TenantsConfig {
+        file: None,
+        file_interval: Duration::from_secs(1),
+        redis: Some((redis.client(), "quantrouter".to_owned())),
+        redis_poll: Duration::from_millis(50),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let started = quantrouter::tenants::start(config).await.unwrap();
+    let snapshot = started.store.load();
+    assert_eq!(snapshot.version, 1);
+    let tenant = snapshot.authenticate(Some(secret)).unwrap().unwrap();
+    assert_eq!(&*tenant.id, "team-a");
+    let long = "k".repeat(10_000);
+    for (key, why) in [
+        (Some("sk-live-unknown"), KeyRejected::Unknown),
+        (Some(""), KeyRejected::Malformed),
+        (Some("   "), KeyRejected::Malformed),
+        (Some(" sk-live-Zq8mWv3x"), KeyRejected::Malformed),
+        (Some(long.as_str()), KeyRejected::Malformed),
+        (
+            Some("sk-live-\u{17c}\u{f3}\u{142}w"),
+            KeyRejected::Malformed,
+        ),
+        (None, KeyRejected::Missing),
+    ] {
+        assert_eq!(snapshot.authenticate(key).err(), Some(why), "{key:?}");
+    }
+
+    let limiter = Limiter::start(LimiterConfig::new(
+        Some((redis.client(), "quantrouter".to_owned())),
+        "replica-0".into(),
+    ))
+    .await;
+    let now = future_noon();
+    for _ in 0..6 {
+        limiter.admit(tenant, 10, now).await;
+    }
+    let report = usage::usage(&limiter, &snapshot, now).await;
+    let json = serde_json::to_string(&report).unwrap();
+    assert_eq!(report.tenants[0].usage.requests_this_minute, 5);
+    assert_eq!(report.tenants[0].next_request, "refuse");
+    let hash = quantrouter_policy::hash_key(secret);
+    assert!(json.contains(&hash[..8]), "{json}");
+    let table = usage::table(&report);
+    for shown in [&json, &table] {
+        assert!(
+            !shown.contains(secret) && !shown.contains(&hash[8..16]),
+            "{shown}"
+        );
+    }
+
+    // Nothing in Redis holds the key: not the document, its history or any counter.
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        keys.iter().any(|k| k.contains(":tenants:usage:team-a:")),
+        "{keys:?}"
+    );
+    for key in keys {
+        assert!(!key.contains(secret));
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let dump = String::from_utf8_lossy(&dump.unwrap_or_default()).into_owned();
+        assert!(!dump.contains(secret), "{key} holds the key");
+    }
+    let (code, out, _) = support::cli(&["tenants", "get", "--redis-url", &redis.url()]);
+    assert_eq!(code, 0);
+    assert!(out.contains(&hash) && !out.contains(secret));
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("tenants loaded"), "{logs}");
+    assert!(
+        !logs.contains(secret) && !logs.contains(&hash[..16]),
+        "{logs}"
+    );
+    for task in started.tasks {
+        task.abort();
+    }
+}
+
+/// Runs the CLI with `input` on standard input.
+fn cli_with_input(args: &[&str], input: &str) -> (i32, String, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_push_get_diff_history_rollback_usage_hash_key_and_exit_codes() {
+    let redis = RedisServer::start(Some("s3cret"));
+    let url = redis.url();
+    let dir = tempfile::Builder::new()
+        .prefix("qr-tenants-cli-")
+        .tempdir()
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (code, out, err) = cli_with_input(&["tenants", "hash-key"], "sk-team-a-1\nsk-team-b-1\r\n");
+    assert_eq!(code, 0, "{err}");
+    let hashes: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        hashes,
+        [
+            quantrouter_policy::hash_key("sk-team-a-1"),
+            quantrouter_policy::hash_key("sk-team-b-1"),
+        ]
+    );
+    for bad in ["", "\n", "sk team\n", "sk-\u{e9}\n"] {
+        let (code, _, err) = cli_with_input(&["tenants", "hash-key"], bad);
+        assert_eq!(code, 1, "{bad:?}: {err}");
+        assert!(!err.contains("sk"), "{err}");
+    }
+
+    let v1 = write(
+        "v1.json",
+        &format!(
+            r#"{{"version": 1, "tenants": [{{"id": "team-a", "key_sha256": ["{}"],
+                "limits": {{"requests_per_minute": 60, "budget_per_day": 5.0}}}}]}}"#,
+            hashes[0]
+        ),
+    );
+    let v2 = write(
+        "v2.json",
+        r#"{"version": 1, "tenants": [
+            {"id": "team-a", "keys": ["sk-team-a-1"], "limits": {"requests_per_minute": 120}},
+            {"id": "team-b", "keys": ["sk-team-b-1"]}]}"#,
+    );
+    let (code, out, err) = support::cli(&["tenants", "diff", &v1, "--redis-url", &url]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "no active document: every tenant would be added"),
+        "{err}"
+    );
+    let (code, out, _) = support::cli(&["tenants", "push", &v1, "--redis-url", &url]);
+    assert_eq!((code, out.trim()), (0, "pushed version 1"));
+    let (code, out, _) = support::cli(&["tenants", "diff", &v2, "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "~ team-a.limits.budget_per_day: 5.0 -> null",
+            "~ team-a.limits.requests_per_minute: 60 -> 120",
+            "+ team-b (1 keys)",
+        ]
+    );
+    let (code, out, _) = support::cli(&["tenants", "push", &v2, "--redis-url", &url]);
+    assert_eq!((code, out.trim()), (0, "pushed version 2"));
+    let (code, out, _) = support::cli(&["tenants", "get", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    let active = TenantDocument::from_json(&out).unwrap();
+    assert_eq!((active.version, active.tenants.len()), (2, 2));
+    let (code, out, _) = support::cli(&["tenants", "history", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    assert!(out.trim_start().starts_with("version     1"), "{out}");
+    assert!(out.contains("1 tenants, 1 keys"), "{out}");
+
+    // A pipeline that diffed against version 1 must not overwrite version 2: exit 3.
+    let (code, _, err) = support::cli(&[
+        "tenants",
+        "push",
+        &v1,
+        "--expect-version",
+        "1",
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(code, 3, "{err}");
+    let (code, out, _) = support::cli(&["tenants", "rollback", "--redis-url", &url]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "rolled back: published as version 3")
+    );
+
+    let (code, out, err) = support::cli(&["tenants", "usage", "--redis-url", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("tenants version 3 (redis), counters from redis"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("team-a") && l.contains("0/60")),
+        "{out}"
+    );
+    let (code, out, _) = support::cli(&["tenants", "usage", "--json", "--redis-url", &url]);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["tenants"][0]["id"], "team-a");
+    assert_eq!(report["tenants"][0]["next_request"], "admit");
+
+    // Invalid input: exit 1 with the JSON path, before any network call; the key unquoted.
+    let bad = write(
+        "bad.json",
+        r#"{"version": 1, "tenants": [{"id": "a", "keys": ["sk bad-key"]}]}"#,
+    );
+    let (code, _, err) = support::cli(&[
+        "tenants",
+        "push",
+        &bad,
+        "--redis-url",
+        "redis://127.0.0.1:1",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("tenants[0].keys[0]: must be 1 to 256"),
+        "{err}"
+    );
+    assert!(!err.contains("bad-key"), "{err}");
+
+    // Wrong password and unreachable Redis: exit 2.
+    let wrong = format!("redis://:nope@127.0.0.1:{}", redis.port);
+    let (code, _, err) = support::cli(&["tenants", "get", "--redis-url", &wrong]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, _) = support::cli(&["tenants", "usage", "--redis-url", "redis://127.0.0.1:1"]);
+    assert_eq!(code, 2);
+    // Nothing to report on: exit 1.
+    let empty = RedisServer::start(None);
+    let (code, _, err) = support::cli(&["tenants", "usage", "--redis-url", &empty.url()]);
+    assert_eq!(code, 1, "{err}");
 }
