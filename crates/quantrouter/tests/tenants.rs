@@ -643,3 +643,89 @@ fn cli_push_get_diff_history_rollback_usage_hash_key_and_exit_codes() {
     let (code, _, err) = support::cli(&["tenants", "usage", "--redis-url", &empty.url()]);
     assert_eq!(code, 1, "{err}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_admission_script_makes_the_policy_s_comparisons() {
+    use quantrouter::tenants::limiter::{CounterKeys, ADMIT_SCRIPT};
+    use quantrouter_policy::limits::{exceeded, Counters, Quota};
+
+    let redis = RedisServer::start(None);
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let script = redis::Script::new(ADMIT_SCRIPT);
+    let now = future_noon();
+    let keys = CounterKeys::new(PREFIX, "t", Windows::at(now));
+    let mut rng = fastrand::Rng::with_seed(24);
+    // Values around each limit, so every comparison is tried on both sides and at equality.
+    let near = |rng: &mut fastrand::Rng, limit: u64| limit.saturating_sub(2) + rng.u64(0..5);
+    for case in 0..400 {
+        let limit = |rng: &mut fastrand::Rng| (rng.u8(0..4) > 0).then(|| rng.u64(1..100));
+        let quota = Quota {
+            requests_per_minute: limit(&mut rng),
+            tokens_per_minute: limit(&mut rng),
+            budget_per_day: limit(&mut rng),
+            budget_per_month: limit(&mut rng),
+            soft_limit: 0.8,
+        };
+        let before = Counters {
+            requests: near(&mut rng, quota.requests_per_minute.unwrap_or(50)),
+            tokens: near(&mut rng, quota.tokens_per_minute.unwrap_or(50)),
+            spend_day: near(&mut rng, quota.budget_per_day.unwrap_or(50)),
+            spend_month: near(&mut rng, quota.budget_per_month.unwrap_or(50)),
+        };
+        let estimate = rng.u64(0..4);
+        let values = [
+            before.requests,
+            before.tokens,
+            before.spend_day,
+            before.spend_month,
+        ];
+        for (key, value) in keys.all().into_iter().zip(values) {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+        let arg = |l: Option<u64>| l.map_or(-1, |l| l as i64);
+        let mut call = script.prepare_invoke();
+        for key in keys.all() {
+            call.key(key);
+        }
+        call.arg(arg(quota.requests_per_minute))
+            .arg(arg(quota.tokens_per_minute))
+            .arg(arg(quota.budget_per_day))
+            .arg(arg(quota.budget_per_month))
+            .arg(estimate)
+            .arg(keys.minute_expiry_ms);
+        let (refused, requests, tokens, day, month): (u8, u64, u64, u64, u64) =
+            call.invoke_async(&mut conn).await.unwrap();
+        let expected = match exceeded(&quota, &before, estimate) {
+            None => 0,
+            Some(LimitKind::Requests) => 1,
+            Some(LimitKind::Tokens) => 2,
+            Some(LimitKind::BudgetPerDay) => 3,
+            Some(LimitKind::BudgetPerMonth) => 4,
+        };
+        assert_eq!(
+            refused, expected,
+            "case {case}: {quota:?} {before:?} +{estimate}"
+        );
+        assert_eq!([requests, tokens, day, month], values, "case {case}");
+        let after: Vec<u64> = redis::cmd("MGET")
+            .arg(&keys.all()[..2])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let counted = if refused == 0 { (1, estimate) } else { (0, 0) };
+        assert_eq!(
+            after,
+            [before.requests + counted.0, before.tokens + counted.1],
+            "case {case}"
+        );
+    }
+}
