@@ -54,6 +54,7 @@ pub enum Push<T> {
 // === impl WaitQueue ===
 
 impl<T> WaitQueue<T> {
+    /// An empty queue that holds at most `capacity` waiters.
     pub fn new(capacity: usize) -> Self {
         Self {
             waiting: BTreeMap::new(),
@@ -62,6 +63,7 @@ impl<T> WaitQueue<T> {
         }
     }
 
+    /// Waiters in the queue.
     pub fn len(&self) -> usize {
         self.waiting.len()
     }
@@ -109,6 +111,7 @@ impl<T> WaitQueue<T> {
 // === impl Place ===
 
 impl Place {
+    /// The priority the waiter queued with.
     pub fn priority(&self) -> i32 {
         self.priority
     }

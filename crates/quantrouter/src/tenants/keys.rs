@@ -42,6 +42,7 @@ impl KeyIndex {
         self.entries.extend(other.entries);
     }
 
+    /// Stored digests.
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -263,6 +263,7 @@ impl TenantSnapshot {
         self.tenants.get(at).map(Some).ok_or(KeyRejected::Unknown)
     }
 
+    /// The tenant with this id.
     pub fn tenant(&self, id: &str) -> Option<&Arc<ActiveTenant>> {
         self.tenants.iter().find(|t| &*t.id == id)
     }
@@ -313,6 +314,7 @@ impl TenantStore {
         }
     }
 
+    /// The active snapshot; a request keeps the one it loaded.
     pub fn load(&self) -> Arc<TenantSnapshot> {
         self.current.load_full()
     }
