@@ -40,7 +40,7 @@ pub struct Prompt<'a> {
 }
 
 /// The task a prompt asks for; profiles can declare a quality per class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskClass {
     Code,

@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod calibration;
 pub mod classifier;
 mod features;
 pub mod limits;
@@ -37,16 +38,20 @@ mod tenant;
 pub mod wait_queue;
 
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
+pub use calibration::{sampled, AgreementTally, CostWindow, QualityEstimate};
 pub use classifier::{
     score, Classification, Classifier, ClassifierDocument, ClassifierError, DEFAULT_CLASSIFIER,
 };
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
-    ApiKeySource, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile, ProfileSet,
-    ProfileSetError, Quality, QualityFallback, QueueMetrics, RequiredQuality, ServiceUpstream,
-    StaticUpstream, Transport, Upstream, ValidationErrors, Weights, MAX_VERSION,
+    ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile,
+    ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics, RequiredQuality,
+    ServiceUpstream, StaticUpstream, StreamCheck, Transport, Upstream, ValidationErrors, Weights,
+    MAX_VERSION,
 };
-pub use quality::{check_answer, check_choices, repetition_ratio, AnswerChoice, AnswerProblem};
+pub use quality::{
+    check_answer, check_choices, check_stream_start, repetition_ratio, AnswerChoice, AnswerProblem,
+};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
     decide, queue_wait_ms, stable_percent, Candidate, Downgrade, Overrides, ProfileLoad, Reason,

@@ -49,6 +49,37 @@ pub struct Policy {
     pub mode: Mode,
     /// Share of requests routed adaptively in `canary` mode, 0..=100.
     pub canary_percent: u8,
+    /// Check the start of streamed answers from tiers with a better one above; absent: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_check: Option<StreamCheck>,
+    /// Live agreement sampling against a reference tier; absent: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
+/// better one above it and run the answer checks on them before the client sees a byte.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamCheck {
+    /// Content events (about one token each) held before the check runs.
+    pub tokens: u32,
+    /// A check that would hold the stream longer than this commits it unchecked.
+    pub max_hold_ms: u64,
+}
+
+/// `policy.calibration`: a sample of answers from lower tiers is also asked of a reference
+/// tier, after the client has its answer, and the two compared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Share of eligible (non-streamed, answered by a lower tier) requests sampled, 0..=1.
+    pub sample_rate: f64,
+    /// The profile whose answers the others are compared with (usually the FP16 tier).
+    pub reference_profile: String,
+    /// Ceiling on the estimated cost of the reference requests per hour, in the profile
+    /// prices' currency.
+    pub max_extra_cost_per_hour: f64,
 }
 
 /// Weights of the utility terms; only their ratios matter.
@@ -329,6 +360,18 @@ impl ProfileSet {
             }
             profile.check(&path, &mut err);
         }
+        if let Some(c) = &self.policy.calibration {
+            if !self
+                .profiles
+                .iter()
+                .any(|p| p.id == c.reference_profile && p.enabled)
+            {
+                err(
+                    "policy.calibration.reference_profile".into(),
+                    "must name an enabled profile in `profiles`",
+                );
+            }
+        }
         if !self.profiles.iter().any(|p| p.id == self.default_profile) {
             err(
                 "default_profile".into(),
@@ -410,6 +453,20 @@ impl Default for Policy {
             quality_fallback: QualityFallback::default(),
             mode: Mode::Enforce,
             canary_percent: 100,
+            stream_check: None,
+            calibration: None,
+        }
+    }
+}
+
+impl Default for StreamCheck {
+    /// 24 tokens are enough to see an empty answer, a loop or prose where JSON was asked for,
+    /// and arrive within a few hundred milliseconds on every tier; 800 ms bounds what a
+    /// passing stream's first token can be delayed by.
+    fn default() -> Self {
+        Self {
+            tokens: 24,
+            max_hold_ms: 800,
         }
     }
 }
@@ -459,6 +516,22 @@ impl Policy {
         );
         if self.canary_percent > 100 {
             err("policy.canary_percent".into(), "must be in [0, 100]");
+        }
+        if let Some(check) = &self.stream_check {
+            if check.tokens == 0 {
+                err("policy.stream_check.tokens".into(), "must be > 0");
+            }
+            if check.max_hold_ms == 0 {
+                err("policy.stream_check.max_hold_ms".into(), "must be > 0");
+            }
+        }
+        if let Some(c) = &self.calibration {
+            check_unit("policy.calibration.sample_rate", c.sample_rate, err);
+            positive(
+                "policy.calibration.max_extra_cost_per_hour",
+                c.max_extra_cost_per_hour,
+                err,
+            );
         }
     }
 }

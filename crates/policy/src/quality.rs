@@ -56,6 +56,43 @@ pub fn check_answer(
     None
 }
 
+/// The first problem with the start of a streamed answer (`policy.stream_check`): the text
+/// of its first content events, not a whole answer. Empty and degenerate as for a whole
+/// answer; and when JSON was asked for, the start must open a JSON object or array (after
+/// white space and an optional Markdown fence), as a prefix cannot be parsed whole.
+pub fn check_stream_start(
+    start: &str,
+    wants_json: bool,
+    max_repetition_ratio: f64,
+) -> Option<AnswerProblem> {
+    if start.trim().is_empty() {
+        return Some(AnswerProblem::Empty);
+    }
+    if repetition_ratio(start) > max_repetition_ratio {
+        return Some(AnswerProblem::Degenerate);
+    }
+    if wants_json && !opens_json(start) {
+        return Some(AnswerProblem::InvalidJson);
+    }
+    None
+}
+
+/// Whether `start` begins a JSON object or array, allowing a fence that may still be open.
+fn opens_json(start: &str) -> bool {
+    let mut rest = start.trim_start();
+    if let Some(fenced) = rest.strip_prefix("```") {
+        // The fence's language tag and newline may not have arrived yet.
+        let Some(newline) = fenced.find('\n') else {
+            return fenced.chars().all(|c| c.is_ascii_alphanumeric());
+        };
+        rest = fenced[newline + 1..].trim_start();
+        if rest.is_empty() {
+            return true;
+        }
+    }
+    rest.starts_with(['{', '['])
+}
+
 /// One choice of an answer, as the checks see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AnswerChoice<'a> {
@@ -122,6 +159,35 @@ mod tests {
             Some(AnswerProblem::InvalidJson)
         );
         assert_eq!(check_answer("sure: {\"a\": 1}", false, 0.5), None);
+    }
+
+    #[test]
+    fn a_stream_start_is_judged_as_a_prefix() {
+        let check = |start, json| check_stream_start(start, json, 0.5);
+        assert_eq!(check("  \n", false), Some(AnswerProblem::Empty));
+        assert_eq!(check("The capital of France is", false), None);
+        assert_eq!(
+            check(
+                "again and again and again and again and again and again",
+                false
+            ),
+            Some(AnswerProblem::Degenerate)
+        );
+        assert_eq!(check("{\"name\": \"Ann\", \"age\"", true), None);
+        assert_eq!(check("```json\n[{\"a\":", true), None);
+        assert_eq!(
+            check("```js", true),
+            None,
+            "the fence line is not complete yet"
+        );
+        assert_eq!(
+            check("Sure! Here is the JSON you asked", true),
+            Some(AnswerProblem::InvalidJson)
+        );
+        assert_eq!(
+            check("```\nHere it is", true),
+            Some(AnswerProblem::InvalidJson)
+        );
     }
 
     #[test]

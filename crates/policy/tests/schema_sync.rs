@@ -177,6 +177,13 @@ fn schema_property_names_match_the_rust_fields() {
         r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"}}"#,
     )
     .unwrap();
+    set.policy.stream_check = Some(quantrouter_policy::StreamCheck::default());
+    set.policy.calibration = Some(quantrouter_policy::Calibration {
+        sample_rate: 0.01,
+        reference_profile: set.profiles[0].id.clone(),
+        max_extra_cost_per_hour: 1.0,
+    });
+    set.validate().unwrap();
     let mut from_types = BTreeSet::new();
     value_paths(&serde_json::to_value(&set).unwrap(), "", &mut from_types);
     let schema = schema();

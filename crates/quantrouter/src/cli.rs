@@ -32,6 +32,7 @@ use crate::telemetry::{self, LogFormat};
 use crate::upstream::ClientConfig;
 
 mod classifier;
+mod suggest;
 mod tenants;
 
 /// quantrouter: one OpenAI endpoint, the cheapest quantization profile that does the job.
@@ -94,6 +95,19 @@ pub enum ProfilesCommand {
         file: PathBuf,
         #[command(flatten)]
         redis: RedisArgs,
+    },
+    /// Propose per-class qualities from the agreement the replicas measured against the
+    /// calibration reference (`policy.calibration`); prints, never pushes.
+    Suggest {
+        /// A replica's admin base URL (http://host:9090); repeat for every replica.
+        #[arg(long = "from", required = true)]
+        from: Vec<String>,
+        /// Only profiles and classes with at least this many samples get a suggestion.
+        #[arg(long, default_value_t = 30)]
+        min_samples: u64,
+        /// Print the suggestions as JSON.
+        #[arg(long)]
+        json: bool,
     },
     #[command(flatten)]
     Stored(DocumentCommand),
@@ -560,6 +574,11 @@ fn profiles_command(command: ProfilesCommand) -> Result<(), CliError> {
                 Ok(())
             })
         }
+        ProfilesCommand::Suggest {
+            from,
+            min_samples,
+            json,
+        } => suggest::run(&from, min_samples, json),
         ProfilesCommand::Stored(command) => {
             document_command(command, |file| read_profile_file(file, &[]))
         }

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod calibration;
 pub mod classifier;
 pub mod cli;
 pub mod descriptors;

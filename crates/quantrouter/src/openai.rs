@@ -455,6 +455,23 @@ pub fn answer_choices(body: &[u8]) -> Option<Vec<AnswerChoice<'_>>> {
 /// a refusal or a tool call, in any choice. Role-only and finish chunks, usage chunks,
 /// errors and `[DONE]` carry none.
 pub fn carries_output(chunk: &[u8]) -> bool {
+    let output = chunk_output(chunk);
+    !output.text.is_empty() || output.other
+}
+
+/// What a streamed chunk generated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChunkOutput {
+    /// Answer text of every choice (`delta.content`, or `text` for completions).
+    pub text: String,
+    /// Output that is not answer text: reasoning, a refusal, a tool or function call.
+    pub other: bool,
+    /// A tool or function call, which no text check applies to.
+    pub call: bool,
+}
+
+/// The output of a streamed chunk; nothing for a chunk that is not a completion chunk.
+pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     #[derive(Deserialize)]
     struct Chunk<'a> {
         #[serde(borrow, default)]
@@ -483,20 +500,27 @@ pub fn carries_output(chunk: &[u8]) -> bool {
         function_call: Option<serde::de::IgnoredAny>,
     }
     let filled = |s: &Option<Cow<'_, str>>| s.as_deref().is_some_and(|s| !s.is_empty());
+    let mut output = ChunkOutput::default();
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(chunk) else {
-        return false;
+        return output;
     };
-    chunk.choices.iter().any(|choice| {
-        filled(&choice.text)
-            || choice.delta.as_ref().is_some_and(|d| {
-                filled(&d.content)
-                    || filled(&d.reasoning_content)
-                    || filled(&d.reasoning)
-                    || filled(&d.refusal)
-                    || d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
-                    || d.function_call.is_some()
-            })
-    })
+    for choice in &chunk.choices {
+        if let Some(text) = &choice.text {
+            output.text.push_str(text);
+        }
+        let Some(d) = &choice.delta else {
+            continue;
+        };
+        if let Some(content) = &d.content {
+            output.text.push_str(content);
+        }
+        let call = d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
+            || d.function_call.is_some();
+        output.call |= call;
+        output.other |=
+            call || filled(&d.reasoning_content) || filled(&d.reasoning) || filled(&d.refusal);
+    }
+    output
 }
 
 /// Token counts from an upstream `usage` object.

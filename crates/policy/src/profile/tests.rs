@@ -283,3 +283,39 @@ fn upstream_transport_defaults_to_http1_on_system_roots_and_ca_files_need_https(
         ]
     );
 }
+
+#[test]
+fn stream_check_and_calibration_are_optional_and_checked() {
+    let set = ProfileSet::from_json(&DEFAULT_PROFILE_SET.replace(
+        "\"policy\": {",
+        "\"policy\": {\"stream_check\": {}, \"calibration\": {\"sample_rate\": 0.05, \
+             \"reference_profile\": \"llama8b-fp16\", \"max_extra_cost_per_hour\": 2.5},",
+    ))
+    .unwrap();
+    assert_eq!(set.policy.stream_check, Some(StreamCheck::default()));
+    assert_eq!(set.policy.calibration.as_ref().unwrap().sample_rate, 0.05);
+    let plain = default_set();
+    let written = serde_json::to_value(&plain.policy).unwrap();
+    assert!(written.get("stream_check").is_none() && written.get("calibration").is_none());
+
+    let mut bad = set.clone();
+    bad.policy.stream_check = Some(StreamCheck {
+        tokens: 0,
+        max_hold_ms: 0,
+    });
+    bad.policy.calibration = Some(Calibration {
+        sample_rate: 1.5,
+        reference_profile: "nope".into(),
+        max_extra_cost_per_hour: 0.0,
+    });
+    assert_eq!(
+        errors_of(&bad),
+        vec![
+            "policy.stream_check.tokens: must be > 0",
+            "policy.stream_check.max_hold_ms: must be > 0",
+            "policy.calibration.sample_rate: must be in [0, 1]",
+            "policy.calibration.max_extra_cost_per_hour: must be > 0",
+            "policy.calibration.reference_profile: must name an enabled profile in `profiles`",
+        ]
+    );
+}

@@ -9,9 +9,11 @@ mod client;
 pub mod context;
 pub mod credential;
 pub mod health;
+pub mod keepalive;
 pub mod pool;
 pub mod scrape;
 mod sse;
+pub mod stream_check;
 
 use std::collections::VecDeque;
 use std::future::Future;

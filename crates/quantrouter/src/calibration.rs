@@ -1,0 +1,364 @@
+//! Live agreement sampling (`policy.calibration`, docs/routing.md §7): what a replica
+//! reports on `GET /admin/calibration`, and how `quantrouter profiles suggest` turns the
+//! reports of several replicas into proposed quality numbers.
+//!
+//! A suggestion is only ever printed: an operator reads it and pushes a profile set.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use quantrouter_policy::{
+    sampled, AgreementTally, Calibration, CostWindow, ProfileSet, QualityEstimate, TaskClass,
+};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::resilience::{BudgetConfig, RetryBudget};
+use crate::tier_profile::matchers::{agree, MatchKind};
+
+/// The reference requests of one router: what was sampled, what it cost, what agreed.
+#[derive(Debug)]
+pub struct Calibrator {
+    started: Instant,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    cost: CostWindow,
+    /// Extra upstream load: reference requests per eligible request, like retries.
+    load: RetryBudget,
+    tallies: BTreeMap<(String, TaskClass), AgreementTally>,
+    skipped: u64,
+}
+
+/// At most one reference request per twenty eligible requests, plus a few a window, however
+/// high the sample rate: calibration must never become a tier's load.
+const LOAD: BudgetConfig = BudgetConfig {
+    ratio: 0.05,
+    floor: 2,
+    window: Duration::from_secs(10),
+};
+
+/// `GET /admin/calibration`: this replica's agreement counts since it started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationReport {
+    /// `None` while the active profile set has no `policy.calibration`.
+    pub reference_profile: Option<String>,
+    pub sample_rate: f64,
+    /// Estimated cost of the reference requests of the last hour, and its ceiling.
+    pub spent_last_hour: f64,
+    pub limit_per_hour: f64,
+    /// Sampled requests that were not sent because the hour's budget or the extra-load
+    /// limit was used up.
+    pub skipped: u64,
+    pub tallies: Vec<TallyRow>,
+}
+
+/// Agreement of one profile with the reference for one task class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TallyRow {
+    pub profile: String,
+    pub task_class: TaskClass,
+    #[serde(flatten)]
+    pub tally: AgreementTally,
+}
+
+/// A proposed quality for one profile and task class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Suggestion {
+    pub profile: String,
+    pub task_class: TaskClass,
+    /// What the active profile set says now.
+    pub current: f64,
+    #[serde(flatten)]
+    pub suggested: QualityEstimate,
+}
+
+/// Merges the replicas' counts and proposes, for every profile and task class with at least
+/// `min_samples` samples, the reference's quality for that class times the agreement rate.
+/// The reference is the one of `set`'s calibration policy; reports of another reference
+/// are left out.
+pub fn suggest(
+    set: &ProfileSet,
+    reports: &[CalibrationReport],
+    min_samples: u64,
+) -> Result<Vec<Suggestion>, String> {
+    let calibration = set
+        .policy
+        .calibration
+        .as_ref()
+        .ok_or("the active profile set has no policy.calibration")?;
+    let reference = set
+        .profiles
+        .iter()
+        .find(|p| p.id == calibration.reference_profile)
+        .ok_or("the calibration's reference profile is not in the set")?;
+    let mut merged: BTreeMap<(String, TaskClass), AgreementTally> = BTreeMap::new();
+    for report in reports
+        .iter()
+        .filter(|r| r.reference_profile.as_deref() == Some(reference.id.as_str()))
+    {
+        for row in &report.tallies {
+            merged
+                .entry((row.profile.clone(), row.task_class))
+                .or_default()
+                .merge(row.tally);
+        }
+    }
+    Ok(merged
+        .into_iter()
+        .filter(|(_, tally)| tally.samples() >= min_samples.max(1))
+        .filter_map(|((profile, task_class), tally)| {
+            let current = set.profiles.iter().find(|p| p.id == profile)?;
+            Some(Suggestion {
+                current: current.quality_for(task_class),
+                suggested: tally.quality(reference.quality_for(task_class))?,
+                profile,
+                task_class,
+            })
+        })
+        .collect())
+}
+
+// === impl Calibrator ===
+
+impl Default for Calibrator {
+    fn default() -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            state: Mutex::new(State {
+                cost: CostWindow::default(),
+                load: RetryBudget::new(LOAD, now),
+                tallies: BTreeMap::new(),
+                skipped: 0,
+            }),
+        }
+    }
+}
+
+impl Calibrator {
+    /// Whether a non-streamed answer from `served` (not the reference) should also be asked
+    /// of the reference: the request is in the sample, and the hour's cost budget and the
+    /// extra-load limit both have room for `reference_cost`. Every eligible request counts
+    /// towards the load limit.
+    pub fn admit(&self, policy: &Calibration, request_key: &str, reference_cost: f64) -> bool {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.load.on_request(now);
+        if !sampled(request_key, policy.sample_rate) {
+            return false;
+        }
+        let now_ms = now.duration_since(self.started).as_millis() as u64;
+        // The cost is only spent once the load limit has said yes.
+        let fits = state.cost.spent(now_ms) + reference_cost <= policy.max_extra_cost_per_hour;
+        if fits && state.load.try_retry(now) {
+            state
+                .cost
+                .try_spend(now_ms, reference_cost, policy.max_extra_cost_per_hour)
+        } else {
+            state.skipped += 1;
+            false
+        }
+    }
+
+    /// Counts whether the served answer agreed with the reference's.
+    pub fn record(&self, profile: &str, task_class: TaskClass, agreed: bool) {
+        self.lock()
+            .tallies
+            .entry((profile.to_owned(), task_class))
+            .or_default()
+            .record(agreed);
+    }
+
+    /// What `GET /admin/calibration` answers.
+    pub fn report(&self, policy: Option<&Calibration>) -> CalibrationReport {
+        let now_ms = Instant::now().duration_since(self.started).as_millis() as u64;
+        let mut state = self.lock();
+        CalibrationReport {
+            reference_profile: policy.map(|p| p.reference_profile.clone()),
+            sample_rate: policy.map_or(0.0, |p| p.sample_rate),
+            spent_last_hour: state.cost.spent(now_ms),
+            limit_per_hour: policy.map_or(0.0, |p| p.max_extra_cost_per_hour),
+            skipped: state.skipped,
+            tallies: state
+                .tallies
+                .iter()
+                .map(|((profile, task_class), tally)| TallyRow {
+                    profile: profile.clone(),
+                    task_class: *task_class,
+                    tally: *tally,
+                })
+                .collect(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether two answers to one prompt agree, compared the way the prompt's task asks: the
+/// last number for math, the JSON keys for structured output (or any request for JSON),
+/// normalised prose similarity for the rest.
+pub fn answers_agree(
+    task_class: TaskClass,
+    wants_json: bool,
+    served: &str,
+    reference: &str,
+) -> bool {
+    let kind = match task_class {
+        _ if wants_json => MatchKind::Json,
+        TaskClass::Math => MatchKind::Number,
+        TaskClass::Structured => MatchKind::Json,
+        TaskClass::Code | TaskClass::Reasoning | TaskClass::General => MatchKind::Contains,
+    };
+    agree(kind, served, reference)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quantrouter_policy::{Calibration, DEFAULT_PROFILE_SET};
+
+    fn set() -> ProfileSet {
+        let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        set.policy.calibration = Some(Calibration {
+            sample_rate: 0.1,
+            reference_profile: "llama8b-fp16".into(),
+            max_extra_cost_per_hour: 1.0,
+        });
+        set
+    }
+
+    fn report(reference: &str, rows: &[(&str, TaskClass, u64, u64)]) -> CalibrationReport {
+        CalibrationReport {
+            reference_profile: Some(reference.into()),
+            tallies: rows
+                .iter()
+                .map(|&(profile, task_class, agree, disagree)| TallyRow {
+                    profile: profile.into(),
+                    task_class,
+                    tally: AgreementTally { agree, disagree },
+                })
+                .collect(),
+            ..CalibrationReport::default()
+        }
+    }
+
+    #[test]
+    fn replicas_are_merged_and_scaled_by_the_references_quality() {
+        let reports = [
+            report(
+                "llama8b-fp16",
+                &[
+                    ("llama8b-awq", TaskClass::Math, 70, 30),
+                    ("llama8b-fp8", TaskClass::Code, 5, 0),
+                ],
+            ),
+            report("llama8b-fp16", &[("llama8b-awq", TaskClass::Math, 90, 10)]),
+            report("other", &[("llama8b-awq", TaskClass::Math, 0, 500)]),
+        ];
+        let suggestions = suggest(&set(), &reports, 30).unwrap();
+        assert_eq!(suggestions.len(), 1, "{suggestions:?}");
+        let s = &suggestions[0];
+        assert_eq!(
+            (s.profile.as_str(), s.task_class),
+            ("llama8b-awq", TaskClass::Math)
+        );
+        assert_eq!(s.suggested.samples, 200);
+        assert!((s.suggested.estimate - 0.93 * 0.8).abs() < 1e-9, "{s:?}");
+        assert!(s.suggested.low < s.suggested.estimate && s.suggested.estimate < s.suggested.high);
+        assert_eq!(s.current, 0.78);
+    }
+
+    fn policy(rate: f64, limit: f64) -> Calibration {
+        Calibration {
+            sample_rate: rate,
+            reference_profile: "llama8b-fp16".into(),
+            max_extra_cost_per_hour: limit,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_hours_budget_bounds_the_extra_cost() {
+        let calibrator = Calibrator::default();
+        // Powers of two, so that ten costs add up to the limit exactly.
+        let cost = 1.0 / 1024.0;
+        let p = policy(1.0, 10.0 * cost);
+        let admitted = (0..10_000)
+            .filter(|i| calibrator.admit(&p, &format!("r{i}"), cost))
+            .count();
+        assert_eq!(admitted, 10, "ten requests fill the hour's budget");
+        let report = calibrator.report(Some(&p));
+        assert!(
+            report.spent_last_hour <= p.max_extra_cost_per_hour,
+            "{report:?}"
+        );
+        assert!(report.skipped > 0);
+        tokio::time::advance(Duration::from_secs(3601)).await;
+        assert!(
+            calibrator.admit(&p, "later", cost),
+            "an hour later there is room again"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_load_limit_caps_reference_requests_whatever_the_rate() {
+        let calibrator = Calibrator::default();
+        let p = policy(1.0, 1e9);
+        let admitted = (0..1000)
+            .filter(|i| calibrator.admit(&p, &format!("r{i}"), 0.0))
+            .count();
+        assert!(admitted <= 1000 / 20 + 2, "{admitted}");
+        assert!(admitted >= 40, "{admitted}");
+    }
+
+    #[test]
+    fn agreement_is_judged_by_what_the_task_asks() {
+        assert!(answers_agree(
+            TaskClass::Math,
+            false,
+            "so the total is 42.",
+            "The answer: 42"
+        ));
+        assert!(!answers_agree(
+            TaskClass::Math,
+            false,
+            "It is 41",
+            "The answer: 42"
+        ));
+        assert!(answers_agree(
+            TaskClass::General,
+            true,
+            "{\"a\": 1, \"b\": 2}",
+            "```json\n{\"a\": 3, \"b\": 4}\n```"
+        ));
+        assert!(!answers_agree(
+            TaskClass::Structured,
+            false,
+            "{\"a\": 1}",
+            "{\"a\": 1, \"b\": 2}"
+        ));
+        assert!(answers_agree(
+            TaskClass::General,
+            false,
+            "Paris is the capital of France.",
+            "The capital of France is Paris."
+        ));
+        assert!(!answers_agree(
+            TaskClass::General,
+            false,
+            "Lyon",
+            "The capital of France is Paris."
+        ));
+    }
+
+    #[test]
+    fn without_a_calibration_policy_there_is_nothing_to_suggest() {
+        let plain = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        assert!(suggest(&plain, &[], 1).is_err());
+    }
+}
