@@ -346,9 +346,11 @@ const PREFILL: Duration = Duration::from_millis(600);
 
 async fn llamacpp_stream(mut stream: TcpStream) {
     sse_head(&mut stream).await;
+    // llama.cpp's role-only chunk comes at once; it carries no output, so TTFT waits on.
+    let role = r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#;
+    send_chunk(&mut stream, &format!("{role}\n\n")).await;
     tokio::time::sleep(PREFILL).await;
     for delta in [
-        r#"{"role":"assistant","content":null}"#,
         r#"{"content":"Par"}"#,
         r#"{"content":"is"}"#,
     ] {
