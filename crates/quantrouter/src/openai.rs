@@ -22,6 +22,15 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The generation endpoint served at `path`, if it is one.
+    pub fn of_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            _ => None,
+        }
+    }
+
     /// The API path, the same upstream as here.
     pub const fn path(self) -> &'static str {
         match self {

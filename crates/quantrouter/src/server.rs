@@ -1,9 +1,8 @@
 //! The HTTP servers: the public OpenAI-compatible port and the admin port.
 //!
-//! The public request path reads top-down: [`handle`] takes or assigns the request id and
-//! dispatches; a generation request goes auth → content type → bounded body read
-//! → parse ([`crate::openai`]) → decision ([`crate::routing`]) → upstream
-//! ([`crate::upstream`]), and the upstream body streams back frame by frame.
+//! The public port's request path is one tower stack, built and documented in
+//! [`stack::public_service`]; its leaf, a generation request in named phases, is
+//! [`proxy`]. This module binds the ports, accepts connections and shuts down.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -14,43 +13,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::FutureExt as _;
 use http::header::{self, HeaderName};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
-use http_body::Body as _;
-use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use http::{HeaderMap, HeaderValue, Request};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics_exporter_prometheus::PrometheusHandle;
-use opentelemetry::KeyValue;
-use quantrouter_policy::{Reason, RoutingDecision};
-use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::admin;
 use crate::classifier::ClassifierStore;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
 use crate::keda::{Keda, KedaConfig};
-use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
-use crate::profiles::{ProfileStore, Snapshot};
-use crate::resilience::retry::{self, Answer, Fallback, Plan};
+use crate::openai::ApiError;
+use crate::profiles::ProfileStore;
 use crate::resilience::ResilienceConfig;
-use crate::routing::{self, PromptSize, AUTO_MODEL};
-use crate::telemetry::{self, RequestLabels};
-use crate::traces::{RequestTrace, Traces};
-use crate::upstream::{
-    health, scrape, BodyEvent, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient,
-};
+use crate::telemetry;
+use crate::traces::Traces;
+use crate::upstream::{health, scrape, ClientConfig, UpstreamBody, UpstreamClient};
 use crate::workers;
 
 mod connections;
 mod delivery;
+mod proxy;
+mod stack;
 
 use connections::{Conn, Connections, Limits};
 
@@ -133,23 +124,8 @@ pub struct Server {
     publisher: Option<Publisher>,
 }
 
+/// The request id header, taken from clients and sent to upstreams and back.
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-const HOP_BY_HOP: [HeaderName; 6] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::TRAILER,
-];
-/// Client headers worth passing to vLLM; everything else (API keys above all) stays here.
-const FORWARDED: [HeaderName; 5] = [
-    header::ACCEPT,
-    header::USER_AGENT,
-    HeaderName::from_static("traceparent"),
-    HeaderName::from_static("tracestate"),
-    HeaderName::from_static("openai-organization"),
-];
 
 // === impl Server ===
 
@@ -400,7 +376,7 @@ fn serve_public(
     conn: Arc<Conn>,
     watcher: Watcher,
 ) -> ServeFuture {
-    let service = public_service(app, Arc::clone(&conn));
+    let service = stack::public_service(app, Arc::clone(&conn));
     Box::pin(async move {
         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         let served = builder.serve_connection(TokioIo::new(conn.track(stream)), service);
@@ -453,514 +429,6 @@ fn serve_scaler(
     })
 }
 
-/// The public request path: [`handle`], boxed — the request's whole state machine (~3 KB)
-/// is freed once the response head is out. Inline, an HTTP/2 stream's task would hold it for
-/// as long as the body streams — minutes for a long generation. Its response goes out
-/// through [`delivery`], the request counted in flight on `conn` until it is sent.
-fn public_service(
-    app: Arc<App>,
-    conn: Arc<Conn>,
-) -> impl hyper::service::Service<
-    Request<Incoming>,
-    Response = Response<delivery::Delivered>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<delivery::Delivered>, Infallible>> + Send,
-> + Clone {
-    hyper::service::service_fn(move |req: Request<Incoming>| {
-        let app = Arc::clone(&app);
-        let request = conn.request(req.version());
-        let http1 = req.version() < Version::HTTP_2;
-        let watched = Arc::clone(&app);
-        Box::pin(handle(app, req).map(move |response| {
-            Ok(delivery::deliver(response, request, http1, |upstream| {
-                delivery::Watch {
-                    deadline: upstream.deadline(),
-                    idle: watched.config.resilience.idle_timeout,
-                    grace_over: watched.grace_over.subscribe(),
-                }
-            }))
-        }))
-    })
-}
-
-/// The request's id: its `x-request-id` (1 to 128 bytes), else `qr-<prefix>-<counter>`.
-/// Every log line, upstream call and the response carry it.
-fn request_id_of(app: &App, headers: &HeaderMap) -> HeaderValue {
-    match headers.get(&REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => request_id(app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed)),
-    }
-}
-
-/// The request's future: [`dispatch`] in the request's span. The layers of the request
-/// path (`handle`, `dispatch`, `proxy`, `route_and_forward`) are plain functions returning
-/// an `async move` block rather than `async fn`s: an `async fn` keeps its arguments twice in
-/// its state (as captured and as locals), so each layer added a copy of the request (~300
-/// bytes) to a state machine that is moved, whole, into its caller's; and what a layer
-/// takes by value it holds until it ends, even once passed on. So the request's head is
-/// split off here and lent down, only the body moves, and the upstream request is lent to
-/// `UpstreamClient::send`: the boxed state came down from 5.9 to 3.0 KB
-/// (`rustc +nightly -Zprint-type-sizes`), 2.9 KB less per request in flight.
-fn handle(
-    app: Arc<App>,
-    req: Request<Incoming>,
-) -> impl Future<Output = Response<ResponseBody>> + Send {
-    let (parts, body) = req.into_parts();
-    let id = request_id_of(&app, &parts.headers);
-    // Debug lines of a request carry its id through this span. It is a debug span: at the
-    // default level an enabled span per request (its registry slot and formatted fields)
-    // cost ~5-10% of the router's saturation throughput, so the few info and warn lines of
-    // a request name `request_id` themselves.
-    let span = tracing::debug_span!("request", id = id.to_str().unwrap_or_default());
-    dispatch(app, parts, body, id).instrument(span)
-}
-
-// An `async move` block, not an `async fn`: see `handle`.
-#[allow(clippy::manual_async_fn)]
-fn dispatch(
-    app: Arc<App>,
-    parts: http::request::Parts,
-    body: Incoming,
-    id: HeaderValue,
-) -> impl Future<Output = Response<ResponseBody>> + Send {
-    async move {
-        let started = Instant::now();
-        // An HTTP/1.1 request whose body may be left unread by an early rejection (see below).
-        let unread_body = parts.version < Version::HTTP_2 && !body.is_end_stream();
-        let result = match (&parts.method, parts.uri.path()) {
-            (&Method::POST, "/v1/chat/completions") => {
-                proxy(&app, &parts, body, Endpoint::Chat, started, &id).await
-            }
-            (&Method::POST, "/v1/completions") => {
-                proxy(&app, &parts, body, Endpoint::Completions, started, &id).await
-            }
-            (&Method::GET, "/v1/models") => models(&app, &parts.headers),
-            (&Method::POST, "/v1/route") => dry_run(&app, &parts, body, &id).await,
-            (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/v1/route") => {
-                Err(ApiError::MethodNotAllowed)
-            }
-            (_, path) => Err(ApiError::RouteNotFound(path.to_owned())),
-        };
-        let mut response = result.unwrap_or_else(|error| {
-            let code = error.kind().1;
-            telemetry::router_error(code);
-            // What a client sent can be quoted in the message, prompt text included.
-            match error.quotes_request() && !app.config.log_prompts {
-                true => tracing::debug!(code, "request rejected"),
-                false => tracing::debug!(%error, code, "request rejected"),
-            }
-            let close = unread_body && error.before_body();
-            let mut response = error.into_response().map(Either::Left);
-            if close {
-                // The body was not read, so the connection cannot carry another request. Say
-                // so: left to hyper, the close can come after the head went out without it,
-                // and a client that reuses the connection sees it drop without an answer.
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            response
-        });
-        response.headers_mut().insert(REQUEST_ID, id);
-        response
-    }
-}
-
-/// A generation request, in a request span when tracing is on.
-// An `async move` block, not an `async fn`: see `handle`.
-#[allow(clippy::manual_async_fn)]
-fn proxy<'a>(
-    app: &'a App,
-    parts: &'a http::request::Parts,
-    body: Incoming,
-    endpoint: Endpoint,
-    started: Instant,
-    id: &'a HeaderValue,
-) -> impl Future<Output = Result<Response<ResponseBody>, ApiError>> + Send + 'a {
-    async move {
-        let trace = app
-            .config
-            .traces
-            .as_ref()
-            .map(|traces| RequestTrace::start(traces, &parts.headers, endpoint.path()));
-        let result =
-            route_and_forward(app, parts, body, endpoint, started, trace.as_ref(), id).await;
-        if let (Err(error), Some(trace)) = (&result, &trace) {
-            // Spans leave the process like logs: no quoted request there either.
-            let message = match error.quotes_request() && !app.config.log_prompts {
-                true => error.kind().1.to_owned(),
-                false => error.to_string(),
-            };
-            trace.fail(error.status().as_u16(), message);
-        }
-        result
-    }
-}
-
-// An `async move` block, not an `async fn`: see `handle`.
-#[allow(clippy::manual_async_fn)]
-fn route_and_forward<'a>(
-    app: &'a App,
-    parts: &'a http::request::Parts,
-    body: Incoming,
-    endpoint: Endpoint,
-    started: Instant,
-    trace: Option<&'a RequestTrace>,
-    id: &'a HeaderValue,
-) -> impl Future<Output = Result<Response<ResponseBody>, ApiError>> + Send + 'a {
-    async move {
-        app.authorize(&parts.headers)?;
-        check_content_type(&parts.headers)?;
-        let body = read_body(app, body, &parts.headers).await?;
-        let key = id.to_str().unwrap_or_default();
-        let parsed = ParsedRequest::parse(&body, endpoint)?;
-        let snapshot = app.store.load();
-        let classifier = app.config.classifier.load();
-        let routed = routing::route(
-            &snapshot,
-            classifier.model.as_ref(),
-            &parsed,
-            &parts.headers,
-            &app.config.aliases,
-            key,
-        )?;
-        let decision = routed.decision;
-        app.keda.on_route(&snapshot, decision.profile);
-        if let Some(cold) = routed.cold_preferred {
-            app.keda.on_route(&snapshot, cold);
-        }
-        let resilience = &app.config.resilience;
-        let deadline =
-            started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
-        if let Some((cold, timeout)) = routed.wait_for {
-            // Scale from zero: wait (counted in the tier's queue depth, which activates KEDA)
-            // for the preferred tier's first endpoint.
-            let timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
-            if !snapshot.pools[cold].wait_for_endpoints(timeout).await {
-                let id = &snapshot.set.profiles[cold].id;
-                return Err(ApiError::Unavailable(format!(
-                    "profile {id} is scaled to zero and got no endpoint within {timeout:?}"
-                )));
-            }
-        }
-        let chosen = &snapshot.set.profiles[decision.profile];
-        if app.config.log_prompts {
-            let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
-            tracing::info!(request_id = key, profile = %chosen.id, reason = decision.reason.as_str(),
-            complexity = decision.complexity, prompt = %prompt.join("\n"), "routed");
-        } else {
-            tracing::debug!(profile = %chosen.id, reason = decision.reason.as_str(),
-            complexity = decision.complexity, "routed");
-        }
-        if let Some(trace) = trace {
-            let profile = chosen;
-            trace.record(
-                "route",
-                vec![
-                    KeyValue::new("quantrouter.profile", profile.id.clone()),
-                    KeyValue::new("quantrouter.tier", profile.tier.clone()),
-                    KeyValue::new("quantrouter.reason", decision.reason.as_str()),
-                    KeyValue::new("quantrouter.complexity", decision.complexity),
-                    KeyValue::new(
-                        "quantrouter.task_class",
-                        format!("{:?}", decision.task_class),
-                    ),
-                ],
-            );
-        }
-        let headers = upstream_headers(&parts.headers, id);
-        let plan = Plan {
-            snapshot: &snapshot,
-            decision: &decision,
-            pinned: decision.reason == Reason::Pinned,
-            stream: parsed.stream,
-            wants_json: parsed.wants_json,
-            path: endpoint.path(),
-            headers: &headers,
-            started,
-            deadline,
-            trace,
-            request_id: key,
-        };
-        let body_for = |profile: usize| parsed.upstream_body(&body, &snapshot.model_json[profile]);
-        telemetry::routed(decision.complexity, started.elapsed());
-        let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
-        let limits = BodyLimits {
-            idle: resilience.idle_timeout,
-            deadline,
-            first_output_by: answer.sent_at + app.client.header_timeout,
-            sse: false,
-            strip_usage: parsed.adds_usage(),
-        };
-        let finish_trace = trace.map(|trace| {
-            let trace = trace.clone();
-            let served = Served::of(&answer);
-            let status = answer.response.status();
-            let base = span_attributes(&snapshot, &served, status, None, &parsed);
-            move |usage: Option<Usage>| {
-                let mut attributes = base;
-                if let Some(usage) = usage {
-                    attributes.extend(usage_attributes(usage));
-                }
-                trace.finish(attributes);
-            }
-        });
-        Ok(respond_streaming(
-            &snapshot,
-            &decision,
-            answer,
-            limits,
-            started,
-            routed.prompt,
-            finish_trace,
-        ))
-    }
-}
-
-/// How a request was served, for the response headers and metric labels.
-#[derive(Debug)]
-struct Served {
-    profile: usize,
-    attempts: u32,
-    fallback: Option<Fallback>,
-}
-
-impl Served {
-    fn of(answer: &Answer) -> Self {
-        Self {
-            profile: answer.profile,
-            attempts: answer.attempts,
-            fallback: answer.fallback,
-        }
-    }
-
-    fn reason(&self, decision: &RoutingDecision) -> Reason {
-        match self.fallback {
-            Some(Fallback {
-                reason: "quality", ..
-            }) => Reason::FallbackQuality,
-            Some(_) => Reason::FallbackError,
-            None => decision.reason,
-        }
-    }
-
-    fn labels(&self, snapshot: &Snapshot, decision: &RoutingDecision) -> RequestLabels {
-        RequestLabels {
-            profile: Arc::clone(&snapshot.telemetry[self.profile]),
-            reason: self.reason(decision),
-        }
-    }
-}
-
-/// The upstream's response head and streamed body, with the router's headers.
-fn respond_streaming(
-    snapshot: &Snapshot,
-    decision: &RoutingDecision,
-    answer: Answer,
-    mut limits: BodyLimits,
-    started: Instant,
-    prompt: PromptSize,
-    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
-) -> Response<ResponseBody> {
-    let served = Served::of(&answer);
-    let profile = served.profile;
-    let pool = Arc::clone(&snapshot.pools[profile]);
-    let Answer { response, held, .. } = answer;
-    let labels = served.labels(snapshot, decision);
-    telemetry::response_headers(&labels, response.status().as_u16());
-    let (mut head, incoming) = response.into_parts();
-    limits.sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if !limits.sse {
-        // Not a stream: the first token comes with the head (vLLM, and any server that
-        // answers whole). A stream reports its first output event below.
-        telemetry::first_token(&labels, started.elapsed());
-    }
-    finish_head(&mut head, snapshot, decision, &served);
-    let prices = Prices::new(snapshot, profile);
-    let mut finish_trace = finish_trace;
-    let on_event = Box::new(move |event| match event {
-        BodyEvent::FirstOutput(elapsed) => telemetry::first_token(&labels, elapsed),
-        BodyEvent::End(end) => {
-            if let Some(failure) = end.failure {
-                telemetry::upstream_error(labels.profile.id(), failure.kind());
-            }
-            if let Some(usage) = end.usage {
-                prices.record(&labels, usage);
-                prompt.observe(&pool, usage);
-            }
-            if let Some(finish) = finish_trace.take() {
-                finish(end.usage);
-            }
-            telemetry::finished(&labels, end.elapsed);
-        }
-    });
-    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
-    Response::from_parts(head, Either::Right(body))
-}
-
-/// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).
-fn span_attributes(
-    snapshot: &Snapshot,
-    served: &Served,
-    status: StatusCode,
-    usage: Option<Usage>,
-    parsed: &ParsedRequest<'_>,
-) -> Vec<KeyValue> {
-    let profile = &snapshot.set.profiles[served.profile];
-    let mut attributes = vec![
-        KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
-        KeyValue::new("gen_ai.request.model", parsed.model.to_string()),
-        KeyValue::new("gen_ai.response.model", profile.model.clone()),
-        KeyValue::new("quantrouter.profile", profile.id.clone()),
-        KeyValue::new("quantrouter.tier", profile.tier.clone()),
-        KeyValue::new("quantrouter.attempts", i64::from(served.attempts)),
-    ];
-    if let Some(usage) = usage {
-        attributes.extend(usage_attributes(usage));
-    }
-    attributes
-}
-
-fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
-    let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    [
-        KeyValue::new("gen_ai.usage.input_tokens", tokens(usage.prompt_tokens)),
-        KeyValue::new(
-            "gen_ai.usage.output_tokens",
-            tokens(usage.completion_tokens),
-        ),
-    ]
-}
-
-/// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
-#[derive(Debug, Clone, Copy)]
-struct Prices {
-    actual: (f64, f64),
-    counterfactual: (f64, f64),
-}
-
-impl Prices {
-    fn new(snapshot: &Snapshot, profile: usize) -> Self {
-        let per_token = |p: &quantrouter_policy::Profile| {
-            (
-                p.cost_per_1m_input_tokens / 1e6,
-                p.cost_per_1m_output_tokens / 1e6,
-            )
-        };
-        let actual = per_token(&snapshot.set.profiles[profile]);
-        let counterfactual = snapshot
-            .set
-            .profile(&snapshot.set.default_profile)
-            .map_or(actual, per_token);
-        Self {
-            actual,
-            counterfactual,
-        }
-    }
-
-    fn record(&self, labels: &RequestLabels, usage: Usage) {
-        let cost = |(input, output): (f64, f64)| {
-            usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
-        };
-        telemetry::usage(
-            labels,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            cost(self.actual),
-            cost(self.counterfactual),
-        );
-    }
-}
-
-/// Drops hop-by-hop headers and adds the `x-quantrouter-*` ones.
-fn finish_head(
-    head: &mut http::response::Parts,
-    snapshot: &Snapshot,
-    decision: &RoutingDecision,
-    served: &Served,
-) {
-    const PROFILE: HeaderName = HeaderName::from_static("x-quantrouter-profile");
-    const TIER: HeaderName = HeaderName::from_static("x-quantrouter-tier");
-    const REASON: HeaderName = HeaderName::from_static("x-quantrouter-reason");
-    const ATTEMPTS: HeaderName = HeaderName::from_static("x-quantrouter-attempts");
-    const COMPLEXITY: HeaderName = HeaderName::from_static("x-quantrouter-complexity");
-    let headers = &mut head.headers;
-    // Looked for before removal: a removal hashes the name, a look at the few names an
-    // upstream sends compares them.
-    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        // Headers the upstream's `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-            .collect();
-        for name in HOP_BY_HOP.iter().chain(&named) {
-            headers.remove(name);
-        }
-    }
-    let telemetry = &snapshot.telemetry[served.profile];
-    let values = [
-        (PROFILE, telemetry.profile_header.clone()),
-        (TIER, telemetry.tier_header.clone()),
-        (
-            REASON,
-            Some(HeaderValue::from_static(served.reason(decision).as_str())),
-        ),
-        (ATTEMPTS, Some(attempts_header(served.attempts))),
-        (COMPLEXITY, complexity_header(decision.complexity)),
-    ];
-    for (name, value) in values {
-        if let Some(value) = value {
-            headers.insert(name, value);
-        }
-    }
-    if let Some(f) = served.fallback {
-        let value = format!(
-            "from={}; to={}; reason={}",
-            snapshot.set.profiles[f.from].id, snapshot.set.profiles[f.to].id, f.reason
-        );
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);
-        }
-    }
-}
-
-/// `x-quantrouter-attempts`: a static value for the usual few attempts.
-fn attempts_header(attempts: u32) -> HeaderValue {
-    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-    match SMALL.get(attempts as usize) {
-        Some(s) => HeaderValue::from_static(s),
-        None => HeaderValue::from(attempts),
-    }
-}
-
-/// `x-quantrouter-complexity`: the score with three decimals, exactly as `{:.3}` writes it.
-/// A score in [0, 1] not within a hair of a rounding tie is written directly; the
-/// formatter's exact decimal expansion cost ~1,000 instructions per request.
-fn complexity_header(score: f64) -> Option<HeaderValue> {
-    let scaled = score * 1000.0;
-    let near_tie = (scaled - scaled.floor() - 0.5).abs() < 1e-6;
-    if near_tie || !(0.0..=1.0).contains(&score) || score.is_sign_negative() {
-        return HeaderValue::from_str(&format!("{score:.3}")).ok();
-    }
-    // In 0..=1000 by the check above.
-    let milli = scaled.round() as u32;
-    let digit = |n: u32| b'0' + (n % 10) as u8;
-    let text = [
-        digit(milli / 1000),
-        b'.',
-        digit(milli / 100),
-        digit(milli / 10),
-        digit(milli),
-    ];
-    HeaderValue::from_bytes(&text).ok()
-}
-
 /// A generated request id, `qr-<process prefix, 8 hex digits>-<counter in hex>`.
 fn request_id(prefix: u32, n: u64) -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -977,158 +445,14 @@ fn request_id(prefix: u32, n: u64) -> HeaderValue {
     HeaderValue::from_bytes(&text[..12 + digits]).unwrap_or(HeaderValue::from_static("qr"))
 }
 
-/// Headers for every upstream attempt: JSON content type, the client headers worth
-/// forwarding, and the request id.
-fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(FORWARDED.len() + 2);
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    for name in &FORWARDED {
-        if let Some(v) = client.get(name) {
-            headers.insert(name.clone(), v.clone());
-        }
-    }
-    headers.insert(REQUEST_ID, request_id.clone());
-    headers
-}
-
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return Ok(());
-    };
-    let essence = value
-        .to_str()
-        .unwrap_or_default()
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim();
-    if essence.eq_ignore_ascii_case("application/json") {
-        Ok(())
-    } else {
-        Err(ApiError::UnsupportedMediaType)
-    }
-}
-
-/// Reads the whole body within the client body timeout, refusing more than the body limit
-/// (early, from Content-Length, when the client declares it).
-async fn read_body(app: &App, body: Incoming, headers: &HeaderMap) -> Result<Bytes, ApiError> {
-    let limit = app.config.body_limit;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit });
-    }
-    let timeout = app.config.client_body_timeout;
-    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
-    let Ok(read) = read.await else {
-        // Unread, the rest of the body makes hyper close the connection after the answer.
-        return Err(ApiError::InvalidRequest {
-            message: format!("the request body did not arrive within {timeout:?}"),
-            param: None,
-        });
-    };
-    match read {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::PayloadTooLarge { limit })
-        }
-        Err(e) => Err(ApiError::InvalidRequest {
-            message: format!("failed to read the request body: {e}"),
-            param: None,
-        }),
-    }
-}
-
-fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ResponseBody> {
-    let mut response = Response::new(Either::Left(Full::new(Bytes::from(value.to_string()))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-/// `GET /v1/models`: `auto`, the aliases and every enabled profile id.
-fn models(app: &App, headers: &HeaderMap) -> Result<Response<ResponseBody>, ApiError> {
-    app.authorize(headers)?;
-    let snapshot = app.store.load();
-    let entry = |id: &str| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "quantrouter"});
-    let data: Vec<serde_json::Value> = std::iter::once(AUTO_MODEL)
-        .chain(app.config.aliases.iter().map(String::as_str))
-        .chain(
-            snapshot
-                .set
-                .profiles
-                .iter()
-                .filter(|p| p.enabled)
-                .map(|p| p.id.as_str()),
-        )
-        .map(entry)
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({"object": "list", "data": data}),
-    ))
-}
-
-/// `POST /v1/route`: the decision for a chat or completion body, with every candidate.
-async fn dry_run(
-    app: &App,
-    parts: &http::request::Parts,
-    body: Incoming,
-    id: &HeaderValue,
-) -> Result<Response<ResponseBody>, ApiError> {
-    #[derive(Deserialize)]
-    struct Shape {
-        #[serde(default)]
-        messages: Option<serde::de::IgnoredAny>,
-    }
-    app.authorize(&parts.headers)?;
-    check_content_type(&parts.headers)?;
-    let body = read_body(app, body, &parts.headers).await?;
-    let started = Instant::now();
-    let endpoint = match serde_json::from_slice::<Shape>(&body) {
-        Ok(Shape { messages: None }) => Endpoint::Completions,
-        _ => Endpoint::Chat,
-    };
-    let parsed = ParsedRequest::parse(&body, endpoint)?;
-    let snapshot = app.store.load();
-    let classifier = app.config.classifier.load();
-    let model = classifier.model.as_ref();
-    let key = id.to_str().unwrap_or_default();
-    let routed = routing::route(
-        &snapshot,
-        model,
-        &parsed,
-        &parts.headers,
-        &app.config.aliases,
-        key,
-    )?;
-    let decision_us = started.elapsed().as_secs_f64() * 1e6;
-    let prompt = parsed.prompt();
-    let top = model.map_or_else(Vec::new, |m| {
-        routing::top_features(&snapshot.set, m, &prompt)
-    });
-    let classification = routed.classification.as_ref();
-    let explain = routing::explain(
-        &snapshot.set,
-        &routed.decision,
-        classification,
-        &top,
-        decision_us,
-    );
-    Ok(json_response(StatusCode::OK, &explain))
-}
-
 // === impl App ===
 
 impl App {
+    /// A new request id, `qr-<prefix>-<counter>`.
+    fn next_request_id(&self) -> HeaderValue {
+        request_id(self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
     fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(keys) = &self.config.api_keys else {
             return Ok(());

@@ -2,6 +2,7 @@
 
 use proptest::prelude::*;
 
+use super::proxy::complexity_header;
 use super::*;
 
 fn text(value: &HeaderValue) -> &str {
