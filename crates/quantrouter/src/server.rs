@@ -26,7 +26,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use opentelemetry::KeyValue;
 use quantrouter_policy::{Reason, RoutingDecision};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -47,7 +47,6 @@ use crate::traces::{RequestTrace, Traces};
 use crate::upstream::{
     health, scrape, BodyEvent, BodyLimits, ClientConfig, UpstreamBody, UpstreamClient,
 };
-use crate::workers;
 
 mod connections;
 mod delivery;
@@ -95,10 +94,6 @@ pub struct ServerConfig {
     pub classifier: Arc<ClassifierStore>,
     /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
     pub keda: KedaConfig,
-    /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
-    pub workers: usize,
-    /// Whether each of those threads is pinned to a CPU of its own.
-    pub pin_workers: workers::Pinning,
 }
 
 /// Shared state of one router.
@@ -129,7 +124,6 @@ pub struct Server {
     scraper: JoinHandle<()>,
     health: Option<JoinHandle<()>>,
     upkeep: JoinHandle<()>,
-    trim: JoinHandle<()>,
     publisher: Option<Publisher>,
 }
 
@@ -154,22 +148,17 @@ const FORWARDED: [HeaderName; 5] = [
 // === impl Server ===
 
 impl Server {
-    /// Binds the ports and starts serving: the public port on `config.workers` threads of its
-    /// own ([`crate::workers`]), everything else on the current runtime.
+    /// Binds the ports and starts serving them on the current runtime.
     pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
-        let public = workers::bind(config.listen, config.workers, LISTEN_BACKLOG)?;
-        let cpus = workers::cpus(config.pin_workers, config.workers);
-        if let Some(cpus) = &cpus {
-            tracing::info!(?cpus, "each worker pinned to a CPU of its own");
-        }
-        let public_addr = public[0].local_addr()?;
-        let admin = listen(config.admin_listen)?;
-        let scaler = match config.scaler_listen {
-            Some(addr) => Some(listen(addr)?),
-            None => None,
+        let (public, public_addr) = listen(config.listen)?;
+        let (admin, admin_addr) = listen(config.admin_listen)?;
+        let (scaler, scaler_addr) = match config.scaler_listen {
+            Some(addr) => {
+                let (listener, addr) = listen(addr)?;
+                (Some(listener), Some(addr))
+            }
+            None => (None, None),
         };
-        let admin_addr = admin.local_addr()?;
-        let scaler_addr = scaler.as_ref().map(TcpListener::local_addr).transpose()?;
         store.configure(config.resilience);
         let client = UpstreamClient::new(config.client.clone());
         let scraper = scrape::spawn(
@@ -192,7 +181,6 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
-        let trim = crate::allocator::spawn_trim();
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
             store,
@@ -205,24 +193,14 @@ impl Server {
             id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
         });
         let (stop, stopped) = watch::channel(false);
-        let public_app = Arc::clone(&app);
-        let public_stopped = stopped.clone();
         let (limits, side_port) = connection_limits(&app.config);
-        let serve_worker = move |listener| {
-            let app = Arc::clone(&public_app);
-            let connections = Connections::new(limits);
-            accept_loop(
-                listener,
-                public_stopped.clone(),
-                connections,
-                move |stream, conn, watcher| serve_public(Arc::clone(&app), stream, conn, watcher),
-            )
-        };
-        // The workers' ends are awaited like the tasks below.
-        let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, cpus.as_deref(), serve_worker)?
-            .into_iter()
-            .map(|finished| tokio::spawn(async { finished.await.unwrap_or_default() }))
-            .collect();
+        let public_app = Arc::clone(&app);
+        let mut tasks = vec![tokio::spawn(accept_loop(
+            public,
+            stopped.clone(),
+            Connections::new(limits),
+            move |stream, conn, watcher| serve_public(Arc::clone(&public_app), stream, conn, watcher),
+        ))];
         let admin_app = Arc::clone(&app);
         tasks.push(tokio::spawn(accept_loop(
             admin,
@@ -254,7 +232,6 @@ impl Server {
             scraper,
             health,
             upkeep,
-            trim,
             publisher,
         })
     }
@@ -296,7 +273,6 @@ impl Server {
             health.abort();
         }
         self.upkeep.abort();
-        self.trim.abort();
         // Last: until the requests above drained they were load KEDA had to see.
         if let Some(publisher) = self.publisher {
             publisher.stop().await;
@@ -308,15 +284,14 @@ impl Server {
     }
 }
 
-/// What each public worker's listener, and the admin and scaler ports', allow connections.
+/// What the public port, and the admin and scaler ports each, allow connections.
 fn connection_limits(config: &ServerConfig) -> (Limits, Limits) {
     let max = config.max_connections.unwrap_or_else(|| {
-        crate::descriptors::default_max_connections(crate::descriptors::limit(), config.workers)
+        crate::descriptors::default_max_connections(crate::descriptors::limit())
     });
     tracing::info!(max_connections = max, "client connections capped");
     let public = Limits {
-        // The kernel spreads new connections evenly over the workers' sockets.
-        max: max.div_ceil(config.workers.max(1)),
+        max,
         header_timeout: config.client_header_timeout,
         // The idle timeout, on the client's side.
         stall_timeout: config.resilience.idle_timeout,
@@ -343,10 +318,18 @@ const SIDE_PORT_CONNECTIONS: usize = 32;
 /// queue instead of losing SYNs and retrying a second or more later; tokio's default is 1024.
 const LISTEN_BACKLOG: u32 = 4096;
 
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = workers::socket(addr)?;
+/// A listener on `addr` and the address it got (port 0 picks one).
+fn listen(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // A restarted router binds at once, despite connections of the last one in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
+    let listener = socket.listen(LISTEN_BACKLOG)?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
 }
 
 type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -1170,8 +1153,6 @@ impl Default for ServerConfig {
             log_prompts: false,
             classifier: Arc::new(ClassifierStore::default()),
             keda: KedaConfig::default(),
-            workers: workers::default_count(),
-            pin_workers: workers::Pinning::default(),
         }
     }
 }
