@@ -5,9 +5,11 @@
 //! → parse ([`crate::openai`]) → decision ([`crate::routing`]) → upstream
 //! ([`crate::upstream`]), and the upstream body streams back frame by frame.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::future::Future;
+use std::hash::BuildHasher as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -190,7 +192,7 @@ impl Server {
             shutting_down: AtomicBool::new(false),
             grace_over: watch::Sender::new(false),
             next_id: AtomicU64::new(0),
-            id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
+            id_prefix: random_id_prefix(),
         });
         let (stop, stopped) = watch::channel(false);
         let (limits, side_port) = connection_limits(&app.config);
@@ -330,6 +332,13 @@ fn listen(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
     let listener = socket.listen(LISTEN_BACKLOG)?;
     let local = listener.local_addr()?;
     Ok((listener, local))
+}
+
+/// A 32-bit prefix for request ids that differs between replicas: std seeds every
+/// `RandomState` from the OS's randomness. The PID it replaces is 1 in every container.
+fn random_id_prefix() -> u32 {
+    // Any half of the hash is as random as the other; after the shift nothing is cut off.
+    (RandomState::new().hash_one(0u8) >> 32) as u32
 }
 
 type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
