@@ -748,7 +748,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         DiscoveryMode::Kubernetes => {
             let client = discovery::kube_client()
                 .await
-                .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+                .map_err(|e| CliError::Io(e.to_string()))?;
             let config = DiscoveryConfig::default();
             Some(Discovery::start(Arc::clone(&store), client, config))
         }
@@ -791,7 +791,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let server = Server::start(config, store)
         .await
-        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+        .map_err(|e| CliError::Io(e.to_string()))?;
     wait_for_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;
@@ -977,7 +977,7 @@ async fn demo(args: DemoArgs) -> Result<(), CliError> {
     };
     let server = Server::start(config, Arc::clone(&store))
         .await
-        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+        .map_err(|e| CliError::Io(e.to_string()))?;
     let (public, admin) = (server.public_addr(), server.admin_addr());
     println!("quantrouter demo is running (Ctrl-C to stop)\n");
     for (profile, sim) in store.load().set.profiles.iter().zip(&sims) {

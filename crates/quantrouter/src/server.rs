@@ -114,6 +114,17 @@ pub struct App {
     id_prefix: u32,
 }
 
+/// A port that could not be bound, with the flag that sets its address: two routers in one
+/// network namespace collide on the fixed default ports, and the operator must see which.
+#[derive(Debug, thiserror::Error)]
+#[error("binding {flag} {addr}: {error}")]
+pub struct BindError {
+    /// The flag that sets the address, e.g. `--keda-scaler-listen`.
+    pub flag: &'static str,
+    pub addr: SocketAddr,
+    pub error: std::io::Error,
+}
+
 /// A running router; dropping it does not stop it, call [`Server::shutdown`].
 #[derive(Debug)]
 pub struct Server {
@@ -151,12 +162,12 @@ const FORWARDED: [HeaderName; 5] = [
 
 impl Server {
     /// Binds the ports and starts serving them on the current runtime.
-    pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
-        let (public, public_addr) = listen(config.listen)?;
-        let (admin, admin_addr) = listen(config.admin_listen)?;
+    pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> Result<Self, BindError> {
+        let (public, public_addr) = listen("--listen", config.listen)?;
+        let (admin, admin_addr) = listen("--admin-listen", config.admin_listen)?;
         let (scaler, scaler_addr) = match config.scaler_listen {
             Some(addr) => {
-                let (listener, addr) = listen(addr)?;
+                let (listener, addr) = listen("--keda-scaler-listen", addr)?;
                 (Some(listener), Some(addr))
             }
             None => (None, None),
@@ -320,18 +331,21 @@ const SIDE_PORT_CONNECTIONS: usize = 32;
 /// queue instead of losing SYNs and retrying a second or more later; tokio's default is 1024.
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// A listener on `addr` and the address it got (port 0 picks one).
-fn listen(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+/// A listener on `addr`, set by the flag `flag`, and the address it got (port 0 picks one).
+fn listen(flag: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), BindError> {
+    let bind = || {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        // A restarted router binds at once, despite connections of the last one in TIME_WAIT.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(LISTEN_BACKLOG)?;
+        let local = listener.local_addr()?;
+        Ok((listener, local))
     };
-    // A restarted router binds at once, despite connections of the last one in TIME_WAIT.
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    let listener = socket.listen(LISTEN_BACKLOG)?;
-    let local = listener.local_addr()?;
-    Ok((listener, local))
+    bind().map_err(|error| BindError { flag, addr, error })
 }
 
 /// A 32-bit prefix for request ids that differs between replicas: std seeds every
