@@ -212,7 +212,9 @@ impl Server {
             public,
             stopped.clone(),
             Connections::new(limits),
-            move |stream, conn, watcher| serve_public(Arc::clone(&public_app), stream, conn, watcher),
+            move |stream, conn, watcher| {
+                serve_public(Arc::clone(&public_app), stream, conn, watcher)
+            },
         ))];
         let admin_app = Arc::clone(&app);
         tasks.push(tokio::spawn(accept_loop(
