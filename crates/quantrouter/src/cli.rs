@@ -279,8 +279,8 @@ pub struct ServeArgs {
     )]
     pub client_body_timeout_ms: u64,
     /// Client connections the public port keeps open at once; at the cap the oldest idle one
-    /// is closed for a new one. Default: half the open-file limit left after 128 + 4 per
-    /// worker descriptors for everything else (each request may hold an upstream connection).
+    /// is closed for a new one. Default: half the open-file limit left after 128 descriptors
+    /// for everything else (each request may hold an upstream connection).
     #[arg(long, env = "QUANTROUTER_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
     /// Log each request's prompt text with its routing decision (off: prompts never reach
@@ -293,21 +293,11 @@ pub struct ServeArgs {
     /// endpointslices; see docs/operations.md).
     #[arg(long, env = "QUANTROUTER_DISCOVERY", value_enum, default_value = "dns")]
     pub discovery: DiscoveryMode,
-    /// Threads serving the public port, each with its own runtime and listening socket; a
-    /// connection stays on one thread. Default: one per CPU the process may use (a cgroup
-    /// CPU limit counts; a node's cores do when the pod has none).
+    /// Threads of the runtime that serves every port and background task. Default: one per
+    /// CPU the process may use (a cgroup CPU limit counts; a node's cores do when the pod has
+    /// none).
     #[arg(long, env = "QUANTROUTER_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub workers: Option<u16>,
-    /// Pin each worker to a CPU of its own: `auto` does when the process may run on exactly
-    /// one CPU per worker (a CPU set of its own, or a whole machine), `on` always, `off`
-    /// never. A worker the scheduler moves finds its caches cold on the other CPU.
-    #[arg(
-        long,
-        env = "QUANTROUTER_PIN_WORKERS",
-        value_enum,
-        default_value = "auto"
-    )]
-    pub pin_workers: crate::workers::Pinning,
     /// Log format.
     #[arg(
         long,
@@ -527,8 +517,8 @@ fn config_args(path: &Path, matches: &clap::ArgMatches) -> Result<Vec<OsString>,
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Serve(args) => runtime()?.block_on(serve(*args)),
-        Command::Demo(args) => runtime()?.block_on(demo(args)),
+        Command::Serve(args) => runtime(args.workers)?.block_on(serve(*args)),
+        Command::Demo(args) => runtime(None)?.block_on(demo(args)),
         Command::Route(args) => route(&args),
         Command::Audit(args) => run_audit(&args),
         Command::Profiles(command) => profiles_command(command),
@@ -729,12 +719,17 @@ pub(crate) fn read_profile_file(
     result.map_err(|e| CliError::Invalid(format!("{}:\n{e}", path.display())))
 }
 
-/// The runtime of everything but the public port's requests (admin port, profile sources,
-/// discovery, scraping, KEDA): light work that one thread keeps up with. The requests run on
-/// the server's own worker threads.
-fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+/// The one runtime: the public port's requests, the admin and scaler ports and the
+/// background work (profile sources, discovery, scraping, KEDA) share its `workers` threads,
+/// by default one per CPU the process may use (`available_parallelism` honours a cgroup CPU
+/// limit and the affinity mask).
+fn runtime(workers: Option<u16>) -> Result<tokio::runtime::Runtime, CliError> {
+    let workers = workers.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        usize::from,
+    );
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| CliError::Io(format!("starting the runtime: {e}")))
@@ -793,14 +788,10 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         log_prompts: args.log_prompts,
         classifier,
         keda,
-        workers: args
-            .workers
-            .map_or_else(crate::workers::default_count, usize::from),
-        pin_workers: args.pin_workers,
     };
     let server = Server::start(config, store)
         .await
-        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+        .map_err(|e| CliError::Io(e.to_string()))?;
     wait_for_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;
@@ -986,7 +977,7 @@ async fn demo(args: DemoArgs) -> Result<(), CliError> {
     };
     let server = Server::start(config, Arc::clone(&store))
         .await
-        .map_err(|e| CliError::Io(format!("binding: {e}")))?;
+        .map_err(|e| CliError::Io(e.to_string()))?;
     let (public, admin) = (server.public_addr(), server.admin_addr());
     println!("quantrouter demo is running (Ctrl-C to stop)\n");
     for (profile, sim) in store.load().set.profiles.iter().zip(&sims) {
@@ -1198,18 +1189,6 @@ mod tests {
         let args = serve_args(parse_with_config(argv(&["serve", "--workers", "3"])).unwrap());
         assert_eq!(args.workers, Some(3));
         assert!(parse_with_config(argv(&["serve", "--workers", "0"])).is_err());
-    }
-
-    #[test]
-    fn workers_are_pinned_on_auto_unless_set() {
-        use crate::workers::Pinning;
-        let args = serve_args(parse_with_config(argv(&["serve"])).unwrap());
-        assert_eq!(args.pin_workers, Pinning::Auto);
-        let args = serve_args(parse_with_config(argv(&["serve", "--pin-workers", "off"])).unwrap());
-        assert_eq!(args.pin_workers, Pinning::Off);
-        assert!(parse_with_config(argv(&["serve", "--pin-workers", "yes"])).is_err());
-        let cli = parse_with_config_file(r#"{"pin_workers": "on"}"#, &[]).unwrap();
-        assert_eq!(serve_args(cli).pin_workers, Pinning::On);
     }
 
     #[test]

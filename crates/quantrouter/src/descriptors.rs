@@ -7,12 +7,11 @@
 //! connection cap is then derived from it, leaving room for what else the router opens.
 
 /// Descriptors kept for everything but client connections and their upstream connections:
-/// the admin and scaler ports' own capped connections (32 each), listening sockets, Redis
+/// the admin and scaler ports' own capped connections (32 each), listening sockets, the
+/// runtime's own (epoll, wake-ups), Redis
 /// (profiles, pub/sub, KEDA numbers), Kubernetes watches, trace export, the profile file,
 /// and slack.
 const RESERVED: u64 = 128;
-/// Per worker thread: its runtime's epoll and wake-up descriptors and its listening socket.
-const PER_WORKER: u64 = 4;
 /// The kernel's per-process ceiling by default (`fs.nr_open`), for an unlimited soft limit.
 const UNLIMITED: u64 = 1 << 20;
 
@@ -44,12 +43,11 @@ pub fn limit() -> Option<u64> {
 }
 
 /// The public port's default connection cap under a descriptor limit: half of what is left
-/// after [`RESERVED`] and the workers' own, because each client connection may hold an
-/// upstream connection while its request runs.
-pub fn default_max_connections(limit: Option<u64>, workers: usize) -> usize {
+/// after [`RESERVED`], because each client connection may hold an upstream connection while
+/// its request runs.
+pub fn default_max_connections(limit: Option<u64>) -> usize {
     let limit = limit.unwrap_or(UNLIMITED);
-    let reserved = RESERVED + PER_WORKER * workers as u64;
-    let cap = limit.saturating_sub(reserved) / 2;
+    let cap = limit.saturating_sub(RESERVED) / 2;
     usize::try_from(cap).unwrap_or(usize::MAX).max(1)
 }
 
@@ -60,12 +58,12 @@ mod tests {
     #[test]
     fn the_cap_leaves_room_for_upstreams_and_the_rest() {
         // A container's usual hard limit, and the old soft default.
-        assert_eq!(default_max_connections(Some(1_048_576), 2), 524_220);
-        assert_eq!(default_max_connections(Some(1024), 2), 444);
-        assert_eq!(default_max_connections(Some(256), 1), 62);
-        assert_eq!(default_max_connections(None, 1), 524_222);
+        assert_eq!(default_max_connections(Some(1_048_576)), 524_224);
+        assert_eq!(default_max_connections(Some(1024)), 448);
+        assert_eq!(default_max_connections(Some(256)), 64);
+        assert_eq!(default_max_connections(None), 524_224);
         // Too few descriptors for anything: still one connection, never zero.
-        assert_eq!(default_max_connections(Some(64), 8), 1);
+        assert_eq!(default_max_connections(Some(64)), 1);
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! from the pure `quantrouter-policy` crate.
 
 pub mod admin;
-pub mod allocator;
 pub mod calibration;
 pub mod classifier;
 pub mod cli;
@@ -24,4 +23,3 @@ pub mod tier_profile;
 pub mod tls;
 pub mod traces;
 pub mod upstream;
-pub mod workers;

@@ -4,9 +4,11 @@
 //! [`stack::public_service`]; its leaf, a generation request in named phases, is
 //! [`proxy`]. This module binds the ports, accepts connections and shuts down.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::future::Future;
+use std::hash::BuildHasher as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,10 +22,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::admin;
 use crate::classifier::ClassifierStore;
@@ -36,7 +37,6 @@ use crate::resilience::ResilienceConfig;
 use crate::telemetry;
 use crate::traces::Traces;
 use crate::upstream::{health, scrape, ClientConfig, UpstreamBody, UpstreamClient};
-use crate::workers;
 
 mod connections;
 mod delivery;
@@ -86,10 +86,6 @@ pub struct ServerConfig {
     pub classifier: Arc<ClassifierStore>,
     /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
     pub keda: KedaConfig,
-    /// Threads serving the public port, each with its own runtime ([`crate::workers`]).
-    pub workers: usize,
-    /// Whether each of those threads is pinned to a CPU of its own.
-    pub pin_workers: workers::Pinning,
 }
 
 /// Shared state of one router.
@@ -108,6 +104,17 @@ pub struct App {
     id_prefix: u32,
 }
 
+/// A port that could not be bound, with the flag that sets its address: two routers in one
+/// network namespace collide on the fixed default ports, and the operator must see which.
+#[derive(Debug, thiserror::Error)]
+#[error("binding {flag} {addr}: {error}")]
+pub struct BindError {
+    /// The flag that sets the address, e.g. `--keda-scaler-listen`.
+    pub flag: &'static str,
+    pub addr: SocketAddr,
+    pub error: std::io::Error,
+}
+
 /// A running router; dropping it does not stop it, call [`Server::shutdown`].
 #[derive(Debug)]
 pub struct Server {
@@ -120,7 +127,6 @@ pub struct Server {
     scraper: JoinHandle<()>,
     health: Option<JoinHandle<()>>,
     upkeep: JoinHandle<()>,
-    trim: JoinHandle<()>,
     publisher: Option<Publisher>,
 }
 
@@ -130,22 +136,17 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 // === impl Server ===
 
 impl Server {
-    /// Binds the ports and starts serving: the public port on `config.workers` threads of its
-    /// own ([`crate::workers`]), everything else on the current runtime.
-    pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> std::io::Result<Self> {
-        let public = workers::bind(config.listen, config.workers, LISTEN_BACKLOG)?;
-        let cpus = workers::cpus(config.pin_workers, config.workers);
-        if let Some(cpus) = &cpus {
-            tracing::info!(?cpus, "each worker pinned to a CPU of its own");
-        }
-        let public_addr = public[0].local_addr()?;
-        let admin = listen(config.admin_listen)?;
-        let scaler = match config.scaler_listen {
-            Some(addr) => Some(listen(addr)?),
-            None => None,
+    /// Binds the ports and starts serving them on the current runtime.
+    pub async fn start(config: ServerConfig, store: Arc<ProfileStore>) -> Result<Self, BindError> {
+        let (public, public_addr) = listen("--listen", config.listen)?;
+        let (admin, admin_addr) = listen("--admin-listen", config.admin_listen)?;
+        let (scaler, scaler_addr) = match config.scaler_listen {
+            Some(addr) => {
+                let (listener, addr) = listen("--keda-scaler-listen", addr)?;
+                (Some(listener), Some(addr))
+            }
+            None => (None, None),
         };
-        let admin_addr = admin.local_addr()?;
-        let scaler_addr = scaler.as_ref().map(TcpListener::local_addr).transpose()?;
         store.configure(config.resilience);
         let client = UpstreamClient::new(config.client.clone());
         let scraper = scrape::spawn(
@@ -168,7 +169,6 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
-        let trim = crate::allocator::spawn_trim();
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
             store,
@@ -178,27 +178,19 @@ impl Server {
             shutting_down: AtomicBool::new(false),
             grace_over: watch::Sender::new(false),
             next_id: AtomicU64::new(0),
-            id_prefix: std::process::id() ^ (Instant::now().elapsed().subsec_nanos()),
+            id_prefix: random_id_prefix(),
         });
         let (stop, stopped) = watch::channel(false);
-        let public_app = Arc::clone(&app);
-        let public_stopped = stopped.clone();
         let (limits, side_port) = connection_limits(&app.config);
-        let serve_worker = move |listener| {
-            let app = Arc::clone(&public_app);
-            let connections = Connections::new(limits);
-            accept_loop(
-                listener,
-                public_stopped.clone(),
-                connections,
-                move |stream, conn, watcher| serve_public(Arc::clone(&app), stream, conn, watcher),
-            )
-        };
-        // The workers' ends are awaited like the tasks below.
-        let mut tasks: Vec<JoinHandle<()>> = workers::spawn(public, cpus.as_deref(), serve_worker)?
-            .into_iter()
-            .map(|finished| tokio::spawn(async { finished.await.unwrap_or_default() }))
-            .collect();
+        let public_app = Arc::clone(&app);
+        let mut tasks = vec![tokio::spawn(accept_loop(
+            public,
+            stopped.clone(),
+            Connections::new(limits),
+            move |stream, conn, watcher| {
+                serve_public(Arc::clone(&public_app), stream, conn, watcher)
+            },
+        ))];
         let admin_app = Arc::clone(&app);
         tasks.push(tokio::spawn(accept_loop(
             admin,
@@ -230,7 +222,6 @@ impl Server {
             scraper,
             health,
             upkeep,
-            trim,
             publisher,
         })
     }
@@ -272,7 +263,6 @@ impl Server {
             health.abort();
         }
         self.upkeep.abort();
-        self.trim.abort();
         // Last: until the requests above drained they were load KEDA had to see.
         if let Some(publisher) = self.publisher {
             publisher.stop().await;
@@ -284,15 +274,14 @@ impl Server {
     }
 }
 
-/// What each public worker's listener, and the admin and scaler ports', allow connections.
+/// What the public port, and the admin and scaler ports each, allow connections.
 fn connection_limits(config: &ServerConfig) -> (Limits, Limits) {
     let max = config.max_connections.unwrap_or_else(|| {
-        crate::descriptors::default_max_connections(crate::descriptors::limit(), config.workers)
+        crate::descriptors::default_max_connections(crate::descriptors::limit())
     });
     tracing::info!(max_connections = max, "client connections capped");
     let public = Limits {
-        // The kernel spreads new connections evenly over the workers' sockets.
-        max: max.div_ceil(config.workers.max(1)),
+        max,
         header_timeout: config.client_header_timeout,
         // The idle timeout, on the client's side.
         stall_timeout: config.resilience.idle_timeout,
@@ -319,10 +308,28 @@ const SIDE_PORT_CONNECTIONS: usize = 32;
 /// queue instead of losing SYNs and retrying a second or more later; tokio's default is 1024.
 const LISTEN_BACKLOG: u32 = 4096;
 
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = workers::socket(addr)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
+/// A listener on `addr`, set by the flag `flag`, and the address it got (port 0 picks one).
+fn listen(flag: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), BindError> {
+    let bind = || {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        // A restarted router binds at once, despite connections of the last one in TIME_WAIT.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(LISTEN_BACKLOG)?;
+        let local = listener.local_addr()?;
+        Ok((listener, local))
+    };
+    bind().map_err(|error| BindError { flag, addr, error })
+}
+
+/// A 32-bit prefix for request ids that differs between replicas: std seeds every
+/// `RandomState` from the OS's randomness. The PID it replaces is 1 in every container.
+fn random_id_prefix() -> u32 {
+    // Any half of the hash is as random as the other; after the shift nothing is cut off.
+    (RandomState::new().hash_one(0u8) >> 32) as u32
 }
 
 type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -494,8 +501,6 @@ impl Default for ServerConfig {
             log_prompts: false,
             classifier: Arc::new(ClassifierStore::default()),
             keda: KedaConfig::default(),
-            workers: workers::default_count(),
-            pin_workers: workers::Pinning::default(),
         }
     }
 }

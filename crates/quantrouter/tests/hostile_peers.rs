@@ -68,13 +68,13 @@ async fn out_of_range_header_numbers_are_a_400_over_http1_and_http2() {
     }
 }
 
-/// A router whose every profile sends to `upstream`, on one worker (one idle pool).
+/// A router whose every profile sends to `upstream`.
 async fn router_before(upstream: &str) -> quantrouter::server::Server {
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for profile in &mut set.profiles {
         profile.upstream = Upstream::Static(StaticUpstream::new(vec![upstream.to_owned()]));
     }
-    start_router(set, |c| c.workers = 1).await
+    start_router(set, |_| {}).await
 }
 
 /// An upstream over a real socket: `script(n, stream)` runs each accepted connection.
@@ -562,8 +562,8 @@ async fn a_stream_still_open_when_the_grace_ends_gets_an_error_event_before_the_
 }
 
 /// The real binary under a small descriptor limit (soft 64, hard 256), with more idle
-/// connections than the hard limit: it raises its soft limit, caps its connections (62 for
-/// one worker under 256), sheds the oldest idle ones, and keeps answering.
+/// connections than the hard limit: it raises its soft limit, caps its connections (64 under
+/// 256), sheds the oldest idle ones, and keeps answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_idle_connections_than_descriptors_shed_the_oldest_and_the_router_answers() {
     let (set, _sims) = support::sim_tiers(Duration::ZERO).await;

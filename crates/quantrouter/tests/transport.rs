@@ -264,7 +264,7 @@ async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_
     let sim = SimServer::bind(loopback(), sim_config()).await.unwrap();
     // Both endpoints idle: the first listed gets each first attempt.
     let set = set_on(serde_json::json!({"urls": [hangs_up, sim.url()]}));
-    let router = router(set, |c| c.workers = 1).await;
+    let router = router(set, |_| {}).await;
 
     // A first exchange leaves a kept-alive connection to the scripted upstream.
     let r = post(&router, &chat(PINNED, SIMPLE)).await;

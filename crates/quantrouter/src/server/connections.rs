@@ -11,9 +11,6 @@
 //! connection whose writes stay blocked for the stall timeout (its client reads nothing) is
 //! closed. When the listener stops, idle connections — unfinished heads included — close at
 //! once, and busy ones as soon as their last request ends.
-//!
-//! A listener's connections all run on the runtime that accepts them (one worker thread for
-//! the public port), so its locks are never contended.
 
 use std::collections::BTreeMap;
 use std::future::Future;
