@@ -82,7 +82,7 @@ pub struct Watch {
     pub grace_over: watch::Receiver<bool>,
 }
 
-/// The response `handle` made, as the public port sends it: an upstream body with a
+/// The response the stack below made, as the public port sends it: an upstream body with a
 /// watchdog, the router's own as it is. `request` keeps the connection busy meanwhile.
 pub fn deliver(
     response: Response<ResponseBody>,
