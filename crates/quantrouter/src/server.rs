@@ -39,7 +39,7 @@ use crate::keda::scaler::Scaler;
 use crate::keda::{Keda, KedaConfig};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::{ProfileStore, Snapshot};
-use crate::resilience::retry::{self, Answer, Fallback, Plan};
+use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
 use crate::resilience::ResilienceConfig;
 use crate::routing::{self, PromptSize, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
@@ -737,7 +737,8 @@ impl Served {
     fn reason(&self, decision: &RoutingDecision) -> Reason {
         match self.fallback {
             Some(Fallback {
-                reason: "quality", ..
+                reason: FallbackReason::Quality,
+                ..
             }) => Reason::FallbackQuality,
             Some(_) => Reason::FallbackError,
             None => decision.reason,
@@ -922,7 +923,9 @@ fn finish_head(
     if let Some(f) = served.fallback {
         let value = format!(
             "from={}; to={}; reason={}",
-            snapshot.set.profiles[f.from].id, snapshot.set.profiles[f.to].id, f.reason
+            snapshot.set.profiles[f.from].id,
+            snapshot.set.profiles[f.to].id,
+            f.reason.as_str()
         );
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);
