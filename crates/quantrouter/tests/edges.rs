@@ -350,10 +350,7 @@ async fn llamacpp_stream(mut stream: TcpStream) {
     let role = r#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#;
     send_chunk(&mut stream, &format!("{role}\n\n")).await;
     tokio::time::sleep(PREFILL).await;
-    for delta in [
-        r#"{"content":"Par"}"#,
-        r#"{"content":"is"}"#,
-    ] {
+    for delta in [r#"{"content":"Par"}"#, r#"{"content":"is"}"#] {
         let event = format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
         send_chunk(&mut stream, &event).await;
     }
