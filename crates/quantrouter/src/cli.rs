@@ -442,7 +442,9 @@ impl TryFrom<String> for OptionalListen {
 
 impl From<OptionalListen> for String {
     fn from(listen: OptionalListen) -> Self {
-        listen.0.map_or_else(|| "off".into(), |addr| addr.to_string())
+        listen
+            .0
+            .map_or_else(|| "off".into(), |addr| addr.to_string())
     }
 }
 
@@ -630,7 +632,10 @@ fn check_ranges(flags: Vec<String>) -> Result<(), String> {
     if flags.is_empty() {
         return Ok(());
     }
-    let argv = ["quantrouter", "serve"].into_iter().map(String::from).chain(flags);
+    let argv = ["quantrouter", "serve"]
+        .into_iter()
+        .map(String::from)
+        .chain(flags);
     Cli::command()
         .try_get_matches_from(argv)
         .map(drop)
@@ -1396,7 +1401,13 @@ mod tests {
             .unwrap(),
         );
         assert!(file.config.is_some());
-        assert_eq!(ServeArgs { config: None, ..file }, flags);
+        assert_eq!(
+            ServeArgs {
+                config: None,
+                ..file
+            },
+            flags
+        );
     }
 
     #[test]

@@ -107,7 +107,8 @@ async fn a_json_config_file_sets_switches_under_the_environment_and_flags() {
     let config = config.to_str().unwrap();
     let routed = |lines: &[serde_json::Value]| {
         let line = lines.iter().find(|l| l["fields"]["message"] == "routed");
-        line.cloned().unwrap_or_else(|| panic!("no routed line in {lines:?}"))
+        line.cloned()
+            .unwrap_or_else(|| panic!("no routed line in {lines:?}"))
     };
 
     let body = chat("auto", SECRET);
@@ -115,7 +116,9 @@ async fn a_json_config_file_sets_switches_under_the_environment_and_flags() {
         exchange_logs(&set, &["--config", config], &[], &body, StatusCode::OK).await;
     let prompt = routed(&from_file)["fields"]["prompt"].clone();
     assert!(
-        prompt.as_str().is_some_and(|p| p.contains("secret-marker-7")),
+        prompt
+            .as_str()
+            .is_some_and(|p| p.contains("secret-marker-7")),
         "{prompt}"
     );
 

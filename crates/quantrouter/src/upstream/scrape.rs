@@ -130,7 +130,12 @@ fn record_gauges(snapshot: &Snapshot, now: Instant) {
         }
     }
     for (tier, stats) in crate::keda::local_tiers(snapshot, now) {
-        telemetry::tier_gauges(&tier, stats.queue_depth, stats.inflight, stats.ready_endpoints);
+        telemetry::tier_gauges(
+            &tier,
+            stats.queue_depth,
+            stats.inflight,
+            stats.ready_endpoints,
+        );
     }
 }
 
