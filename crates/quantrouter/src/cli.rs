@@ -2,8 +2,11 @@
 //! `tenants`, `profile-tier`.
 //!
 //! Every `serve` flag can also come from `QUANTROUTER_<FLAG>` and from a JSON config file
-//! given with `--config` (keys are flag names). Precedence: command line, environment,
-//! config file, built-in default.
+//! given with `--config` (keys are the flag names in snake_case or kebab-case, values typed
+//! JSON: booleans, numbers, arrays for repeatable flags, strings for the rest).
+//! Precedence: command line, environment, config file, built-in default. [`ServeArgs`] is
+//! the one typed configuration: clap reads the first two and holds the defaults, serde reads
+//! the file into the same struct.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -14,11 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::parser::ValueSource;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use quantrouter_policy::{
     audit, decide, score, Overrides, ProfileSet, Prompt, Role, RouteRequest, Segment,
     StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::classifier::{ClassifierConfig, ClassifierStore};
 use crate::discovery::{self, Discovery, DiscoveryConfig};
@@ -145,18 +149,25 @@ pub enum DocumentCommand {
     },
 }
 
-#[derive(Debug, Args)]
+/// The `serve` settings, from flags, `QUANTROUTER_*` variables and the `--config` file.
+/// Each default is the clap attribute's, written nowhere else; the comment above it says why.
+#[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServeArgs {
-    /// JSON file of settings keyed by flag name (e.g. {"listen": "0.0.0.0:8080"}).
+    /// JSON file of settings keyed by flag name (e.g. {"listen": "0.0.0.0:8080",
+    /// "log_prompts": true}); flags and the environment win over it.
     #[arg(long, env = "QUANTROUTER_CONFIG")]
     pub config: Option<PathBuf>,
     /// Public OpenAI-compatible address.
+    // All interfaces, so a Service reaches the pod; 8080 is the usual unprivileged HTTP port.
     #[arg(long, env = "QUANTROUTER_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// Admin address (metrics, health, profiles).
+    // Its own port, so a network policy can keep metrics and profiles private.
     #[arg(long, env = "QUANTROUTER_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     pub admin_listen: SocketAddr,
     /// KEDA external scaler (gRPC) address; `off` serves none.
+    // Next to the admin port; KEDA's external-scaler trigger dials it (docs/keda.md).
     #[arg(
         long,
         env = "QUANTROUTER_KEDA_SCALER_LISTEN",
@@ -172,11 +183,13 @@ pub struct ServeArgs {
     #[arg(long, env = "QUANTROUTER_PROFILES")]
     pub profiles: Option<PathBuf>,
     /// How often the profile file (and a classifier file) is checked for changes.
+    // A file edit applies within a second; a stat a second costs nothing.
     #[arg(long, env = "QUANTROUTER_PROFILES_POLL_MS", default_value_t = 1000)]
     pub profiles_poll_ms: u64,
     /// Prompt classifier: a model file (watched for changes), `builtin` (the model compiled
     /// in) or `off` (the structural score alone). With --redis-url a model pushed to Redis
     /// takes over.
+    // The model compiled in works with nothing to ship or mount.
     #[arg(long, env = "QUANTROUTER_CLASSIFIER", default_value = "builtin", value_parser = parse_classifier_choice)]
     pub classifier: ClassifierChoice,
     /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`, or
@@ -187,9 +200,11 @@ pub struct ServeArgs {
     #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
     /// Redis key prefix.
+    // The product's name: its keys are recognisable in a shared Redis.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
     pub redis_prefix: String,
     /// How often the Redis document is re-read in case an update message was missed.
+    // Pub/sub brings updates at once; the poll only catches a missed message.
     #[arg(long, env = "QUANTROUTER_REDIS_POLL_MS", default_value_t = 5000)]
     pub redis_poll_ms: u64,
     /// Endpoint for a model of a seed-format list in `model_profiles:active`: MODEL_ID=URL
@@ -211,12 +226,16 @@ pub struct ServeArgs {
     )]
     pub model_alias: Vec<String>,
     /// Largest accepted request body in bytes.
+    // A full long-context prompt is well under a megabyte of text; 4 MiB leaves room for
+    // inline images and still bounds the memory one request can hold.
     #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub body_limit_bytes: usize,
     /// Upstream connect timeout.
+    // A healthy upstream connects in milliseconds; past 2 s another endpoint is the better bet.
     #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = 2000)]
     pub connect_timeout_ms: u64,
     /// Upstream time-to-response-headers timeout.
+    // Prefill of a long prompt on a busy server takes seconds to tens of seconds, not minutes.
     #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
     pub header_timeout_ms: u64,
     /// PEM CA certificate to verify `https://` upstreams with when their profile names no
@@ -224,6 +243,7 @@ pub struct ServeArgs {
     #[arg(long, env = "QUANTROUTER_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
     /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
+    // Long generations finish in ten minutes; a stuck request does not hold a slot forever.
     #[arg(
         long,
         env = "QUANTROUTER_REQUEST_TIMEOUT_MS",
@@ -231,19 +251,24 @@ pub struct ServeArgs {
     )]
     pub request_timeout_ms: u64,
     /// Longest silence between two chunks of an upstream response.
+    // Tokens arrive milliseconds apart: thirty seconds of silence is a stalled upstream.
     #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     pub idle_timeout_ms: u64,
     /// Upstream attempts per request, across endpoints and tiers.
+    // Past one bad endpoint and one bad tier, without multiplying load during an outage.
     #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = 4)]
     pub max_attempts: u32,
     /// Longest wait for an admission slot before answering 429.
+    // Past a couple of seconds a 429 the client can retry beats waiting for a slot.
     #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
     pub queue_timeout_ms: u64,
     /// How often each endpoint's /metrics is scraped for its queue.
+    // Queues change at request speed; one small GET a second per endpoint keeps routing current.
     #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = 1000)]
     pub scrape_interval_ms: u64,
     /// How often each endpoint is health-checked (`GET /health`, else `/v1/models`); 0 turns
     /// active checks off.
+    // A dead endpoint is noticed within seconds at negligible probe load.
     #[arg(
         long,
         env = "QUANTROUTER_HEALTH_CHECK_INTERVAL_MS",
@@ -251,6 +276,7 @@ pub struct ServeArgs {
     )]
     pub health_check_interval_ms: u64,
     /// A health check slower than this failed.
+    // A health endpoint answers in milliseconds; one slower than a second is not serving either.
     #[arg(
         long,
         env = "QUANTROUTER_HEALTH_CHECK_TIMEOUT_MS",
@@ -258,13 +284,16 @@ pub struct ServeArgs {
     )]
     pub health_check_timeout_ms: u64,
     /// After SIGTERM: readiness fails at once, connections are still accepted this long.
+    // Nothing to drain from without a load balancer; Kubernetes deployments set it (the chart).
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = 0)]
     pub shutdown_delay_ms: u64,
     /// Then in-flight requests and streams get this long to finish.
+    // Inside Kubernetes' default 30 s termination grace, with time left to exit cleanly.
     #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = 25_000)]
     pub shutdown_grace_ms: u64,
     /// Longest a client may take over a request head once it sent its first byte; then the
     /// connection closes. Idle keep-alive connections are not timed.
+    // A real client sends its request head at once; a slow-loris peer does not.
     #[arg(
         long,
         env = "QUANTROUTER_CLIENT_HEADER_TIMEOUT_MS",
@@ -272,6 +301,7 @@ pub struct ServeArgs {
     )]
     pub client_header_timeout_ms: u64,
     /// Longest a client may take to send a request body; then it gets a 400.
+    // Room for a large body on a slow link; a stalled upload still frees its connection.
     #[arg(
         long,
         env = "QUANTROUTER_CLIENT_BODY_TIMEOUT_MS",
@@ -291,6 +321,7 @@ pub struct ServeArgs {
     /// cluster DNS name (kube-proxy balances); `kubernetes` watches the service's
     /// EndpointSlices and balances across its ready pods (needs get/list/watch on
     /// endpointslices; see docs/operations.md).
+    // DNS works in any cluster with no RBAC; `kubernetes` needs endpointslice permissions.
     #[arg(long, env = "QUANTROUTER_DISCOVERY", value_enum, default_value = "dns")]
     pub discovery: DiscoveryMode,
     /// Threads of the runtime that serves every port and background task. Default: one per
@@ -299,6 +330,7 @@ pub struct ServeArgs {
     #[arg(long, env = "QUANTROUTER_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub workers: Option<u16>,
     /// Log format.
+    // Log pipelines parse JSON lines; `text` is for a person at a terminal.
     #[arg(
         long,
         env = "QUANTROUTER_LOG_FORMAT",
@@ -309,7 +341,7 @@ pub struct ServeArgs {
 }
 
 /// How service upstreams are found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DiscoveryMode {
     /// The service's cluster DNS name.
     Dns,
@@ -318,7 +350,8 @@ pub enum DiscoveryMode {
 }
 
 /// A listen address that can be switched off (`off`, or empty).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct OptionalListen(pub Option<SocketAddr>);
 
 fn parse_optional_listen(value: &str) -> Result<OptionalListen, String> {
@@ -350,7 +383,8 @@ pub struct DemoArgs {
 }
 
 /// Which model scores prompts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum ClassifierChoice {
     Builtin,
     Off,
@@ -365,6 +399,78 @@ fn parse_classifier_choice(value: &str) -> Result<ClassifierChoice, String> {
         path => ClassifierChoice::File(PathBuf::from(path)),
     })
 }
+
+// === impl ClassifierChoice ===
+
+impl TryFrom<String> for ClassifierChoice {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        parse_classifier_choice(&value)
+    }
+}
+
+impl From<ClassifierChoice> for String {
+    fn from(choice: ClassifierChoice) -> Self {
+        match choice {
+            ClassifierChoice::Builtin => "builtin".into(),
+            ClassifierChoice::Off => "off".into(),
+            ClassifierChoice::File(path) => path.to_string_lossy().into_owned(),
+        }
+    }
+}
+
+// === impl OptionalListen ===
+
+impl TryFrom<String> for OptionalListen {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        parse_optional_listen(&value)
+    }
+}
+
+impl From<OptionalListen> for String {
+    fn from(listen: OptionalListen) -> Self {
+        listen
+            .0
+            .map_or_else(|| "off".into(), |addr| addr.to_string())
+    }
+}
+
+/// Serde for the flags' enums by their flag spelling, so a config file takes exactly the
+/// names the flag does (and its error lists them).
+macro_rules! serde_by_flag_name {
+    ($($ty:ty),* $(,)?) => {$(
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let value = self
+                    .to_possible_value()
+                    .ok_or_else(|| serde::ser::Error::custom("a value without a flag name"))?;
+                serializer.serialize_str(value.get_name())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let name = String::deserialize(deserializer)?;
+                <$ty as ValueEnum>::from_str(&name, false).map_err(|_| {
+                    let names: Vec<String> = <$ty as ValueEnum>::value_variants()
+                        .iter()
+                        .filter_map(|v| v.to_possible_value())
+                        .map(|v| format!("`{}`", v.get_name()))
+                        .collect();
+                    serde::de::Error::custom(format!(
+                        "`{name}` is not one of {}",
+                        names.join(", ")
+                    ))
+                })
+            }
+        }
+    )*};
+}
+
+serde_by_flag_name!(DiscoveryMode, LogFormat);
 
 #[derive(Debug, Args)]
 pub struct RouteArgs {
@@ -441,9 +547,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Parses arguments, filling `serve` flags that were not given on the command line or in
-/// the environment from the `--config` file.
-pub fn parse_with_config(mut argv: Vec<OsString>) -> Result<Cli, CliError> {
+/// Parses arguments; for `serve --config FILE`, the file's settings then fill what neither
+/// the command line nor the environment set.
+pub fn parse_with_config(argv: Vec<OsString>) -> Result<Cli, CliError> {
     let matches = match Cli::command().try_get_matches_from(&argv) {
         Ok(m) => m,
         Err(e) if !e.use_stderr() => {
@@ -453,41 +559,44 @@ pub fn parse_with_config(mut argv: Vec<OsString>) -> Result<Cli, CliError> {
         }
         Err(e) => return Err(CliError::Invalid(e.render().to_string())),
     };
-    if let Some(("serve", serve)) = matches.subcommand() {
-        if let Some(path) = serve.get_one::<PathBuf>("config") {
-            let extra = config_args(path, serve)?;
-            if !extra.is_empty() {
-                argv.extend(extra);
-                let matches = Cli::command().try_get_matches_from(&argv).map_err(|e| {
-                    CliError::Invalid(format!("{}: {}", path.display(), e.render()))
-                })?;
-                return Cli::from_arg_matches(&matches)
-                    .map_err(|e| CliError::Invalid(e.to_string()));
-            }
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| CliError::Invalid(e.to_string()))?;
+    if let (Command::Serve(args), Some(("serve", serve))) = (&mut cli.command, matches.subcommand())
+    {
+        if let Some(path) = args.config.clone() {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                CliError::Invalid(format!("reading config {}: {e}", path.display()))
+            })?;
+            **args = layer_config_file(args, serve, &text)
+                .map_err(|e| CliError::Invalid(format!("config {}: {e}", path.display())))?;
         }
     }
-    Cli::from_arg_matches(&matches).map_err(|e| CliError::Invalid(e.to_string()))
+    Ok(cli)
 }
 
-/// Flags from the config file for settings not given on the command line or in the env.
-fn config_args(path: &Path, matches: &clap::ArgMatches) -> Result<Vec<OsString>, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Invalid(format!("reading config {}: {e}", path.display())))?;
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-        .map_err(|e| CliError::Invalid(format!("config {}: {e}", path.display())))?;
-    let command = Cli::command();
-    let serve = command
-        .find_subcommand("serve")
-        .ok_or_else(|| CliError::Invalid("no serve command".into()))?;
-    let mut out = Vec::new();
-    for (key, value) in map {
+/// `args` (flags, environment and defaults, as clap parsed them) with the settings of a
+/// config file laid under the flags and the environment: a file value replaces only a
+/// default. The settings travel as a JSON object of `ServeArgs`' fields, so serde types
+/// every file value and the one struct is the only list of settings.
+fn layer_config_file(
+    args: &ServeArgs,
+    matches: &clap::ArgMatches,
+    text: &str,
+) -> Result<ServeArgs, String> {
+    let file: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let serde_json::Value::Object(mut settings) =
+        serde_json::to_value(args).map_err(|e| e.to_string())?
+    else {
+        return Err("the settings are not a JSON object".into());
+    };
+    let mut numbers = Vec::new();
+    for (key, value) in file {
+        // Keys as the flags spell them (`admin-listen`) or as the fields do (`admin_listen`).
         let id = key.replace('-', "_");
-        let Some(arg) = serve.get_arguments().find(|a| a.get_id() == id.as_str()) else {
-            return Err(CliError::Invalid(format!(
-                "config {}: unknown setting `{key}`",
-                path.display()
-            )));
-        };
+        if !settings.contains_key(&id) {
+            return Err(format!("unknown setting `{key}`"));
+        }
+        // The file is already chosen; a `config` inside it names nothing more to read.
         if id == "config" {
             continue;
         }
@@ -497,21 +606,34 @@ fn config_args(path: &Path, matches: &clap::ArgMatches) -> Result<Vec<OsString>,
         ) {
             continue;
         }
-        let flag = format!("--{}", arg.get_long().unwrap_or(&id));
-        let values = match value {
-            serde_json::Value::Array(items) => items,
-            other => vec![other],
-        };
-        for v in values {
-            let v = match v {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
-            out.push(OsString::from(&flag));
-            out.push(OsString::from(v));
+        if value.is_number() {
+            numbers.push(format!("--{}={value}", id.replace('_', "-")));
         }
+        settings.insert(id, value);
     }
-    Ok(out)
+    check_ranges(numbers)?;
+    serde_path_to_error::deserialize(serde_json::Value::Object(settings))
+        .map_err(|e| format!("`{}`: {}", e.path(), e.inner()))
+}
+
+/// File numbers pass the flags' own parsers too: serde checks the integer type, but the
+/// ranges some flags allow (`--max-connections` at least 1) live in clap.
+fn check_ranges(flags: Vec<String>) -> Result<(), String> {
+    if flags.is_empty() {
+        return Ok(());
+    }
+    let argv = ["quantrouter", "serve"]
+        .into_iter()
+        .map(String::from)
+        .chain(flags);
+    Cli::command()
+        .try_get_matches_from(argv)
+        .map(drop)
+        .map_err(|e| {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.trim_start_matches("error: ").to_owned()
+        })
 }
 
 /// Runs a parsed command.
@@ -1202,9 +1324,96 @@ mod tests {
     }
 
     #[test]
-    fn unknown_config_setting_is_an_error() {
+    fn unknown_config_setting_is_an_error_naming_the_file_and_key() {
         let err = parse_with_config_file(r#"{"lisen": "127.0.0.1:1"}"#, &[]).unwrap_err();
-        assert!(err.to_string().contains("unknown setting `lisen`"), "{err}");
+        let err = err.to_string();
+        assert!(err.contains("unknown setting `lisen`"), "{err}");
+        assert!(err.contains("config.json"), "{err}");
+    }
+
+    #[test]
+    fn a_config_file_with_every_flag_type_parses_as_the_flags_do() {
+        let file = serve_args(
+            parse_with_config_file(
+                r#"{
+                    "listen": "127.0.0.1:18080",
+                    "admin-listen": "[::1]:19090",
+                    "keda_scaler_listen": "off",
+                    "log_prompts": true,
+                    "header_timeout_ms": 1234,
+                    "body_limit_bytes": 65536,
+                    "max_attempts": 2,
+                    "max_connections": 300,
+                    "model_alias": ["gpt-4o", "smart"],
+                    "seed_endpoint": ["m=http://a:8000", "n=http://b:8000"],
+                    "redis_url": "redis://cache:6379",
+                    "profiles": "/etc/quantrouter/profiles.json",
+                    "classifier": "off",
+                    "discovery": "kubernetes",
+                    "log_format": "text"
+                }"#,
+                &[],
+            )
+            .unwrap(),
+        );
+        let flags = serve_args(
+            parse_with_config(argv(&[
+                "serve",
+                "--listen=127.0.0.1:18080",
+                "--admin-listen=[::1]:19090",
+                "--keda-scaler-listen=off",
+                "--log-prompts",
+                "--header-timeout-ms=1234",
+                "--body-limit-bytes=65536",
+                "--max-attempts=2",
+                "--max-connections=300",
+                "--model-alias=gpt-4o",
+                "--model-alias=smart",
+                "--seed-endpoint=m=http://a:8000",
+                "--seed-endpoint=n=http://b:8000",
+                "--redis-url=redis://cache:6379",
+                "--profiles=/etc/quantrouter/profiles.json",
+                "--classifier=off",
+                "--discovery=kubernetes",
+                "--log-format=text",
+            ]))
+            .unwrap(),
+        );
+        assert!(file.config.is_some());
+        assert_eq!(
+            ServeArgs {
+                config: None,
+                ..file
+            },
+            flags
+        );
+    }
+
+    #[test]
+    fn a_json_boolean_in_the_config_file_sets_a_switch() {
+        let on = serve_args(parse_with_config_file(r#"{"log_prompts": true}"#, &[]).unwrap());
+        assert!(on.log_prompts);
+        let off = serve_args(parse_with_config_file(r#"{"log-prompts": false}"#, &[]).unwrap());
+        assert!(!off.log_prompts);
+        // The flag wins over the file.
+        let cli = parse_with_config_file(r#"{"log_prompts": false}"#, &["--log-prompts"]);
+        assert!(serve_args(cli.unwrap()).log_prompts);
+    }
+
+    #[test]
+    fn a_config_value_the_flag_would_reject_is_an_error_naming_the_key() {
+        for (json, key) in [
+            (r#"{"listen": 8080}"#, "listen"),
+            (r#"{"log_prompts": "yes"}"#, "log_prompts"),
+            (r#"{"model_alias": "smart"}"#, "model_alias"),
+            (r#"{"discovery": "consul"}"#, "discovery"),
+            (r#"{"max_connections": 0}"#, "max-connections"),
+            (r#"{"header_timeout_ms": -1}"#, "header-timeout-ms"),
+        ] {
+            let err = parse_with_config_file(json, &[]).unwrap_err().to_string();
+            assert!(err.contains(key), "{json}: {err}");
+            assert!(err.contains("config.json"), "{json}: {err}");
+        }
     }
 
     #[test]

@@ -1,19 +1,16 @@
 //! Metrics and logs. Every metric name lives here; callers use the small recording
 //! functions so names and label sets cannot drift apart (`docs/metrics.md` lists them).
+//!
+//! A leaf module: it takes plain values (ids, counts, states as numbers) and imports nothing
+//! else from the crate, so any module can record without a dependency cycle.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
-use metrics::{counter, gauge, histogram, Counter, Histogram};
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use quantrouter_policy::{Profile, ProfileSet, Reason};
-use tokio::time::Instant;
-
-use crate::profiles::Snapshot;
-use crate::resilience::CircuitState;
 
 /// Requests answered, by profile, tier, status class and decision reason.
 pub const REQUESTS: &str = "quantrouter_requests_total";
@@ -48,7 +45,9 @@ pub const READY_ENDPOINTS: &str = "quantrouter_ready_endpoints";
 pub const UPSTREAM_QUEUE_METRIC: &str = "quantrouter_upstream_queue_metric_found";
 /// Tokens from upstream `usage`, by profile and direction (`input`, `output`).
 pub const TOKENS: &str = "quantrouter_tokens_total";
-/// Estimated cost in USD of the requests served, by profile.
+/// Estimated cost in USD of the requests served, by profile. A gauge that only grows: the
+/// `metrics` facade's counters count whole numbers, and cents would round cheap requests
+/// away; `increase()` reads it like a counter.
 pub const COST: &str = "quantrouter_cost_usd_total";
 /// What the same requests would have cost on `default_profile`, by serving profile;
 /// savings = this − `quantrouter_cost_usd_total`.
@@ -200,6 +199,14 @@ fn describe() {
         "Kubernetes discovery endpoint updates and errors, by result."
     );
     metrics::describe_gauge!(
+        COST,
+        "Estimated cost in USD of the requests served, by profile."
+    );
+    metrics::describe_gauge!(
+        COUNTERFACTUAL_COST,
+        "Cost in USD the same requests would have had on default_profile, by serving profile."
+    );
+    metrics::describe_gauge!(
         REDIS_UP,
         "1 while the last publish of tier numbers to Redis succeeded, else 0."
     );
@@ -291,8 +298,8 @@ struct Handles {
     duration: Histogram,
     input_tokens: Counter,
     output_tokens: Counter,
-    cost: Arc<Dollars>,
-    counterfactual: Arc<Dollars>,
+    cost: Gauge,
+    counterfactual: Gauge,
 }
 
 const STATUS_CLASSES: [&str; 4] = ["2xx", "4xx", "5xx", "other"];
@@ -328,8 +335,8 @@ impl ProfileTelemetry {
                 duration: histogram!(REQUEST_DURATION, "profile" => profile.clone(), "tier" => tier),
                 input_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "input"),
                 output_tokens: counter!(TOKENS, "profile" => profile.clone(), "direction" => "output"),
-                cost: dollars(COST, &profile),
-                counterfactual: dollars(COUNTERFACTUAL_COST, &profile),
+                cost: gauge!(COST, "profile" => profile.clone()),
+                counterfactual: gauge!(COUNTERFACTUAL_COST, "profile" => profile),
             }
         })
     }
@@ -397,73 +404,14 @@ pub fn usage(labels: &RequestLabels, input: u64, output: u64, cost: f64, counter
     let handles = labels.profile.handles();
     handles.input_tokens.increment(input);
     handles.output_tokens.increment(output);
-    handles.cost.add(cost);
-    handles.counterfactual.add(counterfactual);
+    handles.cost.increment(cost);
+    handles.counterfactual.increment(counterfactual);
 }
 
-/// A dollar counter: an `f64` kept as its bits, added to without a lock.
-#[derive(Debug, Default)]
-struct Dollars(AtomicU64);
-
-impl Dollars {
-    fn add(&self, amount: f64) {
-        // Infallible: the closure always returns Some.
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + amount).to_bits())
-            });
-    }
-
-    fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
-    }
-}
-
-/// The dollar counter `name` of `profile`, shared by every snapshot that has the profile.
-fn dollars(name: &'static str, profile: &str) -> Arc<Dollars> {
-    Arc::clone(lock_costs().entry((name, profile.to_owned())).or_default())
-}
-
-/// Dollar counters by (metric, profile). The `metrics` facade only has integer counters,
-/// and cents would round cheap requests away, so these few are kept and rendered here.
-type Costs = BTreeMap<(&'static str, String), Arc<Dollars>>;
-
-fn lock_costs() -> std::sync::MutexGuard<'static, Costs> {
-    static COSTS: OnceLock<Mutex<Costs>> = OnceLock::new();
-    COSTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The `/metrics` page: the exporter's metrics plus the dollar counters.
+/// The `/metrics` page, all of it from the exporter, which escapes every label value (a
+/// profile id may hold quotes or backslashes).
 pub fn render(handle: &PrometheusHandle) -> String {
-    use std::fmt::Write;
-    let mut page = handle.render();
-    let costs = lock_costs();
-    let help = [
-        (
-            COST,
-            "Estimated cost in USD of the requests served, by profile.",
-        ),
-        (
-            COUNTERFACTUAL_COST,
-            "Cost in USD the same requests would have had on default_profile, by serving profile.",
-        ),
-    ];
-    for (name, text) in help {
-        if !costs.keys().any(|(metric, _)| *metric == name) {
-            continue;
-        }
-        let _ = writeln!(page, "# HELP {name} {text}\n# TYPE {name} counter");
-        for ((_, profile), value) in costs.iter().filter(|((metric, _), _)| *metric == name) {
-            let value = value.get();
-            let _ = writeln!(page, "{name}{{profile=\"{profile}\"}} {value}");
-        }
-        let _ = writeln!(page);
-    }
-    page
+    handle.render()
 }
 
 pub fn upstream_error(profile: &str, kind: &'static str) {
@@ -483,28 +431,23 @@ pub fn admission_rejected(profile: &str) {
     counter!(ADMISSION_REJECTED, "profile" => profile.to_owned()).increment(1);
 }
 
-/// Per-tier gauges and circuit states from the live pools (called about once a second).
-pub fn tier_gauges(snapshot: &Snapshot, now: Instant) {
-    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
-        for endpoint in pool.endpoints().iter() {
-            let state = match endpoint.circuit(now) {
-                CircuitState::Closed => 0.0,
-                CircuitState::HalfOpen => 1.0,
-                CircuitState::Open => 2.0,
-            };
-            gauge!(CIRCUIT_STATE, "profile" => profile.id.clone(), "endpoint" => endpoint.base().to_owned())
-                .set(state);
-            if let Some(found) = endpoint.queue_source().found() {
-                gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.id.clone(), "endpoint" => endpoint.base().to_owned())
-                    .set(if found { 1.0 } else { 0.0 });
-            }
-        }
-    }
-    for (tier, stats) in crate::keda::local_tiers(snapshot, now) {
-        gauge!(QUEUE_DEPTH, "tier" => tier.clone()).set(stats.queue_depth as f64);
-        gauge!(INFLIGHT, "tier" => tier.clone()).set(stats.inflight as f64);
-        gauge!(READY_ENDPOINTS, "tier" => tier).set(stats.ready_endpoints as f64);
-    }
+/// An endpoint's circuit state as the gauge encodes it: 0 closed, 1 half-open, 2 open.
+pub fn circuit_state(profile: &str, endpoint: &str, state: u8) {
+    gauge!(CIRCUIT_STATE, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+        .set(f64::from(state));
+}
+
+/// Whether an endpoint's `/metrics` page has a queue metric the router reads.
+pub fn upstream_queue_metric(profile: &str, endpoint: &str, found: bool) {
+    gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+        .set(if found { 1.0 } else { 0.0 });
+}
+
+/// A tier's queue, in-flight requests and endpoints with a circuit not open.
+pub fn tier_gauges(tier: &str, queue_depth: u64, inflight: u64, ready_endpoints: u64) {
+    gauge!(QUEUE_DEPTH, "tier" => tier.to_owned()).set(queue_depth as f64);
+    gauge!(INFLIGHT, "tier" => tier.to_owned()).set(inflight as f64);
+    gauge!(READY_ENDPOINTS, "tier" => tier.to_owned()).set(ready_endpoints as f64);
 }
 
 pub fn router_error(code: &'static str) {

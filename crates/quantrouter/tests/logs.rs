@@ -93,6 +93,47 @@ async fn prompts_are_logged_only_when_asked_and_lines_carry_the_request_id() {
     assert_eq!(line["fields"]["profile"], "llama8b-awq");
 }
 
+/// `serve --config` with JSON booleans: the file turns prompt logging on, the environment
+/// turns it back off, and the command line's `--log-format json` beats the file's `text`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_config_file_sets_switches_under_the_environment_and_flags() {
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    let dir = tempfile::Builder::new()
+        .prefix("qr-config-")
+        .tempdir()
+        .unwrap();
+    let config = dir.path().join("router.json");
+    std::fs::write(&config, r#"{"log_prompts": true, "log-format": "text"}"#).unwrap();
+    let config = config.to_str().unwrap();
+    let routed = |lines: &[serde_json::Value]| {
+        let line = lines.iter().find(|l| l["fields"]["message"] == "routed");
+        line.cloned()
+            .unwrap_or_else(|| panic!("no routed line in {lines:?}"))
+    };
+
+    let body = chat("auto", SECRET);
+    let (from_file, _) =
+        exchange_logs(&set, &["--config", config], &[], &body, StatusCode::OK).await;
+    let prompt = routed(&from_file)["fields"]["prompt"].clone();
+    assert!(
+        prompt
+            .as_str()
+            .is_some_and(|p| p.contains("secret-marker-7")),
+        "{prompt}"
+    );
+
+    let env = [("QUANTROUTER_LOG_PROMPTS", "false")];
+    let (env_wins, _) =
+        exchange_logs(&set, &["--config", config], &env, &body, StatusCode::OK).await;
+    assert!(!env_wins.is_empty());
+    assert!(
+        env_wins
+            .iter()
+            .all(|l| !l.to_string().contains("secret-marker-7")),
+        "the environment's false beats the file's true"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_upstream_attempt_is_logged_with_the_request_id() {
     let (set, mut sims) = sim_tiers(Duration::ZERO).await;

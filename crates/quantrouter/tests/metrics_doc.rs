@@ -145,3 +145,107 @@ async fn docs_list_exactly_the_exported_metrics() {
         task.abort();
     }
 }
+
+/// Profile ids are free text: a quote or backslash in one reaches label values of the cost,
+/// circuit and request series, and the exporter must escape every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_id_with_quotes_and_backslashes_keeps_the_page_parseable() {
+    const ODD: &str = "odd \"quoted\" \\ id";
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |set| {
+            for profile in &mut set.profiles {
+                profile.id = format!("{}-{ODD}", profile.id);
+            }
+            set.default_profile = format!("{}-{ODD}", set.default_profile);
+            set.policy.calibration = None;
+        },
+        |_| {},
+    )
+    .await;
+    let r = t.post(&chat("auto", SIMPLE), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+
+    let url = format!("http://{}/metrics", t.router.admin_addr());
+    let page = || async {
+        let reply = support::send(&support::client(), "GET", &url, "", &[]).await;
+        String::from_utf8_lossy(&reply.body).into_owned()
+    };
+    // The escaped id in a cost series: the usage was counted through the exporter.
+    let escaped = "odd \\\"quoted\\\" \\\\ id";
+    let counted = eventually(Duration::from_secs(5), || async {
+        page()
+            .await
+            .lines()
+            .any(|l| l.starts_with("quantrouter_cost_usd_total{") && l.contains(escaped))
+    })
+    .await;
+    let page = page().await;
+    assert!(counted, "no cost series for the odd profile id:\n{page}");
+    for line in page.lines() {
+        assert!(is_exposition_line(line), "not exposition format: {line:?}");
+    }
+}
+
+/// One line of the Prometheus text format (0.0.4): blank, a comment, or
+/// `name{label="value",...} number [timestamp]`, with `\\`, `\"` and `\n` the only escapes
+/// in a value.
+fn is_exposition_line(line: &str) -> bool {
+    if line.is_empty() || line.starts_with('#') {
+        return true;
+    }
+    let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let name_end = line.find(|c| !name_char(c)).unwrap_or(line.len());
+    if name_end == 0 || line.starts_with(|c: char| c.is_ascii_digit()) {
+        return false;
+    }
+    let mut rest = &line[name_end..];
+    if let Some(mut labels) = rest.strip_prefix('{') {
+        loop {
+            let Some((key, value)) = labels.split_once("=\"") else {
+                return false;
+            };
+            if key.is_empty() || !key.chars().all(name_char) {
+                return false;
+            }
+            let Some(len) = label_value_len(value) else {
+                return false;
+            };
+            let after = &value[len + 1..];
+            if let Some(next) = after.strip_prefix(',') {
+                labels = next;
+            } else if let Some(end) = after.strip_prefix('}') {
+                rest = end;
+                break;
+            } else {
+                return false;
+            }
+        }
+    }
+    let Some(sample) = rest.strip_prefix(' ') else {
+        return false;
+    };
+    let mut parts = sample.split(' ');
+    let value_ok = parts.next().is_some_and(|v| v.parse::<f64>().is_ok());
+    let timestamp_ok = parts.next().is_none_or(|t| t.parse::<i64>().is_ok());
+    value_ok && timestamp_ok && parts.next().is_none()
+}
+
+/// The length of a label value up to its closing quote; `None` if an escape is invalid or
+/// the quote never comes.
+fn label_value_len(value: &str) -> Option<usize> {
+    let mut chars = value.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some(i),
+            '\\' => match chars.next() {
+                Some((_, '\\' | '"' | 'n')) => {}
+                _ => return None,
+            },
+            '\n' => return None,
+            _ => {}
+        }
+    }
+    None
+}

@@ -7,7 +7,7 @@
 //! (Kubernetes discovery) can follow the profile set without polling.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -64,6 +64,10 @@ pub struct ProfileStore {
     generation: watch::Sender<u64>,
     /// Where a new pool for a service upstream finds its endpoints (discovery on).
     discovered: OnceLock<Arc<dyn DiscoveredEndpoints>>,
+    /// Held from reading the active snapshot to storing its successor, so two sources
+    /// applying at once cannot both pass the rank and version checks against the same
+    /// snapshot and the later store win regardless of rank.
+    swap: Mutex<()>,
 }
 
 /// The last known endpoints of Kubernetes services, as discovery found them.
@@ -226,7 +230,14 @@ impl ProfileStore {
             resilience: ArcSwap::from_pointee(config),
             generation: watch::Sender::new(0),
             discovered: OnceLock::new(),
+            swap: Mutex::new(()),
         }
+    }
+
+    /// The swap lock; poisoning is ignored because a panic cannot leave a half-made swap
+    /// (the store is one pointer write).
+    fn lock_swap(&self) -> MutexGuard<'_, ()> {
+        self.swap.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A receiver that changes after every snapshot swap.
@@ -246,6 +257,7 @@ impl ProfileStore {
 
     /// Rebuilds every pool with new resilience settings (at server start, before traffic).
     pub fn configure(&self, config: ResilienceConfig) {
+        let _swap = self.lock_swap();
         self.resilience.store(Arc::new(config));
         let active = self.current.load();
         let discovered = self.discovered();
@@ -259,13 +271,15 @@ impl ProfileStore {
         self.current.load_full()
     }
 
-    /// Swaps in `set` unless it is older than the active one.
+    /// Swaps in `set` unless it is older than the active one or a preferred source's set is
+    /// active. Applies are serialised: each checks against the snapshot it replaces.
     pub fn apply(
         &self,
         set: ProfileSet,
         source: SourceKind,
         allow_same_version: bool,
     ) -> Result<(), ReloadError> {
+        let _swap = self.lock_swap();
         let active = self.current.load();
         // Redis outranks the file, which outranks the embedded set: a preferred source takes
         // over the moment it is reachable, and a lesser one never overrides it.
@@ -359,6 +373,58 @@ mod tests {
             after.pools[1].endpoint_urls(),
             ["http://vllm-fp8.llm.svc:8000"]
         );
+    }
+
+    /// Many file applies race a few Redis ones; without serialised applies a file apply
+    /// that read the active snapshot before a Redis swap stores over it after.
+    #[test]
+    fn a_lower_ranked_source_never_overwrites_a_higher_ranked_one() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Barrier;
+        const FILE_THREADS: u64 = 3;
+        for _round in 0..60 {
+            let store = ProfileStore::new(default_set(1), SourceKind::Embedded);
+            let barrier = Barrier::new(FILE_THREADS as usize + 2);
+            let done = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                // Watches every snapshot: (rank, version) never goes down.
+                let watcher = s.spawn(|| {
+                    let mut seen = (0, 0);
+                    barrier.wait();
+                    while !done.load(Ordering::Relaxed) {
+                        let now = store.load();
+                        let key = (now.source.rank(), now.set.version);
+                        assert!(key >= seen, "went from {seen:?} to {key:?}");
+                        seen = key;
+                    }
+                });
+                let files: Vec<_> = (0..FILE_THREADS)
+                    .map(|t| {
+                        let (store, barrier) = (&store, &barrier);
+                        s.spawn(move || {
+                            barrier.wait();
+                            for v in 0..60 {
+                                let set = default_set(2 + v * FILE_THREADS + t);
+                                let _ = store.apply(set, SourceKind::File, false);
+                            }
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                for version in 1..=3 {
+                    std::thread::yield_now();
+                    let _ = store.apply(default_set(version), SourceKind::Redis, false);
+                }
+                for file in files {
+                    file.join().unwrap();
+                }
+                done.store(true, Ordering::Relaxed);
+                watcher.join().unwrap();
+            });
+            let active = store.load();
+            assert_eq!(active.source, SourceKind::Redis);
+            assert_eq!(active.set.version, 3);
+        }
     }
 
     #[test]

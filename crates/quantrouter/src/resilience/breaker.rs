@@ -78,6 +78,20 @@ enum State {
     HalfOpen { issued: u32, succeeded: u32 },
 }
 
+// === impl CircuitState ===
+
+impl CircuitState {
+    /// The `quantrouter_circuit_state` value: ordered by severity, so `max` over a tier's
+    /// endpoints is its worst circuit.
+    pub fn gauge_value(self) -> u8 {
+        match self {
+            Self::Closed => 0,
+            Self::HalfOpen => 1,
+            Self::Open => 2,
+        }
+    }
+}
+
 // === impl Breaker ===
 
 impl Breaker {

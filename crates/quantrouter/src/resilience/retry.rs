@@ -131,7 +131,18 @@ pub struct Answer {
 pub struct Fallback {
     pub from: usize,
     pub to: usize,
-    pub reason: &'static str,
+    pub reason: FallbackReason,
+}
+
+/// Why a request moved to another profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The profile's endpoints failed or the attempts there ran out.
+    Error,
+    /// The prompt does not fit the profile's context window.
+    Context,
+    /// The finished answer failed the quality check.
+    Quality,
 }
 
 /// The body of a request for a profile: the client's body with that profile's model name.
@@ -161,6 +172,19 @@ struct Progress {
     profiles_tried: Vec<usize>,
     failure: Failure,
     fallback: Option<Fallback>,
+}
+
+// === impl FallbackReason ===
+
+impl FallbackReason {
+    /// The wire form: the `reason` of `x-quantrouter-fallback` and of the fallbacks metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Context => "context",
+            Self::Quality => "quality",
+        }
+    }
 }
 
 // === impl Backoff ===
@@ -296,7 +320,7 @@ async fn across_tiers(
         let Some((next, reason)) = cross_tier_fallback(config, plan, &progress, profile) else {
             return Err(exhausted(progress.failure, plan.deadline, id));
         };
-        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason);
+        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason.as_str());
         progress.fallback = Some(Fallback {
             from: progress.fallback.map_or(profile, |f| f.from),
             to: next,
@@ -545,15 +569,15 @@ fn cross_tier_fallback(
     plan: &Plan<'_>,
     progress: &Progress,
     current: usize,
-) -> Option<(usize, &'static str)> {
+) -> Option<(usize, FallbackReason)> {
     if plan.pinned || progress.attempts >= config.max_attempts {
         return None;
     }
     if matches!(progress.failure, Failure::ContextOverflow(_)) {
         return next_with_larger_context(plan, &progress.profiles_tried, current)
-            .map(|next| (next, "context"));
+            .map(|next| (next, FallbackReason::Context));
     }
-    next_profile(plan, &progress.profiles_tried).map(|next| (next, "error"))
+    next_profile(plan, &progress.profiles_tried).map(|next| (next, FallbackReason::Error))
 }
 
 /// Step 3: the quality check of a finished, non-streamed answer, and the re-run on the
@@ -609,12 +633,12 @@ async fn quality_fallback(
     let (from, to) = (&profiles[profile].id, &profiles[better].id);
     tracing::info!(request_id = plan.request_id, %from, %to, problem = problem.as_str(),
         "quality fallback");
-    telemetry::fallback(from, to, "quality");
+    telemetry::fallback(from, to, FallbackReason::Quality.as_str());
     let mut rerun = across_tiers(client, config, plan, better, attempts, body_for).await?;
     rerun.fallback = Some(Fallback {
         from: profile,
         to: rerun.profile,
-        reason: "quality",
+        reason: FallbackReason::Quality,
     });
     Ok(rerun)
 }

@@ -17,7 +17,7 @@ use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
-use crate::resilience::retry::{self, Answer, Fallback, Plan};
+use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
 use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::traces::RequestTrace;
@@ -247,7 +247,8 @@ impl Served {
     fn reason(&self, decision: &RoutingDecision) -> Reason {
         match self.fallback {
             Some(Fallback {
-                reason: "quality", ..
+                reason: FallbackReason::Quality,
+                ..
             }) => Reason::FallbackQuality,
             Some(_) => Reason::FallbackError,
             None => decision.reason,
@@ -427,7 +428,9 @@ fn finish_head(
     if let Some(f) = served.fallback {
         let value = format!(
             "from={}; to={}; reason={}",
-            snapshot.set.profiles[f.from].id, snapshot.set.profiles[f.to].id, f.reason
+            snapshot.set.profiles[f.from].id,
+            snapshot.set.profiles[f.to].id,
+            f.reason.as_str()
         );
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Endpoint, Pool, UpstreamClient};
-use crate::profiles::ProfileStore;
+use crate::profiles::{ProfileStore, Snapshot};
 use crate::telemetry;
 
 /// A metrics page larger than this is not an inference server's; stop reading.
@@ -110,12 +110,33 @@ pub fn spawn(
                             .collect::<Vec<_>>()
                     });
             futures_util::future::join_all(scrapes).await;
-            telemetry::tier_gauges(&snapshot, Instant::now());
+            record_gauges(&snapshot, Instant::now());
             drop(snapshot);
             let jitter = interval.mul_f64(0.9 + 0.2 * fastrand::f64());
             tokio::time::sleep(jitter).await;
         }
     })
+}
+
+/// Per-endpoint circuit and queue-metric gauges and per-tier gauges from the live pools.
+fn record_gauges(snapshot: &Snapshot, now: Instant) {
+    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
+        for endpoint in pool.endpoints().iter() {
+            let state = endpoint.circuit(now).gauge_value();
+            telemetry::circuit_state(&profile.id, endpoint.base(), state);
+            if let Some(found) = endpoint.queue_source().found() {
+                telemetry::upstream_queue_metric(&profile.id, endpoint.base(), found);
+            }
+        }
+    }
+    for (tier, stats) in crate::keda::local_tiers(snapshot, now) {
+        telemetry::tier_gauges(
+            &tier,
+            stats.queue_depth,
+            stats.inflight,
+            stats.ready_endpoints,
+        );
+    }
 }
 
 async fn scrape(
