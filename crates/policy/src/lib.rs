@@ -45,9 +45,9 @@ pub use classifier::{
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
     ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile,
-    ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics, RequiredQuality,
-    ServiceUpstream, StaticUpstream, StreamCheck, Transport, Upstream, ValidationErrors, Weights,
-    MAX_VERSION,
+    ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
+    RequiredQuality, ServiceUpstream, StaticUpstream, StreamCheck, Transport, Upstream,
+    ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_start, repetition_ratio, AnswerChoice, AnswerProblem,

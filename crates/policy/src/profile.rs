@@ -10,6 +10,40 @@ use serde::{Deserialize, Serialize};
 
 use crate::features::TaskClass;
 
+/// A profile's position in its [`ProfileSet`]: what a decision names, and what everything
+/// kept per profile beside the set (upstream pools, loads, metric handles) is indexed by, so
+/// an index cannot be mistaken for a count or a position in another list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ProfileIndex(usize);
+
+impl ProfileIndex {
+    /// The index of the `i`-th profile of a set.
+    pub const fn new(i: usize) -> Self {
+        Self(i)
+    }
+
+    /// The position in the set's `profiles`.
+    pub const fn get(self) -> usize {
+        self.0
+    }
+}
+
+/// Lists kept in profile-set order are indexed by profile.
+impl<T> std::ops::Index<ProfileIndex> for Vec<T> {
+    type Output = T;
+
+    fn index(&self, index: ProfileIndex) -> &T {
+        &self[index.0]
+    }
+}
+
+impl<T> std::ops::IndexMut<ProfileIndex> for Vec<T> {
+    fn index_mut(&mut self, index: ProfileIndex) -> &mut T {
+        &mut self[index.0]
+    }
+}
+
 /// A complete, versioned routing configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -391,13 +425,25 @@ impl ProfileSet {
     }
 
     /// Index of the profile with this id.
-    pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.profiles.iter().position(|p| p.id == id)
+    pub fn index_of(&self, id: &str) -> Option<ProfileIndex> {
+        self.profiles
+            .iter()
+            .position(|p| p.id == id)
+            .map(ProfileIndex)
     }
 
     /// Index of `default_profile` (validated to exist; falls back to the first profile).
-    pub fn default_index(&self) -> usize {
-        self.index_of(&self.default_profile).unwrap_or(0)
+    pub fn default_index(&self) -> ProfileIndex {
+        self.index_of(&self.default_profile)
+            .unwrap_or(ProfileIndex(0))
+    }
+
+    /// Every profile with its index.
+    pub fn indexed(&self) -> impl Iterator<Item = (ProfileIndex, &Profile)> {
+        self.profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (ProfileIndex(i), p))
     }
 
     /// The enabled profile with the lowest output price (ties: input price, then id): the

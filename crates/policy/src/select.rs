@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use crate::features::{Features, TaskClass};
-use crate::profile::{Mode, Profile, ProfileSet};
+use crate::profile::{Mode, Profile, ProfileIndex, ProfileSet};
 
 /// What the caller knows about one request besides its features.
 #[derive(Debug, Clone, Copy)]
@@ -100,8 +100,7 @@ pub enum Rejection {
 /// One enabled profile as scored for a request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Candidate {
-    /// Index into `ProfileSet::profiles`.
-    pub profile: usize,
+    pub profile: ProfileIndex,
     pub feasible: bool,
     pub rejected_because: Option<Rejection>,
     pub predicted_latency_ms: f64,
@@ -115,11 +114,11 @@ pub struct Candidate {
 /// The outcome of routing one request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RoutingDecision {
-    /// Index into `ProfileSet::profiles` of the profile to use.
-    pub profile: usize,
+    /// The profile to use.
+    pub profile: ProfileIndex,
     pub reason: Reason,
     /// What adaptive routing picked, also when the mode sent the request elsewhere.
-    pub adaptive_profile: usize,
+    pub adaptive_profile: ProfileIndex,
     pub complexity: f64,
     pub task_class: TaskClass,
     pub required_quality: f64,
@@ -180,12 +179,10 @@ pub fn decide(
     let context_out = u64::from(req.max_tokens.unwrap_or(expected_out));
 
     let mut candidates: Vec<Candidate> = set
-        .profiles
-        .iter()
-        .enumerate()
+        .indexed()
         .filter(|(_, p)| p.enabled && allowed(p))
         .map(|(i, p)| {
-            let load = load.get(i).copied().unwrap_or(AVAILABLE);
+            let load = load.get(i.get()).copied().unwrap_or(AVAILABLE);
             score(
                 p,
                 i,
@@ -236,7 +233,7 @@ pub fn decide(
 #[allow(clippy::too_many_arguments)]
 fn score(
     p: &Profile,
-    index: usize,
+    index: ProfileIndex,
     features: &Features,
     load: &ProfileLoad,
     expected_out: u32,
@@ -322,9 +319,9 @@ fn best_quality<'c>(candidates: &'c [Candidate], set: &ProfileSet) -> Option<&'c
 fn apply_mode(
     set: &ProfileSet,
     candidates: &[Candidate],
-    adaptive: (usize, Reason),
+    adaptive: (ProfileIndex, Reason),
     routing_key: &str,
-) -> (usize, Reason) {
+) -> (ProfileIndex, Reason) {
     let default = set.default_index();
     let default_available = candidates
         .iter()
@@ -382,14 +379,14 @@ impl RoutingDecision {
     }
 
     /// The candidate entry for a profile index.
-    pub fn candidate(&self, profile: usize) -> Option<&Candidate> {
+    pub fn candidate(&self, profile: ProfileIndex) -> Option<&Candidate> {
         self.candidates.iter().find(|c| c.profile == profile)
     }
 
     /// Where to go after `failed` was exhausted (cross-tier fallback): among untried,
     /// available profiles that fit the context, feasible ones by utility — those at least
     /// as good as the failed one first — then the rest by quality.
-    pub fn next_after_error(&self, tried: &[usize]) -> Option<usize> {
+    pub fn next_after_error(&self, tried: &[ProfileIndex]) -> Option<ProfileIndex> {
         let floor = tried
             .last()
             .and_then(|&i| self.candidate(i))
@@ -419,7 +416,7 @@ impl RoutingDecision {
 
     /// The next higher-quality available profile than `current` (quality fallback):
     /// the lowest quality strictly above the current one, ties by utility.
-    pub fn next_higher_quality(&self, current: usize) -> Option<usize> {
+    pub fn next_higher_quality(&self, current: ProfileIndex) -> Option<ProfileIndex> {
         let q = self.candidate(current)?.quality;
         self.candidates
             .iter()

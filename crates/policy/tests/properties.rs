@@ -122,7 +122,7 @@ proptest! {
         let Some(f) = features(&text, false) else { return Ok(()) };
         let req = RouteRequest { features: &f, max_tokens: Some(64), overrides: Overrides::default(), routing_key: "k" };
         let d = decide(&set, &req, &[]).unwrap();
-        prop_assert_eq!(d.profile, a, "dominated profile {} won", b);
+        prop_assert_eq!(d.profile.get(), a, "dominated profile {} won", b);
     }
 
     #[test]

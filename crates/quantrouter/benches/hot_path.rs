@@ -75,7 +75,7 @@ fn handle(
     )
     .unwrap();
     let profile = routed.decision.profile;
-    parsed.upstream_body(body, &snapshot.model_json[profile])
+    parsed.upstream_body(body, &snapshot.runtime[profile].model_json)
 }
 
 fn main() {

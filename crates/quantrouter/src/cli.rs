@@ -159,12 +159,10 @@ pub struct ServeArgs {
     #[arg(long, env = "QUANTROUTER_CONFIG")]
     pub config: Option<PathBuf>,
     /// Public OpenAI-compatible address.
-    // All interfaces, so a Service reaches the pod; 8080 is the usual unprivileged HTTP port.
-    #[arg(long, env = "QUANTROUTER_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "QUANTROUTER_LISTEN", default_value_t = ServerConfig::default().listen)]
     pub listen: SocketAddr,
     /// Admin address (metrics, health, profiles).
-    // Its own port, so a network policy can keep metrics and profiles private.
-    #[arg(long, env = "QUANTROUTER_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(long, env = "QUANTROUTER_ADMIN_LISTEN", default_value_t = ServerConfig::default().admin_listen)]
     pub admin_listen: SocketAddr,
     /// KEDA external scaler (gRPC) address; `off` serves none.
     // Next to the admin port; KEDA's external-scaler trigger dials it (docs/keda.md).
@@ -226,86 +224,71 @@ pub struct ServeArgs {
     )]
     pub model_alias: Vec<String>,
     /// Largest accepted request body in bytes.
-    // A full long-context prompt is well under a megabyte of text; 4 MiB leaves room for
-    // inline images and still bounds the memory one request can hold.
-    #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = ServerConfig::default().body_limit)]
     pub body_limit_bytes: usize,
     /// Upstream connect timeout.
-    // A healthy upstream connects in milliseconds; past 2 s another endpoint is the better bet.
-    #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = 2000)]
+    #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = ms(ClientConfig::default().connect_timeout))]
     pub connect_timeout_ms: u64,
     /// Upstream time-to-response-headers timeout.
-    // Prefill of a long prompt on a busy server takes seconds to tens of seconds, not minutes.
-    #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = 60_000)]
+    #[arg(long, env = "QUANTROUTER_HEADER_TIMEOUT_MS", default_value_t = ms(ClientConfig::default().header_timeout))]
     pub header_timeout_ms: u64,
     /// PEM CA certificate to verify `https://` upstreams with when their profile names no
     /// `upstream.ca_file` (default: the system's roots, which honour SSL_CERT_FILE).
     #[arg(long, env = "QUANTROUTER_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
     /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
-    // Long generations finish in ten minutes; a stuck request does not hold a slot forever.
     #[arg(
         long,
         env = "QUANTROUTER_REQUEST_TIMEOUT_MS",
-        default_value_t = 600_000
+        default_value_t = ms(ResilienceConfig::default().default_deadline)
     )]
     pub request_timeout_ms: u64,
     /// Longest silence between two chunks of an upstream response.
-    // Tokens arrive milliseconds apart: thirty seconds of silence is a stalled upstream.
-    #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = ms(ResilienceConfig::default().idle_timeout))]
     pub idle_timeout_ms: u64,
     /// Upstream attempts per request, across endpoints and tiers.
-    // Past one bad endpoint and one bad tier, without multiplying load during an outage.
-    #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = 4)]
+    #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = ResilienceConfig::default().max_attempts)]
     pub max_attempts: u32,
     /// Longest wait for an admission slot before answering 429.
-    // Past a couple of seconds a 429 the client can retry beats waiting for a slot.
-    #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = 2000)]
+    #[arg(long, env = "QUANTROUTER_QUEUE_TIMEOUT_MS", default_value_t = ms(ResilienceConfig::default().admission.queue_timeout))]
     pub queue_timeout_ms: u64,
     /// How often each endpoint's /metrics is scraped for its queue.
-    // Queues change at request speed; one small GET a second per endpoint keeps routing current.
-    #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(long, env = "QUANTROUTER_SCRAPE_INTERVAL_MS", default_value_t = ms(ResilienceConfig::default().scrape_interval))]
     pub scrape_interval_ms: u64,
     /// How often each endpoint is health-checked (`GET /health`, else `/v1/models`); 0 turns
     /// active checks off.
-    // A dead endpoint is noticed within seconds at negligible probe load.
     #[arg(
         long,
         env = "QUANTROUTER_HEALTH_CHECK_INTERVAL_MS",
-        default_value_t = 2000
+        default_value_t = ms(ResilienceConfig::default().health_interval)
     )]
     pub health_check_interval_ms: u64,
     /// A health check slower than this failed.
-    // A health endpoint answers in milliseconds; one slower than a second is not serving either.
     #[arg(
         long,
         env = "QUANTROUTER_HEALTH_CHECK_TIMEOUT_MS",
-        default_value_t = 1000
+        default_value_t = ms(ResilienceConfig::default().health_timeout)
     )]
     pub health_check_timeout_ms: u64,
     /// After SIGTERM: readiness fails at once, connections are still accepted this long.
-    // Nothing to drain from without a load balancer; Kubernetes deployments set it (the chart).
-    #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = 0)]
+    #[arg(long, env = "QUANTROUTER_SHUTDOWN_DELAY_MS", default_value_t = ms(ServerConfig::default().shutdown_delay))]
     pub shutdown_delay_ms: u64,
     /// Then in-flight requests and streams get this long to finish.
-    // Inside Kubernetes' default 30 s termination grace, with time left to exit cleanly.
-    #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = 25_000)]
+    #[arg(long, env = "QUANTROUTER_SHUTDOWN_GRACE_MS", default_value_t = ms(ServerConfig::default().shutdown_grace))]
     pub shutdown_grace_ms: u64,
     /// Longest a client may take over a request head once it sent its first byte; then the
     /// connection closes. Idle keep-alive connections are not timed.
-    // A real client sends its request head at once; a slow-loris peer does not.
     #[arg(
         long,
         env = "QUANTROUTER_CLIENT_HEADER_TIMEOUT_MS",
-        default_value_t = 10_000
+        default_value_t = ms(ServerConfig::default().client_header_timeout)
     )]
     pub client_header_timeout_ms: u64,
     /// Longest a client may take to send a request body; then it gets a 400.
-    // Room for a large body on a slow link; a stalled upload still frees its connection.
     #[arg(
         long,
         env = "QUANTROUTER_CLIENT_BODY_TIMEOUT_MS",
-        default_value_t = 60_000
+        default_value_t = ms(ServerConfig::default().client_body_timeout)
     )]
     pub client_body_timeout_ms: u64,
     /// Client connections the public port keeps open at once; at the cap the oldest idle one
@@ -507,6 +490,12 @@ pub struct AuditArgs {
     /// Classifier: a model file, `builtin` or `off`.
     #[arg(long, default_value = "builtin", value_parser = parse_classifier_choice)]
     pub classifier: ClassifierChoice,
+}
+
+/// A default duration as the flag's milliseconds: the defaults are written once, with their
+/// reasons, on the config types the flags fill.
+fn ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A failed command and its exit code.

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
-    decide, score, Classification, Classifier, Overrides, ProfileLoad, ProfileSet, Reason,
-    RouteError, RouteRequest, RoutingDecision,
+    decide, score, Classification, Classifier, Overrides, ProfileIndex, ProfileLoad, ProfileSet,
+    Reason, RouteError, RouteRequest, RoutingDecision,
 };
 
 use crate::openai::{ApiError, ParsedRequest, Usage};
@@ -112,10 +112,10 @@ pub struct Routed {
     /// What the classifier said of the prompt, when one scored it.
     pub classification: Option<Classification>,
     /// Wait up to this long for the profile's first endpoint before sending.
-    pub wait_for: Option<(usize, Duration)>,
+    pub wait_for: Option<(ProfileIndex, Duration)>,
     /// A scaled-to-zero profile that would have won; a warm one serves instead, but the
     /// demand should still wake the cold tier.
-    pub cold_preferred: Option<usize>,
+    pub cold_preferred: Option<ProfileIndex>,
     /// The prompt as the context check sized it.
     pub prompt: PromptSize,
 }
@@ -140,11 +140,11 @@ impl PromptSize {
 /// is scored as if it were up, with its allowance as queue wait.
 enum ColdStart {
     /// It would win, but a warm profile meets the constraints: serve there instead.
-    Avoided { preferred: usize },
+    Avoided { preferred: ProfileIndex },
     /// It would win and nothing warm fits: wait for it.
     Wait {
         decision: RoutingDecision,
-        profile: usize,
+        profile: ProfileIndex,
         timeout: Duration,
     },
 }
@@ -156,12 +156,12 @@ fn cold_start(
     warm: &Result<RoutingDecision, RouteError>,
 ) -> Option<ColdStart> {
     let profiles = &snapshot.set.profiles;
-    let cold = |i: usize| {
+    let cold = |i: ProfileIndex| {
         profiles[i].enabled
             && profiles[i].cold_start_timeout_ms > 0
-            && !snapshot.pools[i].has_endpoints()
+            && !snapshot.runtime[i].pool.has_endpoints()
     };
-    if !(0..profiles.len()).any(cold) {
+    if !snapshot.set.indexed().any(|(i, _)| cold(i)) {
         return None;
     }
     // A pinned cold profile waits whatever else is warm.
@@ -176,7 +176,7 @@ fn cold_start(
     let hopeful: Vec<ProfileLoad> = load
         .iter()
         .enumerate()
-        .map(|(i, l)| match cold(i) {
+        .map(|(i, l)| match cold(ProfileIndex::new(i)) {
             true => ProfileLoad {
                 available: true,
                 queue_wait_ms: profiles[i].cold_start_timeout_ms as f64,
@@ -266,7 +266,7 @@ fn live_load(snapshot: &Snapshot) -> Vec<ProfileLoad> {
         .set
         .profiles
         .iter()
-        .zip(&snapshot.pools)
+        .zip(snapshot.pools())
         .map(|(profile, pool)| ProfileLoad {
             available: pool.available(now),
             queue_wait_ms: quantrouter_policy::queue_wait_ms(

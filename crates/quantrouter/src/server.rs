@@ -51,7 +51,10 @@ pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
 /// Settings of a running router.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// The public port: all interfaces, so a Service reaches the pod; 8080 is the usual
+    /// unprivileged HTTP port.
     pub listen: SocketAddr,
+    /// The admin port: its own, so a network policy can keep metrics and profiles private.
     pub admin_listen: SocketAddr,
     /// KEDA's external scaler (gRPC); `None` serves none.
     pub scaler_listen: Option<SocketAddr>,
@@ -64,10 +67,11 @@ pub struct ServerConfig {
     pub client: ClientConfig,
     pub resilience: ResilienceConfig,
     /// After SIGTERM, readiness fails at once but connections are still accepted this
-    /// long, while the endpoint removal propagates to Services and load balancers.
+    /// long, while the endpoint removal propagates to Services and load balancers. None
+    /// without a load balancer to drain from; the Helm chart sets it.
     pub shutdown_delay: Duration,
-    /// How long in-flight requests and streams may then run; with the delay, within the
-    /// Helm chart's terminationGracePeriodSeconds.
+    /// How long in-flight requests and streams may then run; inside Kubernetes' default
+    /// 30 s termination grace, with time left to exit cleanly.
     pub shutdown_grace: Duration,
     /// Longest a client may take over a request head once it began one. A head is a few
     /// hundred bytes, one or two packets: 10 s covers several retransmissions on a bad link.

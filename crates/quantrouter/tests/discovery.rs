@@ -81,7 +81,7 @@ impl Rig {
     }
 
     fn endpoints(&self, profile: usize) -> Vec<String> {
-        self.store.load().pools[profile].endpoint_urls()
+        self.store.load().runtime[profile].pool.endpoint_urls()
     }
 
     /// Waits until `profile`'s pool holds exactly `pods` (in any order).

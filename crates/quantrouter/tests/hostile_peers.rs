@@ -439,7 +439,7 @@ async fn an_http1_client_that_never_reads_its_stream_loses_it_and_its_slot() {
         .write_all(format!("{head}{body}").as_bytes())
         .await
         .unwrap();
-    let pool = || t.router.app.store.load().pools[INT4].inflight();
+    let pool = || t.router.app.store.load().runtime[INT4].pool.inflight();
     assert!(eventually(Duration::from_secs(5), || async { pool() == 1 }).await);
     // While its connection is open the stream holds the tier's only slot.
     let r = t.post(&chat("llama8b-awq", SIMPLE), &[]).await;

@@ -310,7 +310,7 @@ async fn stream_is_active_pushes_true_the_moment_demand_arrives() {
         .iter()
         .position(|p| p.tier == "fp8")
         .unwrap();
-    snapshot.pools[i].set_urls(&[]);
+    snapshot.runtime[i].pool.set_urls(&[]);
     let reply = h
         .post(
             "/v1/chat/completions",

@@ -235,13 +235,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     );
     assert!(
         eventually(Duration::from_secs(5), || async {
-            h.router
-                .app
-                .store
-                .load()
-                .pools
-                .iter()
-                .all(|p| p.inflight() == 0)
+            h.router.app.store.load().pools().all(|p| p.inflight() == 0)
         })
         .await
     );

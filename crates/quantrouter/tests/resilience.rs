@@ -383,7 +383,7 @@ async fn overload_beyond_the_queue_gets_429_and_admitted_requests_complete() {
     // The wait queue never holds more than one request per slot: memory stays bounded.
     let mut deepest = 0;
     while tasks.iter().any(|task| !task.is_finished()) {
-        let pool = &t.router.app.store.load().pools[INT4];
+        let pool = &t.router.app.store.load().runtime[INT4].pool;
         deepest = deepest.max(pool.admission.waiting());
         tokio::task::yield_now().await;
     }
@@ -458,7 +458,10 @@ async fn a_busy_tier_raises_predicted_latency_and_traffic_shifts() {
     );
     // Once the scraper has seen vLLM's queue, the next request goes elsewhere.
     let scraped = eventually(Duration::from_secs(5), || async {
-        t.router.app.store.load().pools[INT4].upstream_waiting() >= 4
+        t.router.app.store.load().runtime[INT4]
+            .pool
+            .upstream_waiting()
+            >= 4
     })
     .await;
     assert!(scraped, "the scraper reads vllm:num_requests_waiting");

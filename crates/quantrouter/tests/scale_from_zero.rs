@@ -31,7 +31,7 @@ async fn tiers(cold_start_ms: u64) -> Tiers {
 fn scale_to_zero(t: &Tiers, profiles: &[usize]) {
     let snapshot = t.router.app.store.load();
     for &p in profiles {
-        snapshot.pools[p].set_urls(&[]);
+        snapshot.runtime[p].pool.set_urls(&[]);
     }
 }
 
@@ -54,7 +54,9 @@ async fn a_request_waits_for_a_cold_tier_and_counts_in_its_queue_depth() {
     assert!(!request.is_finished());
     // The tier comes up.
     let url = t.sims[INT4][0].url();
-    t.router.app.store.load().pools[INT4].set_urls(&[url]);
+    t.router.app.store.load().runtime[INT4]
+        .pool
+        .set_urls(&[url]);
     let r = request.await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header("x-quantrouter-tier"), "int4");

@@ -254,7 +254,11 @@ fn ties_go_to_the_cheaper_profile_then_the_id() {
     s.profiles[1].cost_per_1m_output_tokens = 0.5;
     s.policy.weights.cost = 0.0;
     let d = route(&s, SIMPLE, Overrides::default(), &[]).unwrap();
-    assert_eq!(d.profile, 1, "equal utility: cheaper wins");
+    assert_eq!(
+        d.profile,
+        ProfileIndex::new(1),
+        "equal utility: cheaper wins"
+    );
 }
 
 #[test]
@@ -288,7 +292,7 @@ fn cost_and_latency_follow_the_formulas() {
     )
     .unwrap();
     let fp16 = &s.profiles[0];
-    let c = d.candidate(0).unwrap();
+    let c = d.candidate(ProfileIndex::new(0)).unwrap();
     let input = f.estimated_input_tokens(4.0) as f64;
     assert!((c.predicted_latency_ms - (60.0 + 12.0 * 100.0)).abs() < 1e-9);
     let cost =

@@ -321,7 +321,7 @@ impl KnownEndpoints {
 }
 
 fn apply(snapshot: &Snapshot, key: &ServiceKey, urls: &[String]) {
-    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
+    for (profile, pool) in snapshot.set.profiles.iter().zip(snapshot.pools()) {
         if matches!(&profile.upstream, Upstream::Service(s) if key.is_for(s)) {
             pool.set_urls(urls);
         }

@@ -18,6 +18,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use quantrouter_policy::ProfileIndex;
+
 use crate::profiles::Snapshot;
 
 pub mod demand;
@@ -162,10 +164,10 @@ impl Keda {
 
     /// Request-path hook: a request routed to a profile with no ready endpoint (its tier
     /// scaled to zero) wakes KEDA's `StreamIsActive` for that tier at once.
-    pub fn on_route(&self, snapshot: &Snapshot, profile: usize) {
+    pub fn on_route(&self, snapshot: &Snapshot, profile: ProfileIndex) {
         if let (Some(p), Some(pool)) = (
-            snapshot.set.profiles.get(profile),
-            snapshot.pools.get(profile),
+            snapshot.set.profiles.get(profile.get()),
+            snapshot.runtime.get(profile.get()).map(|r| &r.pool),
         ) {
             if pool.ready_endpoints(Instant::now()) == 0 {
                 self.demand.notify_demand(&p.tier);
@@ -230,7 +232,7 @@ pub fn local_tiers(snapshot: &Snapshot, now: Instant) -> BTreeMap<String, TierSt
 /// This replica's share of every tier of the active snapshot.
 pub fn local_shares(snapshot: &Snapshot, now: Instant) -> BTreeMap<String, TierShare> {
     let mut tiers: BTreeMap<String, TierShare> = BTreeMap::new();
-    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
+    for (profile, pool) in snapshot.set.profiles.iter().zip(snapshot.pools()) {
         let tier = tiers.entry(profile.tier.clone()).or_default();
         // Requests waiting for a slot or for a scaled-to-zero tier's first endpoint.
         tier.admission_waiting += pool.admission.waiting() + pool.cold_waiting();

@@ -44,14 +44,22 @@ pub enum SourceKind {
 #[derive(Debug)]
 pub struct Snapshot {
     pub set: ProfileSet,
-    /// `pools[i]` serves `set.profiles[i]`.
-    pub pools: Vec<Arc<Pool>>,
-    /// `model_json[i]` is `set.profiles[i].model` encoded as a JSON string, ready to splice.
-    pub model_json: Vec<String>,
-    /// `telemetry[i]`: metric handles and header values of `set.profiles[i]`.
-    pub telemetry: Vec<Arc<ProfileTelemetry>>,
+    /// What the router keeps for each profile of `set`, in the same order.
+    pub runtime: Vec<ProfileRuntime>,
     pub source: SourceKind,
     pub loaded_at: SystemTime,
+}
+
+/// What the router keeps beside one profile of a snapshot, indexed like the set's profiles
+/// (by [`quantrouter_policy::ProfileIndex`]).
+#[derive(Debug)]
+pub struct ProfileRuntime {
+    /// The profile's endpoints, admission queue and breakers.
+    pub pool: Arc<Pool>,
+    /// The profile's `model` encoded as a JSON string, ready to splice into a body.
+    pub model_json: String,
+    /// Metric handles and response header values of the profile.
+    pub telemetry: Arc<ProfileTelemetry>,
 }
 
 /// The active snapshot, swapped atomically on reload.
@@ -158,53 +166,47 @@ impl Snapshot {
                 .set
                 .profiles
                 .iter()
-                .zip(&previous.pools)
+                .zip(&previous.runtime)
                 .find(|(old, _)| {
                     old.id == p.id
                         && old.upstream == p.upstream
                         && old.max_concurrency == p.max_concurrency
                 })
-                .map(|(_, pool)| Arc::clone(pool))
+                .map(|(_, runtime)| Arc::clone(&runtime.pool))
         };
-        let pools = set
+        let new_pool = |p: &Profile| {
+            let found = match (discovered, &p.upstream) {
+                (Some(discovered), Upstream::Service(service)) => discovered.last_known(service),
+                _ => None,
+            };
+            let urls = found.unwrap_or_else(|| p.upstream.base_urls());
+            let credential = p.upstream.api_key().map(Credential::new);
+            Arc::new(
+                Pool::new(&urls, p.max_concurrency, config)
+                    .with_credential(credential)
+                    .with_transport(Transport::of(&p.upstream)),
+            )
+        };
+        let runtime = set
             .profiles
             .iter()
-            .map(|p| {
-                reusable(p).unwrap_or_else(|| {
-                    let found = match (discovered, &p.upstream) {
-                        (Some(discovered), Upstream::Service(service)) => {
-                            discovered.last_known(service)
-                        }
-                        _ => None,
-                    };
-                    let urls = found.unwrap_or_else(|| p.upstream.base_urls());
-                    let credential = p.upstream.api_key().map(Credential::new);
-                    Arc::new(
-                        Pool::new(&urls, p.max_concurrency, config)
-                            .with_credential(credential)
-                            .with_transport(Transport::of(&p.upstream)),
-                    )
-                })
+            .map(|p| ProfileRuntime {
+                pool: reusable(p).unwrap_or_else(|| new_pool(p)),
+                model_json: serde_json::Value::from(p.model.as_str()).to_string(),
+                telemetry: Arc::new(ProfileTelemetry::new(p)),
             })
-            .collect();
-        let model_json = set
-            .profiles
-            .iter()
-            .map(|p| serde_json::Value::from(p.model.as_str()).to_string())
-            .collect();
-        let telemetry = set
-            .profiles
-            .iter()
-            .map(|p| Arc::new(ProfileTelemetry::new(p)))
             .collect();
         Self {
             set,
-            pools,
-            model_json,
-            telemetry,
+            runtime,
             source,
             loaded_at: SystemTime::now(),
         }
+    }
+
+    /// Every profile's upstream pool, in profile-set order.
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.runtime.iter().map(|r| &r.pool)
     }
 
     /// At least one enabled profile has an endpoint whose circuit is not open.
@@ -213,8 +215,8 @@ impl Snapshot {
         self.set
             .profiles
             .iter()
-            .zip(&self.pools)
-            .any(|(p, pool)| p.enabled && pool.available(now))
+            .zip(&self.runtime)
+            .any(|(p, runtime)| p.enabled && runtime.pool.available(now))
     }
 }
 
@@ -348,7 +350,7 @@ mod tests {
         let store = ProfileStore::new(default_set(1), SourceKind::Embedded);
         let before = store.load();
         assert_eq!(
-            before.pools[0].endpoint_urls(),
+            before.runtime[0].pool.endpoint_urls(),
             ["http://vllm-fp16.llm.svc:8000"]
         );
         let pods = vec!["http://10.0.0.1:8000".to_owned()];
@@ -358,7 +360,10 @@ mod tests {
         store
             .apply(default_set(2), SourceKind::Embedded, false)
             .unwrap();
-        assert!(Arc::ptr_eq(&before.pools[0], &store.load().pools[0]));
+        assert!(Arc::ptr_eq(
+            &before.runtime[0].pool,
+            &store.load().runtime[0].pool
+        ));
 
         // A renamed profile gets a new pool, seeded from discovery; an unknown service
         // keeps its DNS name.
@@ -368,9 +373,9 @@ mod tests {
         set.profiles[1].id = "llama8b-fp8-b".into();
         store.apply(set, SourceKind::Embedded, false).unwrap();
         let after = store.load();
-        assert_eq!(after.pools[0].endpoint_urls(), pods);
+        assert_eq!(after.runtime[0].pool.endpoint_urls(), pods);
         assert_eq!(
-            after.pools[1].endpoint_urls(),
+            after.runtime[1].pool.endpoint_urls(),
             ["http://vllm-fp8.llm.svc:8000"]
         );
     }

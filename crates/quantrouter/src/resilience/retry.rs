@@ -25,7 +25,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use opentelemetry::KeyValue;
-use quantrouter_policy::{check_choices, RoutingDecision};
+use quantrouter_policy::{check_choices, ProfileIndex, RoutingDecision};
 use tokio::time::Instant;
 
 use super::{Overloaded, ResilienceConfig};
@@ -114,7 +114,7 @@ pub struct Plan<'a> {
 #[derive(Debug)]
 pub struct Answer {
     pub response: Response<UpstreamIncoming>,
-    pub profile: usize,
+    pub profile: ProfileIndex,
     pub endpoint: Arc<Endpoint>,
     /// In-flight accounting and the admission slot, held until the body ends (`None` once
     /// the quality check read the body).
@@ -129,8 +129,8 @@ pub struct Answer {
 /// A switch to another profile: from, to, why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fallback {
-    pub from: usize,
-    pub to: usize,
+    pub from: ProfileIndex,
+    pub to: ProfileIndex,
     pub reason: FallbackReason,
 }
 
@@ -146,7 +146,7 @@ pub enum FallbackReason {
 }
 
 /// The body of a request for a profile: the client's body with that profile's model name.
-pub type BodyFor<'a> = &'a (dyn Fn(usize) -> Bytes + Sync);
+pub type BodyFor<'a> = &'a (dyn Fn(ProfileIndex) -> Bytes + Sync);
 
 /// The last thing that went wrong, to answer the client with. The details (which
 /// endpoint, what error) are for logs and traces: clients learn the profile, never the
@@ -169,7 +169,7 @@ struct Progress {
     attempts: u32,
     retries: u32,
     retry_after: Option<Duration>,
-    profiles_tried: Vec<usize>,
+    profiles_tried: Vec<ProfileIndex>,
     failure: Failure,
     fallback: Option<Fallback>,
 }
@@ -297,7 +297,7 @@ async fn across_tiers(
     client: &UpstreamClient,
     config: &ResilienceConfig,
     plan: &Plan<'_>,
-    start: usize,
+    start: ProfileIndex,
     attempts_before: u32,
     body_for: BodyFor<'_>,
 ) -> Result<Answer, ApiError> {
@@ -336,12 +336,12 @@ async fn try_profile(
     client: &UpstreamClient,
     config: &ResilienceConfig,
     plan: &Plan<'_>,
-    profile: usize,
+    profile: ProfileIndex,
     progress: &mut Progress,
     body_for: BodyFor<'_>,
 ) -> Result<Option<Answer>, ApiError> {
     progress.profiles_tried.push(profile);
-    let pool = &plan.snapshot.pools[profile];
+    let pool = &plan.snapshot.runtime[profile].pool;
     let id = plan.snapshot.set.profiles[profile].id.as_str();
     let mut permit = Some(admit(config, plan, pool, id).await?);
     pool.on_request(Instant::now());
@@ -568,8 +568,8 @@ fn cross_tier_fallback(
     config: &ResilienceConfig,
     plan: &Plan<'_>,
     progress: &Progress,
-    current: usize,
-) -> Option<(usize, FallbackReason)> {
+    current: ProfileIndex,
+) -> Option<(ProfileIndex, FallbackReason)> {
     if plan.pinned || progress.attempts >= config.max_attempts {
         return None;
     }
@@ -612,7 +612,7 @@ async fn quality_fallback(
         sse: false,
         strip_usage: false,
     };
-    let served_by = &plan.snapshot.telemetry[profile];
+    let served_by = &plan.snapshot.runtime[profile].telemetry;
     let bytes = read_answer(incoming, held, limits, plan.started, served_by).await?;
     // A body that is not a completion is passed on as it is, not judged.
     let problem = crate::openai::answer_choices(&bytes)
@@ -679,11 +679,11 @@ async fn read_answer(
 
 /// The next profile after `tried`, by the decision's fallback order, that can take a
 /// request now.
-fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
+fn next_profile(plan: &Plan<'_>, tried: &[ProfileIndex]) -> Option<ProfileIndex> {
     let now = Instant::now();
     let mut tried = tried.to_vec();
     while let Some(next) = plan.decision.next_after_error(&tried) {
-        if plan.snapshot.pools[next].available(now) {
+        if plan.snapshot.runtime[next].pool.available(now) {
             return Some(next);
         }
         tried.push(next);
@@ -693,7 +693,11 @@ fn next_profile(plan: &Plan<'_>, tried: &[usize]) -> Option<usize> {
 
 /// After a context overflow on `current`: the untried feasible profile with a larger
 /// context and the highest utility that can take a request now.
-fn next_with_larger_context(plan: &Plan<'_>, tried: &[usize], current: usize) -> Option<usize> {
+fn next_with_larger_context(
+    plan: &Plan<'_>,
+    tried: &[ProfileIndex],
+    current: ProfileIndex,
+) -> Option<ProfileIndex> {
     let profiles = &plan.snapshot.set.profiles;
     let context = profiles[current].max_context_tokens;
     let now = Instant::now();
@@ -704,7 +708,7 @@ fn next_with_larger_context(plan: &Plan<'_>, tried: &[usize], current: usize) ->
             c.feasible
                 && !tried.contains(&c.profile)
                 && profiles[c.profile].max_context_tokens > context
-                && plan.snapshot.pools[c.profile].available(now)
+                && plan.snapshot.runtime[c.profile].pool.available(now)
         })
         .max_by(|a, b| a.utility.total_cmp(&b.utility))
         .map(|c| c.profile)

@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use opentelemetry::KeyValue;
-use quantrouter_policy::{Reason, RoutingDecision};
+use quantrouter_policy::{ProfileIndex, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -81,7 +81,8 @@ async fn proxy(
         trace,
         request_id: key,
     };
-    let body_for = |profile: usize| parsed.upstream_body(&body, &snapshot.model_json[profile]);
+    let body_for =
+        |profile: ProfileIndex| parsed.upstream_body(&body, &snapshot.runtime[profile].model_json);
     telemetry::routed(decision.complexity, started.elapsed());
     let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
     // Bookkeeping: the router's headers, metrics, usage and the trace's end, for every answer.
@@ -145,7 +146,11 @@ async fn wait_for_cold_tier(
         return Ok(());
     };
     let timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
-    if snapshot.pools[cold].wait_for_endpoints(timeout).await {
+    if snapshot.runtime[cold]
+        .pool
+        .wait_for_endpoints(timeout)
+        .await
+    {
         return Ok(());
     }
     let id = &snapshot.set.profiles[cold].id;
@@ -230,7 +235,7 @@ const FORWARDED: [HeaderName; 5] = [
 /// How a request was served, for the response headers and metric labels.
 #[derive(Debug)]
 struct Served {
-    profile: usize,
+    profile: ProfileIndex,
     attempts: u32,
     fallback: Option<Fallback>,
 }
@@ -257,7 +262,7 @@ impl Served {
 
     fn labels(&self, snapshot: &Snapshot, decision: &RoutingDecision) -> RequestLabels {
         RequestLabels {
-            profile: Arc::clone(&snapshot.telemetry[self.profile]),
+            profile: Arc::clone(&snapshot.runtime[self.profile].telemetry),
             reason: self.reason(decision),
         }
     }
@@ -275,7 +280,7 @@ fn respond(
 ) -> Response<ResponseBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
-    let pool = Arc::clone(&snapshot.pools[profile]);
+    let pool = Arc::clone(&snapshot.runtime[profile].pool);
     let Answer { response, held, .. } = answer;
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16());
@@ -349,7 +354,7 @@ struct Prices {
 }
 
 impl Prices {
-    fn new(snapshot: &Snapshot, profile: usize) -> Self {
+    fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
         let per_token = |p: &quantrouter_policy::Profile| {
             (
                 p.cost_per_1m_input_tokens / 1e6,
@@ -409,7 +414,7 @@ fn finish_head(
             headers.remove(name);
         }
     }
-    let telemetry = &snapshot.telemetry[served.profile];
+    let telemetry = &snapshot.runtime[served.profile].telemetry;
     let values = [
         (PROFILE, telemetry.profile_header.clone()),
         (TIER, telemetry.tier_header.clone()),

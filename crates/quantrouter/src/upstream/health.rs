@@ -34,7 +34,7 @@ pub fn spawn(
             let now = Instant::now();
             let snapshot = store.load();
             let full = now >= next_pass;
-            let checks = snapshot.pools.iter().flat_map(|pool| {
+            let checks = snapshot.pools().flat_map(|pool| {
                 let client = &client;
                 pool.endpoints()
                     .iter()
@@ -49,8 +49,7 @@ pub fn spawn(
             }
             // Wake for the next pass, or as soon as an open circuit may be probed.
             let reopening = snapshot
-                .pools
-                .iter()
+                .pools()
                 .flat_map(|pool| {
                     pool.endpoints()
                         .iter()

@@ -94,7 +94,7 @@ pub fn spawn(
                     .set
                     .profiles
                     .iter()
-                    .zip(&snapshot.pools)
+                    .zip(snapshot.pools())
                     .flat_map(|(profile, pool)| {
                         // Once a pass: a rotated Secret file is picked up within a scrape.
                         if let Some(credential) = pool.credential() {
@@ -120,7 +120,7 @@ pub fn spawn(
 
 /// Per-endpoint circuit and queue-metric gauges and per-tier gauges from the live pools.
 fn record_gauges(snapshot: &Snapshot, now: Instant) {
-    for (profile, pool) in snapshot.set.profiles.iter().zip(&snapshot.pools) {
+    for (profile, pool) in snapshot.set.profiles.iter().zip(snapshot.pools()) {
         for endpoint in pool.endpoints().iter() {
             let state = endpoint.circuit(now).gauge_value();
             telemetry::circuit_state(&profile.id, endpoint.base(), state);

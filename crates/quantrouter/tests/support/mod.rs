@@ -275,7 +275,7 @@ impl Tiers {
 
     pub fn circuit(&self, profile: usize, endpoint: usize) -> CircuitState {
         let snapshot = self.router.app.store.load();
-        let endpoints = snapshot.pools[profile].endpoints();
+        let endpoints = snapshot.runtime[profile].pool.endpoints();
         endpoints[endpoint].circuit(tokio::time::Instant::now())
     }
 }
