@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::server::App;
+use crate::app::App;
 
 /// Answers one admin request.
 pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> {

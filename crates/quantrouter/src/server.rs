@@ -1,42 +1,36 @@
-//! The HTTP servers: the public OpenAI-compatible port and the admin port.
+//! The HTTP servers: the public OpenAI-compatible port, the admin port and the KEDA scaler.
 //!
 //! The public port's request path is one tower stack, built and documented in
 //! [`stack::public_service`]; its leaf, a generation request in named phases, is
 //! [`proxy`]. This module binds the ports, accepts connections and shuts down.
 
-use std::collections::hash_map::RandomState;
-use std::collections::HashSet;
 use std::convert::Infallible;
 use std::future::Future;
-use std::hash::BuildHasher as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
-use http::{HeaderMap, HeaderValue, Request};
+use http::header::HeaderName;
+use http::Request;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
-use crate::classifier::ClassifierStore;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
-use crate::keda::{Keda, KedaConfig};
-use crate::openai::ApiError;
+use crate::keda::Keda;
 use crate::profiles::ProfileStore;
-use crate::resilience::ResilienceConfig;
 use crate::telemetry;
-use crate::traces::Traces;
-use crate::upstream::{health, scrape, ClientConfig, UpstreamBody, UpstreamClient};
+use crate::upstream::{health, scrape, UpstreamBody, UpstreamClient};
+
+pub use crate::app::{App, ServerConfig};
 
 mod connections;
 mod delivery;
@@ -47,66 +41,6 @@ use connections::{Conn, Connections, Limits};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
 pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
-
-/// Settings of a running router.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// The public port: all interfaces, so a Service reaches the pod; 8080 is the usual
-    /// unprivileged HTTP port.
-    pub listen: SocketAddr,
-    /// The admin port: its own, so a network policy can keep metrics and profiles private.
-    pub admin_listen: SocketAddr,
-    /// KEDA's external scaler (gRPC); `None` serves none.
-    pub scaler_listen: Option<SocketAddr>,
-    /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
-    pub body_limit: usize,
-    /// Accepted bearer keys; `None` disables authentication.
-    pub api_keys: Option<HashSet<String>>,
-    /// Model names besides `auto` that mean adaptive routing.
-    pub aliases: Vec<String>,
-    pub client: ClientConfig,
-    pub resilience: ResilienceConfig,
-    /// After SIGTERM, readiness fails at once but connections are still accepted this
-    /// long, while the endpoint removal propagates to Services and load balancers. None
-    /// without a load balancer to drain from; the Helm chart sets it.
-    pub shutdown_delay: Duration,
-    /// How long in-flight requests and streams may then run; inside Kubernetes' default
-    /// 30 s termination grace, with time left to exit cleanly.
-    pub shutdown_grace: Duration,
-    /// Longest a client may take over a request head once it began one. A head is a few
-    /// hundred bytes, one or two packets: 10 s covers several retransmissions on a bad link.
-    pub client_header_timeout: Duration,
-    /// Longest a client may take to send a request body. 60 s carries the largest body
-    /// allowed by default (4 MiB) at well under 1 Mbit/s.
-    pub client_body_timeout: Duration,
-    /// Client connections the public port keeps open at once; `None` derives the cap from
-    /// the process's descriptor limit ([`crate::descriptors`]).
-    pub max_connections: Option<usize>,
-    /// OpenTelemetry tracing, when configured.
-    pub traces: Option<Traces>,
-    /// Log prompt text with each routing decision.
-    pub log_prompts: bool,
-    /// The prompt classifier requests are scored with, followed by its own sources.
-    pub classifier: Arc<ClassifierStore>,
-    /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
-    pub keda: KedaConfig,
-}
-
-/// Shared state of one router.
-#[derive(Debug)]
-pub struct App {
-    pub store: Arc<ProfileStore>,
-    pub config: ServerConfig,
-    pub metrics: PrometheusHandle,
-    /// Tier numbers for KEDA and the demand hook of the request path.
-    pub keda: Arc<Keda>,
-    client: UpstreamClient,
-    shutting_down: AtomicBool,
-    /// Turns true when the shutdown grace is over: streams still open end then.
-    grace_over: watch::Sender<bool>,
-    next_id: AtomicU64,
-    id_prefix: u32,
-}
 
 /// A port that could not be bound, with the flag that sets its address: two routers in one
 /// network namespace collide on the fixed default ports, and the operator must see which.
@@ -173,17 +107,8 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
-        let app = Arc::new(App {
-            keda: Arc::new(Keda::new(config.keda.clone())),
-            store,
-            client,
-            metrics: telemetry::metrics_handle(),
-            config,
-            shutting_down: AtomicBool::new(false),
-            grace_over: watch::Sender::new(false),
-            next_id: AtomicU64::new(0),
-            id_prefix: random_id_prefix(),
-        });
+        let keda = Arc::new(Keda::new(config.keda.clone()));
+        let app = Arc::new(App::new(config, store, client, keda));
         let (stop, stopped) = watch::channel(false);
         let (limits, side_port) = connection_limits(&app.config);
         let public_app = Arc::clone(&app);
@@ -329,13 +254,6 @@ fn listen(flag: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAd
     bind().map_err(|error| BindError { flag, addr, error })
 }
 
-/// A 32-bit prefix for request ids that differs between replicas: std seeds every
-/// `RandomState` from the OS's randomness. The PID it replaces is 1 in every container.
-fn random_id_prefix() -> u32 {
-    // Any half of the hash is as random as the other; after the shift nothing is cut off.
-    (RandomState::new().hash_one(0u8) >> 32) as u32
-}
-
 type ServeFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Accepts connections until stopped, then closes idle ones and waits for the others to
@@ -438,75 +356,6 @@ fn serve_scaler(
             tracing::debug!(%error, "scaler connection ended with an error");
         }
     })
-}
-
-/// A generated request id, `qr-<process prefix, 8 hex digits>-<counter in hex>`.
-fn request_id(prefix: u32, n: u64) -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut text = [0u8; 28];
-    text[..3].copy_from_slice(b"qr-");
-    for (i, byte) in text[3..11].iter_mut().enumerate() {
-        *byte = HEX[(prefix >> (28 - 4 * i) & 0xf) as usize];
-    }
-    text[11] = b'-';
-    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1) as usize;
-    for (i, byte) in text[12..12 + digits].iter_mut().enumerate() {
-        *byte = HEX[(n >> (4 * (digits - 1 - i)) & 0xf) as usize];
-    }
-    HeaderValue::from_bytes(&text[..12 + digits]).unwrap_or(HeaderValue::from_static("qr"))
-}
-
-// === impl App ===
-
-impl App {
-    /// A new request id, `qr-<prefix>-<counter>`.
-    fn next_request_id(&self) -> HeaderValue {
-        request_id(self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(keys) = &self.config.api_keys else {
-            return Ok(());
-        };
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match token {
-            Some(token) if keys.contains(token) => Ok(()),
-            _ => Err(ApiError::Unauthorized),
-        }
-    }
-
-    /// Ready: not shutting down and the active set has somewhere to send requests.
-    pub fn ready(&self) -> bool {
-        !self.shutting_down.load(Ordering::SeqCst) && self.store.load().ready()
-    }
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
-            scaler_listen: None,
-            body_limit: 4 * 1024 * 1024,
-            api_keys: None,
-            aliases: Vec::new(),
-            client: ClientConfig::default(),
-            resilience: ResilienceConfig::default(),
-            shutdown_delay: Duration::ZERO,
-            shutdown_grace: Duration::from_secs(25),
-            client_header_timeout: Duration::from_secs(10),
-            client_body_timeout: Duration::from_secs(60),
-            max_connections: None,
-            traces: None,
-            log_prompts: false,
-            classifier: Arc::new(ClassifierStore::default()),
-            keda: KedaConfig::default(),
-        }
-    }
 }
 
 #[cfg(test)]

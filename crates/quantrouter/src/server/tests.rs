@@ -3,7 +3,8 @@
 use proptest::prelude::*;
 
 use super::proxy::complexity_header;
-use super::*;
+use crate::app::request_id;
+use http::HeaderValue;
 
 fn text(value: &HeaderValue) -> &str {
     value.to_str().expect("ASCII header value")
