@@ -591,9 +591,8 @@ async fn upstream_garbage_is_502_and_no_error_shows_an_upstream_address() {
     assert!(!String::from_utf8_lossy(&r.body).contains(host_port));
 
     // Down (503) and silent before the head (504): the profile is named, not the address.
-    let closed = TcpListener::bind(loopback()).await.unwrap();
-    let down = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let (_refusing, address) = refusing_address();
+    let down = format!("http://{address}");
     let (hung, _) = scripted(|_, stream| until_closed(stream)).await;
     for (upstream, status) in [
         (down, StatusCode::SERVICE_UNAVAILABLE),

@@ -197,9 +197,8 @@ async fn rejections_at_debug_quote_no_prompt_text_unless_prompts_may_be_logged()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_addresses_stay_in_the_logs_and_out_of_the_answer() {
     let (mut set, _sims) = sim_tiers(Duration::ZERO).await;
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = closed.local_addr().unwrap().to_string();
-    drop(closed);
+    let (_refusing, address) = support::refusing_address();
+    let address = address.to_string();
     for p in &mut set.profiles {
         p.upstream =
             quantrouter_policy::Upstream::Static(quantrouter_policy::StaticUpstream::new(vec![

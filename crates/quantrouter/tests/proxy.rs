@@ -369,9 +369,8 @@ async fn api_keys_are_enforced_when_configured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_is_down_gives_503_fast() {
-    let closed = tokio::net::TcpListener::bind(loopback()).await.unwrap();
-    let url = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let (_refusing, address) = refusing_address();
+    let url = format!("http://{address}");
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for p in &mut set.profiles {
         p.upstream = Upstream::Static(StaticUpstream::new(vec![url.clone()]));

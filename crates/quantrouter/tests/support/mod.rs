@@ -33,6 +33,16 @@ pub fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
+/// An address that refuses connections for as long as the returned socket lives: bound but
+/// not listening. A listener's port freed by dropping it can be taken by the next server
+/// another test starts, which would then answer in its place.
+pub fn refusing_address() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(loopback()).unwrap();
+    let address = socket.local_addr().unwrap();
+    (socket, address)
+}
+
 /// Three simulated tiers (the embedded profiles) behind a router.
 pub struct Harness {
     pub router: Server,
