@@ -655,6 +655,7 @@ impl Shared {
         if !redis.up.swap(true, Ordering::AcqRel) {
             tracing::info!(replicas, "tenant limits counted in redis");
         }
+        crate::telemetry::tenant_limits_local(false);
     }
 
     /// Every tenant's unsynced amounts whose windows are not over, taken out.
@@ -722,6 +723,7 @@ impl RedisCounters {
     /// Sends requests local until the heartbeat has Redis back.
     fn mark_down(&self, error: &CounterError) {
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        crate::telemetry::tenant_limits_local(true);
         if self.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(%error, "tenant counters in redis out of reach; deciding on local shares of the limits");
         }
