@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -35,6 +35,7 @@ use crate::openai::ApiError;
 use crate::profiles::ProfileStore;
 use crate::resilience::ResilienceConfig;
 use crate::telemetry;
+use crate::tenants::{ActiveTenant, ImplicitKeys, Tenants};
 use crate::traces::Traces;
 use crate::upstream::{health, scrape, ClientConfig, UpstreamBody, UpstreamClient};
 
@@ -57,8 +58,11 @@ pub struct ServerConfig {
     pub scaler_listen: Option<SocketAddr>,
     /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
     pub body_limit: usize,
-    /// Accepted bearer keys; `None` disables authentication.
+    /// Accepted bearer keys, the implicit tenant's when `tenants` is `None`; with neither,
+    /// no authentication.
     pub api_keys: Option<HashSet<String>>,
+    /// Tenants: keys, limits and routing bounds of each caller (SPEC §10).
+    pub tenants: Option<Arc<Tenants>>,
     /// Model names besides `auto` that mean adaptive routing.
     pub aliases: Vec<String>,
     pub client: ClientConfig,
@@ -96,6 +100,9 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Tier numbers for KEDA and the demand hook of the request path.
     pub keda: Arc<Keda>,
+    /// Who may call and within which limits: the configured tenants, or the implicit
+    /// tenant of `api_keys`; `None`: no authentication.
+    pub tenants: Option<Arc<Tenants>>,
     client: UpstreamClient,
     shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -169,8 +176,14 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
+        let tenants = match (&config.tenants, &config.api_keys) {
+            (Some(tenants), _) => Some(Arc::clone(tenants)),
+            (None, Some(keys)) => Some(Arc::new(Tenants::implicit(implicit_keys(keys)).await)),
+            (None, None) => None,
+        };
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
+            tenants,
             store,
             client,
             metrics: telemetry::metrics_handle(),
@@ -436,6 +449,16 @@ fn serve_scaler(
     })
 }
 
+/// The digests of `api_keys` that can match a request; one that never could (whitespace,
+/// non-ASCII, too long) is left out (`serve` refuses such a file before this).
+fn implicit_keys(keys: &HashSet<String>) -> ImplicitKeys {
+    let valid = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| quantrouter_policy::is_valid_api_key(k));
+    ImplicitKeys::from_keys(valid).unwrap_or_default()
+}
+
 /// A generated request id, `qr-<process prefix, 8 hex digits>-<counter in hex>`.
 fn request_id(prefix: u32, n: u64) -> HeaderValue {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -460,19 +483,16 @@ impl App {
         request_id(self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(keys) = &self.config.api_keys else {
-            return Ok(());
+    /// The caller's tenant by its key, in constant time; `None` without authentication.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Arc<ActiveTenant>>, ApiError> {
+        let Some(tenants) = &self.tenants else {
+            return Ok(None);
         };
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match token {
-            Some(token) if keys.contains(token) => Ok(()),
-            _ => Err(ApiError::Unauthorized),
-        }
+        tenants.authenticate(headers).map_err(|why| {
+            // The reason only: a key is never logged.
+            tracing::debug!(reason = why.as_str(), "api key refused");
+            ApiError::Unauthorized
+        })
     }
 
     /// Ready: not shutting down and the active set has somewhere to send requests.
@@ -489,6 +509,7 @@ impl Default for ServerConfig {
             scaler_listen: None,
             body_limit: 4 * 1024 * 1024,
             api_keys: None,
+            tenants: None,
             aliases: Vec::new(),
             client: ClientConfig::default(),
             resilience: ResilienceConfig::default(),
