@@ -230,10 +230,7 @@ fn describe() {
         TENANT_TOKENS,
         "Tokens from the usage of answers, by tenant and direction."
     );
-    metrics::describe_gauge!(
-        TENANT_SPEND,
-        "Spend in the profiles' currency, by tenant."
-    );
+    metrics::describe_gauge!(TENANT_SPEND, "Spend in the profiles' currency, by tenant.");
     metrics::describe_counter!(
         TENANT_DOWNGRADES,
         "Requests routed cheaper past a soft limit, by tenant."

@@ -75,7 +75,11 @@ async fn tenants(
     // admission call: a burst on a shared test machine must not look like an outage.
     limiter.heartbeat = Duration::from_millis(50);
     limiter.redis_timeout = Duration::from_secs(2);
-    Arc::new(Tenants::start(config, limiter, clock.clone()).await.unwrap())
+    Arc::new(
+        Tenants::start(config, limiter, clock.clone())
+            .await
+            .unwrap(),
+    )
 }
 
 /// `n` router replicas in front of the same simulated tiers, sharing one Redis and clock.
@@ -129,7 +133,10 @@ impl Replicas {
     }
 
     async fn usage_report(&self, replica: usize) -> serde_json::Value {
-        let url = format!("http://{}/admin/tenants", self.routers[replica].admin_addr());
+        let url = format!(
+            "http://{}/admin/tenants",
+            self.routers[replica].admin_addr()
+        );
         let r = send(&client(), "GET", &url, "", &[]).await;
         assert_eq!(r.status, StatusCode::OK);
         r.json()
@@ -152,7 +159,12 @@ impl Replicas {
             .iter()
             .filter(|c| c["quality"].as_f64().unwrap() >= required - 1e-9);
         let cheapest = feasible
-            .min_by(|a, b| a["cost"].as_f64().unwrap().total_cmp(&b["cost"].as_f64().unwrap()))
+            .min_by(|a, b| {
+                a["cost"]
+                    .as_f64()
+                    .unwrap()
+                    .total_cmp(&b["cost"].as_f64().unwrap())
+            })
             .unwrap();
         cheapest["profile"].as_str().unwrap().to_owned()
     }
@@ -184,7 +196,10 @@ async fn three_replicas_share_sixty_requests_a_minute_over_http() {
     for task in burst {
         replies.push(task.await.unwrap());
     }
-    let ok: Vec<&Reply> = replies.iter().filter(|r| r.status == StatusCode::OK).collect();
+    let ok: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::OK)
+        .collect();
     assert!((57..=63).contains(&ok.len()), "{} admitted", ok.len());
     for r in &ok {
         assert_eq!(r.header("x-ratelimit-limit-requests"), "60");
@@ -267,7 +282,10 @@ async fn token_counts_are_corrected_from_usage_streamed_answers_included() {
     // Estimated at admission (a quarter of the prompt's bytes), then corrected: the next
     // request's headers count the corrected tokens plus its own estimate.
     let estimate = (SIMPLE.len() as u64).div_ceil(4);
-    assert_ne!(estimate, whole_tokens, "the test needs usage unlike the estimate");
+    assert_ne!(
+        estimate, whole_tokens,
+        "the test needs usage unlike the estimate"
+    );
     let r = replicas.post(1, &whole).await;
     assert_eq!(r.header("x-ratelimit-limit-tokens"), "100000");
     assert_eq!(
@@ -321,7 +339,9 @@ async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_to
         + usage["completion_tokens"].as_f64().unwrap() * served.cost_per_1m_output_tokens / 1e6;
     let spent = eventually(Duration::from_secs(5), || async {
         let report = replicas.usage_report(0).await;
-        let spend = report["tenants"][0]["usage"]["spend_today"].as_f64().unwrap();
+        let spend = report["tenants"][0]["usage"]["spend_today"]
+            .as_f64()
+            .unwrap();
         (spend - (0.85 + cost)).abs() < 2e-6
     })
     .await;
@@ -369,10 +389,15 @@ async fn post_as(router: &support::RouterProcess, authorization: Option<&[u8]>) 
     let mut req = http::Request::post(router.url("/v1/chat/completions"))
         .header("content-type", "application/json");
     if let Some(value) = authorization {
-        req = req.header("authorization", http::HeaderValue::from_bytes(value).unwrap());
+        req = req.header(
+            "authorization",
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
     }
     let req = req
-        .body(http_body_util::Full::new(bytes::Bytes::from(chat("auto", SIMPLE))))
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat(
+            "auto", SIMPLE,
+        ))))
         .unwrap();
     let response = client().request(req).await.unwrap();
     let (parts, body) = response.into_parts();
@@ -388,7 +413,14 @@ async fn post_as(router: &support::RouterProcess, authorization: Option<&[u8]>) 
 }
 
 async fn admin_page(router: &support::RouterProcess, path: &str) -> String {
-    let r = send(&client(), "GET", &format!("http://{}{path}", router.admin), "", &[]).await;
+    let r = send(
+        &client(),
+        "GET",
+        &format!("http://{}{path}", router.admin),
+        "",
+        &[],
+    )
+    .await;
     String::from_utf8_lossy(&r.body).into_owned()
 }
 
@@ -409,7 +441,10 @@ async fn with_redis_stopped_requests_flow_on_local_shares_and_counting_resumes()
     let router = router_process(&set, &file, &redis).await;
     let auth = format!("Bearer {KEY}");
     for _ in 0..5 {
-        assert_eq!(post_as(&router, Some(auth.as_bytes())).await.status, StatusCode::OK);
+        assert_eq!(
+            post_as(&router, Some(auth.as_bytes())).await.status,
+            StatusCode::OK
+        );
     }
     let page = admin_page(&router, "/metrics").await;
     assert_eq!(metric(&page, "quantrouter_tenant_limits_local"), Some(0.0));
@@ -430,12 +465,17 @@ async fn with_redis_stopped_requests_flow_on_local_shares_and_counting_resumes()
     // Back (empty): what was counted meanwhile is handed over, and requests count in Redis.
     let redis = RedisServer::start_on(port, None);
     let back = eventually(Duration::from_secs(15), || async {
-        metric(&admin_page(&router, "/metrics").await, "quantrouter_tenant_limits_local")
-            == Some(0.0)
+        metric(
+            &admin_page(&router, "/metrics").await,
+            "quantrouter_tenant_limits_local",
+        ) == Some(0.0)
     })
     .await;
     assert!(back, "the router did not come back to Redis");
-    assert_eq!(post_as(&router, Some(auth.as_bytes())).await.status, StatusCode::OK);
+    assert_eq!(
+        post_as(&router, Some(auth.as_bytes())).await.status,
+        StatusCode::OK
+    );
     let mut conn = redis
         .client()
         .get_multiplexed_async_connection()
@@ -449,7 +489,11 @@ async fn with_redis_stopped_requests_flow_on_local_shares_and_counting_resumes()
     let counted: u64 = match keys.as_slice() {
         [] => 0,
         keys => {
-            let values: Vec<u64> = redis::cmd("MGET").arg(keys).query_async(&mut conn).await.unwrap();
+            let values: Vec<u64> = redis::cmd("MGET")
+                .arg(keys)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
             values.iter().sum()
         }
     };
@@ -481,7 +525,10 @@ async fn bad_keys_get_401_and_no_key_text_reaches_logs_metrics_or_admin() {
         ("whitespace", Some(b"Bearer    ".to_vec())),
         ("padded", Some(format!("Bearer  {KEY}").into_bytes())),
         ("long", Some(long.as_bytes().to_vec())),
-        ("non-ascii", Some("Bearer sk-\u{17c}\u{f3}\u{142}w-key".as_bytes().to_vec())),
+        (
+            "non-ascii",
+            Some("Bearer sk-\u{17c}\u{f3}\u{142}w-key".as_bytes().to_vec()),
+        ),
         ("not bearer", Some(format!("Basic {KEY}").into_bytes())),
     ];
     for (what, value) in &bad {

@@ -103,11 +103,21 @@ async fn proxy(
             span_attributes(&snapshot, &Served::of(&answer), status, &parsed),
         )
     });
-    let settle = app.tenants.as_ref().zip(grant.as_mut()).map(|(tenants, grant)| {
-        let prices = Prices::new(&snapshot, answer.profile);
-        let settle = tenants.settle(grant);
-        move |usage: Usage| settle(usage.prompt_tokens, usage.completion_tokens, prices.cost(usage))
-    });
+    let settle = app
+        .tenants
+        .as_ref()
+        .zip(grant.as_mut())
+        .map(|(tenants, grant)| {
+            let prices = Prices::new(&snapshot, answer.profile);
+            let settle = tenants.settle(grant);
+            move |usage: Usage| {
+                settle(
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    prices.cost(usage),
+                )
+            }
+        });
     let mut response = respond(
         &snapshot,
         decision,
