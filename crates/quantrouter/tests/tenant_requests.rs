@@ -324,6 +324,15 @@ async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_to
     assert_ne!(normal_tier, "int4", "the prompt needs more than int4");
     assert_ne!(normal.header("x-quantrouter-reason"), "budget_downgrade");
 
+    // The first answer's spend is settled in a task of its own: wait for it, so the spend
+    // set below is not added to afterwards.
+    let settled = eventually(Duration::from_secs(5), || async {
+        let report = replicas.usage_report(0).await;
+        report["tenants"][0]["usage"]["spend_today"].as_f64() > Some(0.0)
+    })
+    .await;
+    assert!(settled, "{}", replicas.usage_report(0).await);
+
     // 85 % of today's budget spent: the cheapest feasible tier, and the response says why.
     let today = CounterKeys::new(PREFIX, "team-a", Windows::at(future_noon()));
     set_counter(&redis, &today.spend_day, 850_000).await;
