@@ -93,6 +93,9 @@ pub struct RunArgs {
     /// `model` of every request (`auto` lets quantrouter choose).
     #[arg(long, default_value = "auto")]
     pub model: String,
+    /// API key sent as `Authorization: Bearer KEY` (a router with tenants or API keys).
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// API to call.
     #[arg(long, value_enum, default_value_t = Endpoint::Chat)]
     pub endpoint: Endpoint,
@@ -240,6 +243,7 @@ pub fn run_config(args: &RunArgs) -> anyhow::Result<RunConfig> {
             .map_or(Transport::Http1, |connections| Transport::Http2 {
                 connections: connections as usize,
             }),
+        api_key: args.api_key.clone(),
     })
 }
 

@@ -53,6 +53,8 @@ pub struct Exchange<'a> {
     pub timeout: Duration,
     /// Check that a non-streamed 200 body is a completion (error bodies are always checked).
     pub check_answers: bool,
+    /// `Authorization` value, if the server wants a key.
+    pub authorization: Option<&'a HeaderValue>,
 }
 
 /// How requests reach the server.
@@ -110,12 +112,15 @@ async fn send_inner(client: &HttpClient, exchange: Exchange<'_>) -> Outcome {
     } else {
         HeaderValue::from_static("application/json")
     };
-    let request = Request::builder()
+    let mut request = Request::builder()
         .method(Method::POST)
         .uri(exchange.uri.clone())
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .header(ACCEPT, accept)
-        .body(Full::new(exchange.body));
+        .header(ACCEPT, accept);
+    if let Some(authorization) = exchange.authorization {
+        request = request.header(http::header::AUTHORIZATION, authorization.clone());
+    }
+    let request = request.body(Full::new(exchange.body));
     let Ok(request) = request else {
         return failed(ErrorKind::Request);
     };

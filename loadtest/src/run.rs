@@ -64,6 +64,8 @@ pub struct RunConfig {
     pub connect_timeout: Duration,
     /// HTTP/1.1, or HTTP/2 over a fixed number of connections.
     pub transport: Transport,
+    /// Sent as `Authorization: Bearer <key>` (a router with tenants or API keys).
+    pub api_key: Option<String>,
 }
 
 /// State shared by every request task.
@@ -75,6 +77,7 @@ struct Shared {
     workload: Workload,
     request_timeout: Duration,
     check_answers: bool,
+    authorization: Option<http::HeaderValue>,
     measured: Mutex<Measured>,
 }
 
@@ -97,6 +100,7 @@ impl Shared {
             origin,
             timeout: self.request_timeout,
             check_answers: self.check_answers,
+            authorization: self.authorization.as_ref(),
         };
         let client = &self.clients[index as usize % self.clients.len()];
         client::send(client, exchange).await
@@ -147,6 +151,13 @@ pub async fn run(config: &RunConfig) -> anyhow::Result<RunReport> {
         )?,
         request_timeout: config.request_timeout,
         check_answers: config.check_answers,
+        authorization: match &config.api_key {
+            Some(key) => Some(
+                http::HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| anyhow::anyhow!("the API key is not a valid header value"))?,
+            ),
+            None => None,
+        },
         measured: Mutex::new(Measured {
             recorder: Recorder::new()?,
             last_completion: None,

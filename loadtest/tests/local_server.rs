@@ -95,6 +95,7 @@ fn config(addr: SocketAddr, mode: LoadMode) -> RunConfig {
         request_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(5),
         transport: Transport::Http1,
+        api_key: None,
     }
 }
 

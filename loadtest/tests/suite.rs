@@ -89,7 +89,14 @@ fn overhead_runs_every_target_and_writes_runs_facts_section_and_doc_block() {
         ],
     );
     let dir = results.join("overhead");
-    let targets = ["direct", "quantrouter", "quantrouter-1-worker"];
+    // The tenants-on router answers only with its tenant's key: its runs answering shows
+    // the key was sent and its limits checked.
+    let targets = [
+        "direct",
+        "quantrouter",
+        "quantrouter-1-worker",
+        "quantrouter-tenants",
+    ];
     for load in ["rate200", "rate1000", "c32", "rate200-stream"] {
         for target in targets {
             let run = report(&dir.join(format!("{load}-{target}.json")));
@@ -102,7 +109,7 @@ fn overhead_runs_every_target_and_writes_runs_facts_section_and_doc_block() {
     let direct = report(&dir.join("rate200-direct.json"));
     assert_eq!((direct.requests, direct.ok), (100, 100));
     assert!(direct.tiers.is_empty(), "{direct:?}");
-    for routed in ["quantrouter", "quantrouter-1-worker"] {
+    for routed in ["quantrouter", "quantrouter-1-worker", "quantrouter-tenants"] {
         let run = report(&dir.join(format!("rate200-{routed}.json")));
         assert_eq!(run.tiers.get("fp16"), Some(&run.ok), "{run:?}");
         assert_eq!(run.stream_share, 0.0);
@@ -136,6 +143,8 @@ fn overhead_runs_every_target_and_writes_runs_facts_section_and_doc_block() {
         "| quantrouter-1-worker | 200 req/s, 100% streamed |",
         "| quantrouter | 1 | ",
         "| quantrouter-1-worker | 1 | ",
+        "**Tenants on vs off**",
+        "| tenants on | ",
         "**CPU per request**",
         "Router RSS:",
     ] {

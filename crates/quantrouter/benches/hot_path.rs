@@ -72,6 +72,7 @@ fn handle(
         headers,
         &[],
         "bench-request",
+        None,
     )
     .unwrap();
     let profile = routed.decision.profile;

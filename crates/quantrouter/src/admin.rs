@@ -1,6 +1,6 @@
-//! The admin port: metrics, liveness, readiness, the active profile set and classifier, and
-//! the tier numbers for KEDA's metrics-api trigger. Separate from the public port so a
-//! sidecar can keep it private.
+//! The admin port: metrics, liveness, readiness, the active profile set and classifier, the
+//! tenants' usage, and the tier numbers for KEDA's metrics-api trigger. Separate from the
+//! public port so a sidecar can keep it private.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -43,6 +43,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> 
             json(StatusCode::OK, &body)
         }
         "/admin/classifier" => json(StatusCode::OK, &app.config.classifier.load().describe()),
+        "/admin/tenants" => tenants(app).await,
         path => match path.strip_prefix("/keda/tiers/") {
             Some(tier) => keda_tier(app, tier).await,
             None => text(StatusCode::NOT_FOUND, "not found\n"),
@@ -76,6 +77,25 @@ async fn keda_tier(app: &App, tier: &str) -> Response<Full<Bytes>> {
             }});
             json(StatusCode::NOT_FOUND, &body)
         }
+    }
+}
+
+/// `GET /admin/tenants`: each tenant's limits and usage in the current windows; of a key,
+/// only a short prefix of its hash.
+async fn tenants(app: &App) -> Response<Full<Bytes>> {
+    let Some(tenants) = &app.tenants else {
+        let body = serde_json::json!({"error": {
+            "message": "no tenants are configured (--tenants, a tenant document in Redis, or --api-keys-file)",
+            "type": "not_found_error", "param": null, "code": "no_tenants",
+        }});
+        return json(StatusCode::NOT_FOUND, &body);
+    };
+    let snapshot = tenants.store.load();
+    let now = tenants.clock.now_ms();
+    let report = crate::tenants::usage::usage(&tenants.limiter, &snapshot, now).await;
+    match serde_json::to_value(&report) {
+        Ok(body) => json(StatusCode::OK, &body),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
@@ -20,6 +20,7 @@ use crate::openai::ApiError;
 use crate::profiles::ProfileStore;
 use crate::resilience::ResilienceConfig;
 use crate::telemetry;
+use crate::tenants::{ActiveTenant, Tenants};
 use crate::traces::Traces;
 use crate::upstream::{ClientConfig, UpstreamClient};
 
@@ -35,8 +36,11 @@ pub struct ServerConfig {
     pub scaler_listen: Option<SocketAddr>,
     /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
     pub body_limit: usize,
-    /// Accepted bearer keys; `None` disables authentication.
+    /// Accepted bearer keys, the implicit tenant's when `tenants` is `None`; with neither,
+    /// no authentication.
     pub api_keys: Option<HashSet<String>>,
+    /// Tenants: keys, limits and routing bounds of each caller (SPEC §10).
+    pub tenants: Option<Arc<Tenants>>,
     /// Model names besides `auto` that mean adaptive routing.
     pub aliases: Vec<String>,
     pub client: ClientConfig,
@@ -75,6 +79,9 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Tier numbers for KEDA and the demand hook of the request path.
     pub keda: Arc<Keda>,
+    /// Who may call and within which limits: the configured tenants, or the implicit
+    /// tenant of `api_keys`; `None`: no authentication.
+    pub tenants: Option<Arc<Tenants>>,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -91,9 +98,11 @@ impl App {
         store: Arc<ProfileStore>,
         client: UpstreamClient,
         keda: Arc<Keda>,
+        tenants: Option<Arc<Tenants>>,
     ) -> Self {
         Self {
             keda,
+            tenants,
             store,
             client,
             metrics: telemetry::metrics_handle(),
@@ -110,19 +119,19 @@ impl App {
         request_id(self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let Some(keys) = &self.config.api_keys else {
-            return Ok(());
+    /// The caller's tenant by its key, in constant time; `None` without authentication.
+    pub(crate) fn authenticate(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<ActiveTenant>>, ApiError> {
+        let Some(tenants) = &self.tenants else {
+            return Ok(None);
         };
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match token {
-            Some(token) if keys.contains(token) => Ok(()),
-            _ => Err(ApiError::Unauthorized),
-        }
+        tenants.authenticate(headers).map_err(|why| {
+            // The reason only: a key is never logged.
+            tracing::debug!(reason = why.as_str(), "api key refused");
+            ApiError::Unauthorized
+        })
     }
 
     /// Ready: not shutting down and the active set has somewhere to send requests.
@@ -139,6 +148,7 @@ impl Default for ServerConfig {
             scaler_listen: None,
             body_limit: 4 * 1024 * 1024,
             api_keys: None,
+            tenants: None,
             aliases: Vec::new(),
             client: ClientConfig::default(),
             resilience: ResilienceConfig::default(),

@@ -213,9 +213,20 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub seed_endpoint: Vec<String>,
-    /// File with one API key per line; without it no authentication is required.
+    /// File with one API key per line, the keys of the implicit tenant `default`; without
+    /// it (and without tenants with keys) no authentication is required.
     #[arg(long, env = "QUANTROUTER_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
+    /// Tenant document (keys as SHA-256 hashes, limits, budgets, routing bounds), watched for
+    /// changes; with --redis-url a document pushed to Redis (`quantrouter tenants push`)
+    /// takes over.
+    #[arg(long, env = "QUANTROUTER_TENANTS")]
+    pub tenants: Option<PathBuf>,
+    /// Tenants whose metrics carry their own `tenant` label; the rest share `other`.
+    // Enough for a team-per-tenant fleet, few enough that the six per-tenant series stay a
+    // few hundred per replica.
+    #[arg(long, env = "QUANTROUTER_TENANT_METRICS_TOP", default_value_t = crate::tenants::labels::DEFAULT_TOP)]
+    pub tenant_metrics_top: usize,
     /// Extra model names that mean adaptive routing, like `auto` (repeatable).
     #[arg(
         long = "model-alias",
@@ -864,19 +875,16 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
             Some(Discovery::start(Arc::clone(&store), client, config))
         }
     };
-    let api_keys = args
-        .api_keys_file
-        .as_deref()
-        .map(read_api_keys)
-        .transpose()?;
     let resilience = resilience_config(&args);
     let keda = keda_config(&args)?;
+    let tenants = start_tenants(&args, &keda.replica_id).await?;
     let config = ServerConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
         scaler_listen: args.keda_scaler_listen.0,
         body_limit: args.body_limit_bytes,
-        api_keys,
+        api_keys: None,
+        tenants,
         aliases: args.model_alias,
         client: ClientConfig {
             connect_timeout: Duration::from_millis(args.connect_timeout_ms),
@@ -974,6 +982,50 @@ async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError>
         .await
         .map_err(|e| CliError::Invalid(e.to_string()))?;
     Ok(started.store)
+}
+
+/// Tenants from `--tenants` and, with `--redis-url`, Redis (where their counters live too);
+/// `--api-keys-file` keys form the implicit tenant. With none of them, no tenants: requests
+/// need no key and nothing is counted.
+async fn start_tenants(
+    args: &ServeArgs,
+    replica_id: &str,
+) -> Result<Option<Arc<crate::tenants::Tenants>>, CliError> {
+    use crate::tenants::limiter::LimiterConfig;
+    use crate::tenants::{Clock, ImplicitKeys, Tenants, TenantsConfig};
+    if args.tenants.is_none() && args.redis_url.is_none() && args.api_keys_file.is_none() {
+        return Ok(None);
+    }
+    let api_keys = match &args.api_keys_file {
+        Some(path) => {
+            let keys = read_api_keys(path)?;
+            let keys = ImplicitKeys::from_keys(keys.iter().map(String::as_str))
+                .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))?;
+            Some(keys)
+        }
+        None => None,
+    };
+    let redis = match &args.redis_url {
+        Some(url) => Some((
+            crate::documents::client(url, args.redis_ca_file.as_deref())
+                .map_err(|e| CliError::Invalid(e.to_string()))?,
+            args.redis_prefix.clone(),
+        )),
+        None => None,
+    };
+    let config = TenantsConfig {
+        file: args.tenants.clone(),
+        file_interval: Duration::from_millis(args.profiles_poll_ms.max(10)),
+        redis: redis.clone(),
+        redis_poll: Duration::from_millis(args.redis_poll_ms.max(10)),
+        api_keys,
+        metrics_top: args.tenant_metrics_top,
+    };
+    let limiter = LimiterConfig::new(redis, replica_id.to_owned());
+    let tenants = Tenants::start(config, limiter, Clock::system())
+        .await
+        .map_err(|e| CliError::Invalid(format!("--tenants: {e}")))?;
+    Ok(Some(Arc::new(tenants)))
 }
 
 async fn start_classifier(args: &ServeArgs) -> Result<Arc<ClassifierStore>, CliError> {

@@ -92,6 +92,10 @@ pub enum ApiError {
         reason: String,
         retry_after_s: u32,
     },
+    /// The tenant is at a hard limit: a rate (`rate_limit_exceeded`) or a budget
+    /// (`insufficient_quota`).
+    #[error(transparent)]
+    LimitReached(#[from] crate::tenants::LimitReached),
 }
 
 #[derive(Deserialize)]
@@ -583,7 +587,9 @@ impl ApiError {
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded { .. } | ApiError::LimitReached(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
         }
     }
 
@@ -604,6 +610,7 @@ impl ApiError {
             ApiError::Unavailable(_) => ("server_error", "no_healthy_profile"),
             ApiError::Timeout(_) => ("timeout_error", "deadline_exceeded"),
             ApiError::Overloaded { .. } => ("rate_limit_error", "tier_overloaded"),
+            ApiError::LimitReached(limit) => limit.kind(),
         }
     }
 
@@ -630,6 +637,9 @@ impl ApiError {
         match self {
             ApiError::Unavailable(_) => Some(1),
             ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::LimitReached(limit) => {
+                Some(u32::try_from(limit.retry_after_s).unwrap_or(u32::MAX))
+            }
             _ => None,
         }
     }
@@ -660,6 +670,9 @@ impl ApiError {
         );
         if let Some(secs) = self.retry_after() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let ApiError::LimitReached(limit) = &self {
+            crate::tenants::gate::insert_rate_headers(headers, &limit.rate);
         }
         response
     }

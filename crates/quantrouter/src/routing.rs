@@ -12,6 +12,7 @@ use quantrouter_policy::{
 
 use crate::openai::{ApiError, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
+use crate::tenants::ActiveTenant;
 use crate::upstream::Pool;
 
 /// Header: latency budget for this request, in milliseconds.
@@ -37,7 +38,8 @@ const MAX_HEADER_MS: f64 = 86_400_000.0;
 ///
 /// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
 /// assignment when the request names no `user`; `classifier` scores the prompt (none: the
-/// structural score alone).
+/// structural score alone); `tenant` bounds the choice by the caller's quality floor and
+/// allowed profiles, and routes it cheaper when it is past a soft limit (`true`).
 pub fn route(
     snapshot: &Snapshot,
     classifier: Option<&Classifier>,
@@ -45,6 +47,7 @@ pub fn route(
     headers: &HeaderMap,
     aliases: &[String],
     request_key: &str,
+    tenant: Option<(&ActiveTenant, bool)>,
 ) -> Result<Routed, ApiError> {
     let set = &snapshot.set;
     let pinned = match header_str(headers, PROFILE_HEADER)? {
@@ -58,6 +61,10 @@ pub fn route(
         min_quality: header_number(headers, MIN_QUALITY_HEADER, |v| (0.0..=1.0).contains(&v))?,
         profile: pinned,
         ..Overrides::default()
+    };
+    let overrides = match tenant {
+        Some((tenant, downgraded)) => tenant.overrides(overrides, downgraded),
+        None => overrides,
     };
     let prompt = parsed.prompt();
     // A request with no text (an image-only message) is valid and routes as the simplest.

@@ -4,6 +4,7 @@
 //! [`stack::public_service`]; its leaf, a generation request in named phases, is
 //! [`proxy`]. This module binds the ports, accepts connections and shuts down.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ use crate::keda::scaler::Scaler;
 use crate::keda::Keda;
 use crate::profiles::ProfileStore;
 use crate::telemetry;
+use crate::tenants::{ImplicitKeys, Tenants};
 use crate::upstream::{health, scrape, UpstreamBody, UpstreamClient};
 
 pub use crate::app::{App, ServerConfig};
@@ -107,8 +109,13 @@ impl Server {
             .clone()
             .map(|target| Publisher::start(Arc::clone(&store), target, &config.keda));
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
+        let tenants = match (&config.tenants, &config.api_keys) {
+            (Some(tenants), _) => Some(Arc::clone(tenants)),
+            (None, Some(keys)) => Some(Arc::new(Tenants::implicit(implicit_keys(keys)).await)),
+            (None, None) => None,
+        };
         let keda = Arc::new(Keda::new(config.keda.clone()));
-        let app = Arc::new(App::new(config, store, client, keda));
+        let app = Arc::new(App::new(config, store, client, keda, tenants));
         let (stop, stopped) = watch::channel(false);
         let (limits, side_port) = connection_limits(&app.config);
         let public_app = Arc::clone(&app);
@@ -356,6 +363,16 @@ fn serve_scaler(
             tracing::debug!(%error, "scaler connection ended with an error");
         }
     })
+}
+
+/// The digests of `api_keys` that can match a request; one that never could (whitespace,
+/// non-ASCII, too long) is left out (`serve` refuses such a file before this).
+fn implicit_keys(keys: &HashSet<String>) -> ImplicitKeys {
+    let valid = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| quantrouter_policy::is_valid_api_key(k));
+    ImplicitKeys::from_keys(valid).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -65,6 +65,21 @@ pub const CLASSIFIER_RELOADS: &str = "quantrouter_classifier_reloads_total";
 pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
 /// 1 while this replica's tier numbers reach Redis (the last publish succeeded), else 0.
 pub const REDIS_UP: &str = "quantrouter_redis_up";
+/// Requests a tenant sent past authentication, by tenant label (its id among the top N,
+/// else `other`).
+pub const TENANT_REQUESTS: &str = "quantrouter_tenant_requests_total";
+/// Tokens from the `usage` of a tenant's answers, by tenant and direction.
+pub const TENANT_TOKENS: &str = "quantrouter_tenant_tokens_total";
+/// A tenant's spend in the profiles' currency, by tenant; a gauge that only grows, like
+/// [`COST`].
+pub const TENANT_SPEND: &str = "quantrouter_tenant_spend_total";
+/// A tenant's requests routed cheaper because it is past a soft limit, by tenant.
+pub const TENANT_DOWNGRADES: &str = "quantrouter_tenant_downgrades_total";
+/// A tenant's requests refused at a hard limit, by tenant and limit.
+pub const TENANT_REFUSALS: &str = "quantrouter_tenant_refusals_total";
+/// 1 while this replica decides tenant limits on its local shares because the Redis
+/// counters are out of reach, else 0.
+pub const TENANT_LIMITS_LOCAL: &str = "quantrouter_tenant_limits_local";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -209,6 +224,24 @@ fn describe() {
     metrics::describe_gauge!(
         REDIS_UP,
         "1 while the last publish of tier numbers to Redis succeeded, else 0."
+    );
+    metrics::describe_counter!(TENANT_REQUESTS, "Requests past authentication, by tenant.");
+    metrics::describe_counter!(
+        TENANT_TOKENS,
+        "Tokens from the usage of answers, by tenant and direction."
+    );
+    metrics::describe_gauge!(TENANT_SPEND, "Spend in the profiles' currency, by tenant.");
+    metrics::describe_counter!(
+        TENANT_DOWNGRADES,
+        "Requests routed cheaper past a soft limit, by tenant."
+    );
+    metrics::describe_counter!(
+        TENANT_REFUSALS,
+        "Requests refused at a hard limit, by tenant and limit."
+    );
+    metrics::describe_gauge!(
+        TENANT_LIMITS_LOCAL,
+        "1 while tenant limits are decided on local shares because Redis is out of reach."
     );
 }
 
@@ -452,6 +485,74 @@ pub fn tier_gauges(tier: &str, queue_depth: u64, inflight: u64, ready_endpoints:
 
 pub fn router_error(code: &'static str) {
     counter!(ERRORS, "code" => code).increment(1);
+}
+
+/// Whether this replica decides tenant limits on its local shares (Redis out of reach).
+pub fn tenant_limits_local(local: bool) {
+    gauge!(TENANT_LIMITS_LOCAL).set(if local { 1.0 } else { 0.0 });
+}
+
+/// One tenant label's metric handles, made with each tenant snapshot and resolved on first
+/// use, so a request does not look its series up by label (see [`ProfileTelemetry`]).
+#[derive(Debug)]
+pub struct TenantTelemetry {
+    label: String,
+    handles: OnceLock<TenantHandles>,
+}
+
+#[derive(Debug)]
+struct TenantHandles {
+    requests: Counter,
+    downgrades: Counter,
+    input_tokens: Counter,
+    output_tokens: Counter,
+    spend: Gauge,
+}
+
+impl TenantTelemetry {
+    /// `label`: the tenant's id among the top N, else `other`; never anything a client sent.
+    pub fn new(label: &str) -> Self {
+        Self {
+            label: label.to_owned(),
+            handles: OnceLock::new(),
+        }
+    }
+
+    fn handles(&self) -> &TenantHandles {
+        self.handles.get_or_init(|| {
+            let tenant = self.label.clone();
+            TenantHandles {
+                requests: counter!(TENANT_REQUESTS, "tenant" => tenant.clone()),
+                downgrades: counter!(TENANT_DOWNGRADES, "tenant" => tenant.clone()),
+                input_tokens: counter!(TENANT_TOKENS, "tenant" => tenant.clone(), "direction" => "input"),
+                output_tokens: counter!(TENANT_TOKENS, "tenant" => tenant.clone(), "direction" => "output"),
+                spend: gauge!(TENANT_SPEND, "tenant" => tenant),
+            }
+        })
+    }
+
+    /// A request of the tenant passed authentication.
+    pub fn request(&self) {
+        self.handles().requests.increment(1);
+    }
+
+    /// A request routed cheaper, past a soft limit.
+    pub fn downgrade(&self) {
+        self.handles().downgrades.increment(1);
+    }
+
+    /// A request refused at `limit` (the limit's field name).
+    pub fn refusal(&self, limit: &'static str) {
+        counter!(TENANT_REFUSALS, "tenant" => self.label.clone(), "limit" => limit).increment(1);
+    }
+
+    /// An answer's tokens and cost.
+    pub fn usage(&self, input: u64, output: u64, spend: f64) {
+        let handles = self.handles();
+        handles.input_tokens.increment(input);
+        handles.output_tokens.increment(output);
+        handles.spend.increment(spend);
+    }
 }
 
 #[cfg(test)]

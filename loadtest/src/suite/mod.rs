@@ -151,6 +151,8 @@ pub struct Target {
     pub url: String,
     /// `model` of the requests (`auto` through quantrouter).
     pub model: String,
+    /// Sent as a bearer key (a router with tenants).
+    pub api_key: Option<String>,
 }
 
 /// The shape and size of one run.
@@ -358,6 +360,7 @@ impl Suite {
             request_timeout: load.timeout,
             connect_timeout: load.connect_timeout,
             transport: load.transport,
+            api_key: target.api_key.clone(),
         }
     }
 
@@ -509,7 +512,14 @@ impl Target {
             name: name.to_owned(),
             url: url.to_owned(),
             model: model.to_owned(),
+            api_key: None,
         }
+    }
+
+    /// The same target, sending `key` as a bearer key.
+    fn with_api_key(mut self, key: &str) -> Self {
+        self.api_key = Some(key.to_owned());
+        self
     }
 }
 

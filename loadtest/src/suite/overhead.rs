@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::process::Proc;
+use super::process::{free_port, Proc};
 use super::services::{single_profile, Server};
 use super::{mib, write_json, write_section, Load, Suite, Target};
 use crate::markdown::{runs_table, signed_ms};
@@ -31,6 +31,16 @@ const PROBE_MAX_OUTSTANDING: usize = 256;
 /// Probes stop after this many steps down, or at this rate.
 const PROBE_LIMIT: u32 = 6;
 const PROBE_FLOOR_RPS: u64 = 200;
+
+/// The key of the tenant the `quantrouter-tenants` target sends.
+const TENANT_KEY: &str = "sk-overhead-tenant-1";
+
+/// One tenant with every kind of limit, all far above what a run sends, and no downgrade:
+/// each request costs the admission script and its answer the settle script, and routing is
+/// the same as without tenants. Pushed in the push format (`keys`), hashed by the CLI.
+const TENANTS: &str = r#"{"version": 1, "tenants": [{"id": "overhead", "keys": ["sk-overhead-tenant-1"],
+  "limits": {"requests_per_minute": 1000000000000, "tokens_per_minute": 1000000000000,
+             "budget_per_day": 1000000000.0, "budget_per_month": 1000000000.0, "soft_limit": 1.0}}]}"#;
 
 /// What the overhead scenario measured besides the run files.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -90,6 +100,24 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     let router = suite
         .start_router("quantrouter", &profiles, &[], &[])
         .await?;
+    // The same router with a tenant whose limits are checked in Redis: tenants on vs off.
+    let redis_port = free_port()?;
+    let redis = suite.start_redis(redis_port).await?;
+    let redis_url = format!("redis://127.0.0.1:{redis_port}");
+    let tenants = suite.work().join("overhead-tenants.json");
+    std::fs::write(&tenants, TENANTS)?;
+    anyhow::ensure!(
+        suite.push_tenants(&tenants, &redis_url).await,
+        "cannot push the overhead tenant to {redis_url}"
+    );
+    let router_tenants = suite
+        .start_router(
+            "quantrouter-tenants",
+            &profiles,
+            &["--redis-url", &redis_url],
+            &[],
+        )
+        .await?;
     let socat = suite.start_socat(sim.port).await?;
     let vllm_router = suite.start_vllm_router(&sim.url).await;
     let litellm = suite.start_litellm(&sim.url, "sim-model").await;
@@ -111,6 +139,11 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         (
             Target::new("quantrouter-1-worker", &router_1w.url, "auto"),
             Some(&router_1w.proc),
+        ),
+        (
+            Target::new("quantrouter-tenants", &router_tenants.url, "auto")
+                .with_api_key(TENANT_KEY),
+            Some(&router_tenants.proc),
         ),
     ];
     for (name, server) in [
@@ -195,7 +228,16 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     }
     write_json(&dir.join("facts.json"), &facts)?;
     drop(targets);
-    stop_all([Some(router), Some(router_1w), socat, vllm_router, litellm]).await;
+    stop_all([
+        Some(router),
+        Some(router_1w),
+        Some(router_tenants),
+        socat,
+        vllm_router,
+        litellm,
+    ])
+    .await;
+    redis.kill().await;
     sim.proc.kill().await;
     write_section(&dir, render(suite, &dir, &facts)?)
 }
@@ -295,6 +337,7 @@ fn render(suite: &Suite, dir: &Path, facts: &OverheadFacts) -> anyhow::Result<St
     for name in &facts.paired {
         out.push_str(&paired_row(dir, name, facts.paired_rounds)?);
     }
+    out.push_str(&tenants_table(dir, facts)?);
     out.push_str(&cpu_table(facts));
     let _ = writeln!(
         out,
@@ -310,9 +353,50 @@ fn render(suite: &Suite, dir: &Path, facts: &OverheadFacts) -> anyhow::Result<St
     Ok(out)
 }
 
-/// One target's row of the paired table: per round, its latency minus that of the direct
-/// run beside it; the lower middle as median.
-fn paired_row(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<String> {
+/// Tenants on (`quantrouter-tenants`: one admission script per request, one settle script
+/// per answer, in a local Redis) against off (`quantrouter`), from the same run: requests/s
+/// at saturation and the median added p50 of the paired runs.
+fn tenants_table(dir: &Path, facts: &OverheadFacts) -> anyhow::Result<String> {
+    const OFF: &str = "quantrouter";
+    const ON: &str = "quantrouter-tenants";
+    if !facts.targets.iter().any(|t| t == ON) {
+        return Ok(String::new());
+    }
+    let throughput = |name: &str| {
+        RunReport::read_json(&dir.join(format!("c32-{name}.json"))).map(|r| r.throughput_rps)
+    };
+    let added_p50 = |name: &str| -> anyhow::Result<Option<i64>> {
+        if !facts.paired.iter().any(|p| p == name) {
+            return Ok(None);
+        }
+        let (mut p50, _) = paired_added(dir, name, facts.paired_rounds)?;
+        p50.sort_unstable();
+        Ok(p50.get(p50.len().saturating_sub(1) / 2).copied())
+    };
+    let cell = |v: Option<i64>| v.map_or_else(|| "n/a".to_owned(), signed_ms);
+    let (off_rps, on_rps) = (throughput(OFF)?, throughput(ON)?);
+    let (off_p50, on_p50) = (added_p50(OFF)?, added_p50(ON)?);
+    let mut out = String::from(
+        "\n**Tenants on vs off** (same run; on: a tenant with every limit, checked in a local\n\
+         Redis by one script per request and settled by one per answer)\n\n\
+         | router | req/s, 32 clients | added p50 at 200 req/s (paired median) |\n\
+         |---|---|---|\n",
+    );
+    let _ = writeln!(out, "| tenants off | {off_rps:.0} | {} |", cell(off_p50));
+    let _ = writeln!(out, "| tenants on | {on_rps:.0} | {} |", cell(on_p50));
+    let diff = on_p50.zip(off_p50).map(|(on, off)| on - off);
+    let _ = writeln!(
+        out,
+        "| on − off | {:+.0} | {} |",
+        on_rps - off_rps,
+        cell(diff)
+    );
+    Ok(out)
+}
+
+/// A paired target's added p50 and p99 per round: its latency minus that of the direct run
+/// beside it.
+fn paired_added(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<(Vec<i64>, Vec<i64>)> {
     let mut p50 = Vec::new();
     let mut p99 = Vec::new();
     for round in 1..=rounds {
@@ -322,6 +406,13 @@ fn paired_row(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<String> {
         p50.push(added.p50);
         p99.push(added.p99);
     }
+    Ok((p50, p99))
+}
+
+/// One target's row of the paired table: per round, its latency minus that of the direct
+/// run beside it; the lower middle as median.
+fn paired_row(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<String> {
+    let (mut p50, mut p99) = paired_added(dir, name, rounds)?;
     p50.sort_unstable();
     p99.sort_unstable();
     let median = |values: &[i64]| values.get(values.len().saturating_sub(1) / 2).copied();

@@ -363,8 +363,17 @@ impl Suite {
 
     /// `quantrouter profiles push FILE --redis-url URL`; whether it succeeded.
     pub(super) async fn push_profiles(&self, file: &Path, redis_url: &str) -> bool {
+        self.push_document("profiles", file, redis_url).await
+    }
+
+    /// `quantrouter tenants push FILE --redis-url URL`; whether it succeeded.
+    pub(super) async fn push_tenants(&self, file: &Path, redis_url: &str) -> bool {
+        self.push_document("tenants", file, redis_url).await
+    }
+
+    async fn push_document(&self, kind: &str, file: &Path, redis_url: &str) -> bool {
         tokio::process::Command::new(&self.cli_bin)
-            .args(["profiles", "push"])
+            .args([kind, "push"])
             .arg(file)
             .args(["--redis-url", redis_url])
             .stdout(std::process::Stdio::null())

@@ -12,7 +12,7 @@ pub mod window;
 
 use std::time::Duration;
 
-pub use admission::{Admission, AdmissionConfig, Overloaded};
+pub use admission::{Admission, AdmissionConfig, Overloaded, Permit};
 pub use breaker::{Admit, Breaker, BreakerConfig, CircuitState};
 pub use budget::{BudgetConfig, RetryBudget};
 pub use retry::{Backoff, Schedule};

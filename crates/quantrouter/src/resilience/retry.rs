@@ -108,6 +108,8 @@ pub struct Plan<'a> {
     pub trace: Option<&'a RequestTrace>,
     /// For log lines (the request's log span exists at debug level only).
     pub request_id: &'a str,
+    /// The tenant's place in admission queues: higher waits less (0 without tenants).
+    pub priority: i32,
 }
 
 /// A response with headers from some upstream.
@@ -412,13 +414,13 @@ async fn admit(
     plan: &Plan<'_>,
     pool: &Pool,
     id: &str,
-) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+) -> Result<crate::resilience::Permit, ApiError> {
     let queue_timeout = config
         .admission
         .queue_timeout
         .min(plan.deadline.saturating_duration_since(Instant::now()));
     pool.admission
-        .admit(queue_timeout)
+        .admit(plan.priority, queue_timeout)
         .await
         .map_err(|overloaded| {
             telemetry::admission_rejected(id);
@@ -427,6 +429,7 @@ async fn admit(
                 reason: match overloaded {
                     Overloaded::QueueFull => "the wait queue is full".into(),
                     Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
+                    Overloaded::Displaced => "a higher-priority request took its place".into(),
                 },
                 retry_after_s: 1,
             }

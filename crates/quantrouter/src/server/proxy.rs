@@ -20,6 +20,7 @@ use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
 use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
+use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
 use crate::upstream::{BodyEvent, BodyLimits, UpstreamBody};
 
@@ -52,13 +53,15 @@ async fn proxy(
     let key = id.to_str().unwrap_or_default();
     let trace = parts.extensions.get::<RequestTrace>();
     // Auth: only known keys spend upstream capacity.
-    app.authorize(&parts.headers)?;
+    let tenant = app.authenticate(&parts.headers)?;
     // Body limit and parse: read what routing needs, refuse what no upstream would take.
     let body = read_json_body(app, body, &parts.headers).await?;
     let parsed = ParsedRequest::parse(&body, endpoint)?;
-    // Route: the policy's decision, with the request's own overrides.
+    // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
+    let mut grant = admit_tenant(app, tenant, &parsed).await?;
+    // Route: the policy's decision, with the request's and the tenant's overrides.
     let snapshot = app.store.load();
-    let routed = decide(app, &snapshot, &parsed, &parts.headers, key)?;
+    let routed = decide(app, &snapshot, &parsed, &parts.headers, key, grant.as_ref())?;
     let resilience = &app.config.resilience;
     let deadline =
         started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
@@ -80,6 +83,7 @@ async fn proxy(
         deadline,
         trace,
         request_id: key,
+        priority: grant.as_ref().map_or(0, |g| g.tenant.priority),
     };
     let body_for =
         |profile: ProfileIndex| parsed.upstream_body(&body, &snapshot.runtime[profile].model_json);
@@ -100,15 +104,67 @@ async fn proxy(
             span_attributes(&snapshot, &Served::of(&answer), status, &parsed),
         )
     });
-    Ok(respond(
+    let settle = app
+        .tenants
+        .as_ref()
+        .zip(grant.as_mut())
+        .map(|(tenants, grant)| {
+            let prices = Prices::new(&snapshot, answer.profile);
+            let settle = tenants.settle(grant);
+            move |usage: Usage| {
+                settle(
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    prices.cost(usage),
+                )
+            }
+        });
+    let mut response = respond(
         &snapshot,
         decision,
         answer,
         limits,
         started,
         routed.prompt,
-        finish_trace,
-    ))
+        on_answer_end(finish_trace, settle),
+    );
+    if let Some(grant) = &grant {
+        crate::tenants::gate::insert_rate_headers(response.headers_mut(), &grant.rate);
+    }
+    Ok(response)
+}
+
+/// The tenant's limits, before routing: one counter round trip at most. The token estimate
+/// (a quarter of the prompt's bytes) is corrected from `usage` when the answer ends.
+async fn admit_tenant(
+    app: &App,
+    tenant: Option<Arc<ActiveTenant>>,
+    parsed: &ParsedRequest<'_>,
+) -> Result<Option<Grant>, ApiError> {
+    let (Some(tenants), Some(tenant)) = (&app.tenants, tenant) else {
+        return Ok(None);
+    };
+    let bytes: usize = parsed.prompt().segments.iter().map(|s| s.text.len()).sum();
+    let estimate = u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX);
+    Ok(Some(tenants.admit(tenant, estimate).await?))
+}
+
+/// What runs when an answer ends: the trace's end and the tenant's usage, each if any.
+fn on_answer_end(
+    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
+    settle: Option<impl FnOnce(Usage) + Send + Sync + 'static>,
+) -> Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static> {
+    if finish_trace.is_none() && settle.is_none() {
+        return None;
+    }
+    Some(move |usage: Option<Usage>| {
+        if let Some(finish) = finish_trace {
+            finish(usage);
+        }
+        if let Some((settle, usage)) = settle.zip(usage) {
+            settle(usage);
+        }
+    })
 }
 
 /// The policy's decision for a parsed request; KEDA hears of the tiers it wants.
@@ -118,6 +174,7 @@ fn decide(
     parsed: &ParsedRequest<'_>,
     headers: &HeaderMap,
     key: &str,
+    grant: Option<&Grant>,
 ) -> Result<Routed, ApiError> {
     let classifier = app.config.classifier.load();
     let routed = routing::route(
@@ -127,6 +184,7 @@ fn decide(
         headers,
         &app.config.aliases,
         key,
+        grant.map(|g| (&*g.tenant, g.downgraded)),
     )?;
     app.keda.on_route(snapshot, routed.decision.profile);
     if let Some(cold) = routed.cold_preferred {
@@ -372,6 +430,12 @@ impl Prices {
         }
     }
 
+    /// What `usage` cost on the serving profile.
+    fn cost(&self, usage: Usage) -> f64 {
+        let (input, output) = self.actual;
+        usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
+    }
+
     fn record(&self, labels: &RequestLabels, usage: Usage) {
         let cost = |(input, output): (f64, f64)| {
             usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
@@ -553,7 +617,7 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Resp
 
 /// `GET /v1/models`: `auto`, the aliases and every enabled profile id.
 fn models(app: &App, headers: &HeaderMap) -> Result<Response<ResponseBody>, ApiError> {
-    app.authorize(headers)?;
+    app.authenticate(headers)?;
     let snapshot = app.store.load();
     let entry = |id: &str| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "quantrouter"});
     let data: Vec<serde_json::Value> = std::iter::once(AUTO_MODEL)
@@ -582,7 +646,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         messages: Option<serde::de::IgnoredAny>,
     }
     let (parts, body) = req.into_parts();
-    app.authorize(&parts.headers)?;
+    let tenant = app.authenticate(&parts.headers)?;
     let body = read_json_body(app, body, &parts.headers).await?;
     let started = Instant::now();
     let endpoint = match serde_json::from_slice::<Shape>(&body) {
@@ -602,6 +666,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         &parts.headers,
         &app.config.aliases,
         key,
+        tenant.as_deref().map(|t| (t, false)),
     )?;
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
     let prompt = parsed.prompt();

@@ -38,9 +38,9 @@ use crate::traces::RequestTrace;
 ///    of a generation request (a [`RequestTrace`] extension); failures are recorded there
 ///    without prompt text.
 /// 5. **endpoints** (leaf) — `/v1/models` and `/v1/route` answered here; a generation
-///    request goes through [`proxy::proxy`]'s phases: auth → body limit and parse → route
-///    (policy decision) → cold-tier wait → forward (per-tier admission, attempts, fallbacks)
-///    → response bookkeeping.
+///    request goes through [`proxy::proxy`]'s phases: auth → body limit and parse → tenant
+///    limits → route (policy decision) → cold-tier wait → forward (per-tier admission,
+///    attempts, fallbacks) → response bookkeeping.
 pub fn public_service(
     app: Arc<App>,
     conn: Arc<Conn>,

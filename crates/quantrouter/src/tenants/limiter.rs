@@ -526,7 +526,18 @@ impl Shared {
         let own = state
             .own
             .get_or_insert_with(|| WindowedCounters::new(now_ms));
-        let decision = admit(&quota, &own.at(now_ms), tokens, now_ms);
+        let mut decision = admit(&quota, &own.at(now_ms), tokens, now_ms);
+        // Clients see the tenant's limits, not the share: only what remains is this
+        // replica's.
+        let headers = &mut decision.headers;
+        for (state, limit) in [
+            (&mut headers.requests, tenant.quota.requests_per_minute),
+            (&mut headers.tokens, tenant.quota.tokens_per_minute),
+        ] {
+            if let (Some(state), Some(limit)) = (state.as_mut(), limit) {
+                state.limit = limit;
+            }
+        }
         let admitted = !matches!(decision.outcome, Outcome::Refuse { .. });
         if admitted {
             own.charge(now_ms, 1, i64::try_from(tokens).unwrap_or(i64::MAX), 0);
@@ -655,6 +666,7 @@ impl Shared {
         if !redis.up.swap(true, Ordering::AcqRel) {
             tracing::info!(replicas, "tenant limits counted in redis");
         }
+        crate::telemetry::tenant_limits_local(false);
     }
 
     /// Every tenant's unsynced amounts whose windows are not over, taken out.
@@ -722,6 +734,7 @@ impl RedisCounters {
     /// Sends requests local until the heartbeat has Redis back.
     fn mark_down(&self, error: &CounterError) {
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        crate::telemetry::tenant_limits_local(true);
         if self.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(%error, "tenant counters in redis out of reach; deciding on local shares of the limits");
         }

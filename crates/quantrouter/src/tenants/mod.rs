@@ -27,13 +27,16 @@ use tokio::task::JoinHandle;
 
 use crate::documents::follow::{self, document, stored_version, Follower};
 use crate::documents::{Document, RedisStore, StoreError};
+use crate::telemetry::TenantTelemetry;
 
 pub mod diff;
+pub mod gate;
 pub mod keys;
 pub mod labels;
 pub mod limiter;
 pub mod usage;
 
+pub use gate::{Clock, Grant, LimitReached, Tenants};
 pub use keys::{bearer, KeyIndex, KeyRejected};
 
 /// The id of the tenant `--api-keys-file` keys belong to.
@@ -70,6 +73,8 @@ pub struct ActiveTenant {
     /// The `tenant` label of its metrics: its id, or `other` outside the top N
     /// ([`labels::assign`]).
     pub label: Arc<str>,
+    /// The handles of its metrics, under `label`.
+    pub metrics: TenantTelemetry,
 }
 
 /// The active tenants and the index of their keys, swapped whole on reload.
@@ -174,6 +179,7 @@ impl ActiveTenant {
             priority: 0,
             key_prefixes: Vec::new(),
             label: Arc::from(id),
+            metrics: TenantTelemetry::new(id),
         }
     }
 
@@ -235,6 +241,9 @@ impl TenantSnapshot {
             keys = index;
         }
         labels::assign(&mut tenants, metrics_top);
+        for tenant in &mut tenants {
+            tenant.metrics = TenantTelemetry::new(&tenant.label);
+        }
         Self {
             tenants: tenants.into_iter().map(Arc::new).collect(),
             keys,

@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 pub use client::{ClientConfig, Sent, Transport, UpstreamClient, UpstreamIncoming};
@@ -126,7 +125,7 @@ struct BodyState {
 
 /// In-flight accounting on the endpoint and the profile's admission slot: held until the
 /// answer's body ends.
-pub type Held = (InflightGuard, Option<OwnedSemaphorePermit>);
+pub type Held = (InflightGuard, Option<crate::resilience::admission::Permit>);
 
 /// What an [`UpstreamBody`] reports as it goes.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,257 @@
+//! Tenants at work on the request path: who sent a request ([`Tenants::authenticate`]),
+//! whether its limits let it through and routed how ([`Tenants::admit`], at most one Redis
+//! round trip, before routing), and what its answer used ([`Tenants::settle`], off the
+//! client's path once the answer ended).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{header, HeaderMap};
+use quantrouter_policy::limits::{LimitKind, Outcome, RateHeaders};
+use tokio::task::JoinHandle;
+
+use super::limiter::{unix_ms, Limiter, LimiterConfig, Ticket};
+use super::{bearer, ActiveTenant, ImplicitKeys, KeyRejected, RejectReason, TenantStore};
+use super::{TenantSnapshot, TenantsConfig};
+
+/// A router's tenants: the active document, the limiter that counts against it, and the
+/// clock its windows are read on.
+#[derive(Debug)]
+pub struct Tenants {
+    pub store: Arc<TenantStore>,
+    pub limiter: Arc<Limiter>,
+    pub clock: Clock,
+    /// The document's followers (Redis, the watched file), stopped with the router.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Unix milliseconds for limit windows: the system clock, or one a test sets, so a test
+/// can move a tenant into tomorrow's window without waiting for it.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    manual: Option<Arc<AtomicU64>>,
+}
+
+/// A request let through: its tenant, the `x-ratelimit-*` values for its answer, and the
+/// ticket that corrects its token estimate when the answer ends.
+#[derive(Debug)]
+pub struct Grant {
+    pub tenant: Arc<ActiveTenant>,
+    pub rate: RateHeaders,
+    /// Past a soft limit: routed with [`quantrouter_policy::Downgrade::NEAR_LIMIT`].
+    pub downgraded: bool,
+    ticket: Option<Ticket>,
+}
+
+/// A request refused at a tenant's hard limit: 429 with the limit's OpenAI code.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("{}", message(*limit, *retry_after_s, rate))]
+pub struct LimitReached {
+    pub limit: LimitKind,
+    pub retry_after_s: u64,
+    /// The `x-ratelimit-*` values the refusal carries.
+    pub rate: RateHeaders,
+}
+
+// === impl Clock ===
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Self::default()
+    }
+
+    /// A clock that reads `start_ms` until [`Clock::set`] moves it.
+    pub fn manual(start_ms: u64) -> Self {
+        Self {
+            manual: Some(Arc::new(AtomicU64::new(start_ms))),
+        }
+    }
+
+    /// Moves a manual clock (the system clock ignores it).
+    pub fn set(&self, unix_ms: u64) {
+        if let Some(manual) = &self.manual {
+            manual.store(unix_ms, Ordering::Relaxed);
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        match &self.manual {
+            Some(manual) => manual.load(Ordering::Relaxed),
+            None => unix_ms(SystemTime::now()),
+        }
+    }
+}
+
+// === impl Tenants ===
+
+impl Tenants {
+    /// Loads the tenant document (Redis, else the file) and starts following it, and starts
+    /// the limiter.
+    pub async fn start(
+        config: TenantsConfig,
+        limiter: LimiterConfig,
+        clock: Clock,
+    ) -> Result<Self, RejectReason> {
+        let started = super::start(config).await?;
+        Ok(Self {
+            store: started.store,
+            limiter: Arc::new(Limiter::start(limiter).await),
+            clock,
+            tasks: started.tasks,
+        })
+    }
+
+    /// `--api-keys-file` alone: its keys form the implicit tenant, without limits.
+    pub async fn implicit(keys: ImplicitKeys) -> Self {
+        Self {
+            store: Arc::new(TenantStore::new(Some(keys), super::labels::DEFAULT_TOP)),
+            limiter: Arc::new(Limiter::start(LimiterConfig::new(None, "local".into())).await),
+            clock: Clock::system(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// The tenant of a request's `Authorization: Bearer` key; `None` when no tenant has a
+    /// key (no authentication). Nothing here logs or keeps the key.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<ActiveTenant>>, KeyRejected> {
+        let snapshot: Arc<TenantSnapshot> = self.store.load();
+        if !snapshot.requires_key() {
+            return Ok(None);
+        }
+        let key = match headers.get(header::AUTHORIZATION) {
+            None => return Err(KeyRejected::Missing),
+            Some(value) => bearer(value.as_bytes()).ok_or(KeyRejected::Malformed)?,
+        };
+        snapshot
+            .authenticate(Some(key))
+            .map(|tenant| tenant.map(Arc::clone))
+    }
+
+    /// Decides a request of `tenant` estimated at `tokens` tokens against its limits: one
+    /// admission call to Redis for a tenant with limits, none for one without.
+    pub async fn admit(
+        &self,
+        tenant: Arc<ActiveTenant>,
+        tokens: u64,
+    ) -> Result<Grant, LimitReached> {
+        tenant.metrics.request();
+        if !tenant.quota.is_limited() {
+            return Ok(Grant {
+                tenant,
+                rate: RateHeaders::default(),
+                downgraded: false,
+                ticket: None,
+            });
+        }
+        let admission = self
+            .limiter
+            .admit(&tenant, tokens, self.clock.now_ms())
+            .await;
+        let decision = admission.decision;
+        match decision.outcome {
+            Outcome::Refuse {
+                limit,
+                retry_after_s,
+            } => {
+                tenant.metrics.refusal(limit.as_str());
+                Err(LimitReached {
+                    limit,
+                    retry_after_s,
+                    rate: decision.headers,
+                })
+            }
+            outcome => {
+                let downgraded = outcome == Outcome::Downgrade;
+                if downgraded {
+                    tenant.metrics.downgrade();
+                }
+                Ok(Grant {
+                    tenant,
+                    rate: decision.headers,
+                    downgraded,
+                    ticket: admission.ticket,
+                })
+            }
+        }
+    }
+
+    /// What to run when the answer of `grant` ends, with its input and output tokens and
+    /// cost: the tenant's metrics, and the limiter's correction in a task of its own, so
+    /// neither the client nor the body waits on Redis.
+    pub fn settle(&self, grant: &mut Grant) -> impl FnOnce(u64, u64, f64) + Send + 'static {
+        let tenant = Arc::clone(&grant.tenant);
+        let ticket = grant.ticket.take();
+        let limiter = Arc::clone(&self.limiter);
+        let clock = self.clock.clone();
+        move |input, output, cost| {
+            tenant.metrics.usage(input, output, cost);
+            let Some(ticket) = ticket else {
+                return;
+            };
+            let tokens = input.saturating_add(output);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    limiter.settle(ticket, tokens, cost, clock.now_ms()).await;
+                });
+            }
+        }
+    }
+}
+
+impl Drop for Tenants {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+// === impl LimitReached ===
+
+impl LimitReached {
+    /// OpenAI's error `type` and `code`: rates can be retried shortly, budgets not.
+    pub fn kind(&self) -> (&'static str, &'static str) {
+        match self.limit {
+            LimitKind::Requests | LimitKind::Tokens => ("rate_limit_error", self.limit.code()),
+            LimitKind::BudgetPerDay | LimitKind::BudgetPerMonth => {
+                ("insufficient_quota", self.limit.code())
+            }
+        }
+    }
+}
+
+/// Adds OpenAI's `x-ratelimit-*` headers of the tenant's rate limits (none it lacks).
+pub fn insert_rate_headers(headers: &mut HeaderMap, rate: &RateHeaders) {
+    for (name, value) in rate.pairs() {
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            headers.insert(http::HeaderName::from_static(name), value);
+        }
+    }
+}
+
+fn message(limit: LimitKind, retry_after_s: u64, rate: &RateHeaders) -> String {
+    let of = |state: Option<quantrouter_policy::limits::RateState>| {
+        state.map_or_else(String::new, |s| format!(" (limit {})", s.limit))
+    };
+    match limit {
+        LimitKind::Requests => format!(
+            "Rate limit reached for requests per minute{}. Retry after {retry_after_s} s.",
+            of(rate.requests)
+        ),
+        LimitKind::Tokens => format!(
+            "Rate limit reached for tokens per minute{}. Retry after {retry_after_s} s.",
+            of(rate.tokens)
+        ),
+        LimitKind::BudgetPerDay => {
+            format!("You exceeded your daily budget; it resets in {retry_after_s} s.")
+        }
+        LimitKind::BudgetPerMonth => {
+            format!("You exceeded your monthly budget; it resets in {retry_after_s} s.")
+        }
+    }
+}
