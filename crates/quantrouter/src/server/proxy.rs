@@ -88,6 +88,8 @@ async fn proxy(
     let limits = BodyLimits {
         idle: resilience.idle_timeout,
         deadline,
+        // From the send, not from now: a stream start the check held replays at once, and
+        // the upstream's first output had the whole header timeout either way.
         first_output_by: answer.sent_at + app.client.header_timeout,
         sse: false,
         strip_usage: parsed.adds_usage(),
