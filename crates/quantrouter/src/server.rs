@@ -36,7 +36,7 @@ use crate::profiles::ProfileStore;
 use crate::resilience::ResilienceConfig;
 use crate::telemetry;
 use crate::traces::Traces;
-use crate::upstream::{health, scrape, ClientConfig, UpstreamBody, UpstreamClient};
+use crate::upstream::{health, scrape, ClientConfig, UpstreamClient};
 
 mod connections;
 mod delivery;
@@ -46,7 +46,7 @@ mod stack;
 use connections::{Conn, Connections, Limits};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
-pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
+pub type ResponseBody = Either<Full<Bytes>, delivery::Relayed>;
 
 /// Settings of a running router.
 #[derive(Debug, Clone)]
