@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::calibration::Calibrator;
 use crate::classifier::ClassifierStore;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
@@ -96,6 +97,8 @@ pub struct App {
     pub metrics: PrometheusHandle,
     /// Tier numbers for KEDA and the demand hook of the request path.
     pub keda: Arc<Keda>,
+    /// Live agreement sampling (`policy.calibration`): budget, limits and counts.
+    pub calibrator: Arc<Calibrator>,
     client: UpstreamClient,
     shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -171,6 +174,7 @@ impl Server {
         let upkeep = telemetry::spawn_upkeep(telemetry::metrics_handle());
         let app = Arc::new(App {
             keda: Arc::new(Keda::new(config.keda.clone())),
+            calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
             store,
             client,
             metrics: telemetry::metrics_handle(),

@@ -65,6 +65,9 @@ pub const CLASSIFIER_RELOADS: &str = "quantrouter_classifier_reloads_total";
 pub const DISCOVERY_EVENTS: &str = "quantrouter_discovery_events_total";
 /// 1 while this replica's tier numbers reach Redis (the last publish succeeded), else 0.
 pub const REDIS_UP: &str = "quantrouter_redis_up";
+/// Calibration: sampled answers of a profile compared with the reference profile's, by
+/// profile, task class and result (`agree`, `disagree`, `error`: the reference failed).
+pub const TIER_AGREEMENT: &str = "quantrouter_tier_agreement_total";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -209,6 +212,10 @@ fn describe() {
     metrics::describe_gauge!(
         REDIS_UP,
         "1 while the last publish of tier numbers to Redis succeeded, else 0."
+    );
+    metrics::describe_counter!(
+        TIER_AGREEMENT,
+        "Sampled answers compared with the calibration reference's, by profile, task class and result."
     );
 }
 
@@ -425,6 +432,13 @@ pub fn retry(profile: &str) {
 pub fn fallback(from: &str, to: &str, reason: &'static str) {
     counter!(FALLBACKS, "from" => from.to_owned(), "to" => to.to_owned(), "reason" => reason)
         .increment(1);
+}
+
+/// One calibration comparison of `profile`'s answer with the reference's.
+pub fn tier_agreement(profile: &str, task_class: &'static str, result: &'static str) {
+    counter!(TIER_AGREEMENT, "profile" => profile.to_owned(), "task_class" => task_class,
+        "result" => result)
+    .increment(1);
 }
 
 pub fn admission_rejected(profile: &str) {

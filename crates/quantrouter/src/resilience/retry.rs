@@ -772,10 +772,10 @@ async fn rerun_from(
     Ok(rerun)
 }
 
-/// A non-streamed answer in full (bounded), for the quality check, read under the same
-/// time limits as an answer on its way to the client: the idle timeout, not just the
-/// deadline, for an upstream that goes silent after its head.
-async fn read_answer(
+/// A non-streamed answer in full (bounded), for the quality check or calibration, read under
+/// the same time limits as an answer on its way to the client: the idle timeout, not just
+/// the deadline, for an upstream that goes silent after its head.
+pub async fn read_answer(
     incoming: UpstreamIncoming,
     held: Option<Held>,
     limits: BodyLimits,

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::delivery::{ColdAnswer, Relayed};
 use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
+use crate::calibration::{self, Sample};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
@@ -96,7 +97,7 @@ async fn forward_and_respond(
     app: &App,
     received: &Received,
     parsed: &ParsedRequest<'_>,
-    snapshot: &Snapshot,
+    snapshot: &Arc<Snapshot>,
     routed: &Routed,
     deadline: Instant,
 ) -> Result<Response<UpstreamBody>, ApiError> {
@@ -146,7 +147,8 @@ async fn forward_and_respond(
             span_attributes(snapshot, &Served::of(&answer), status, parsed),
         )
     });
-    Ok(respond(
+    let served = answer.profile;
+    let response = respond(
         snapshot,
         decision,
         answer,
@@ -154,7 +156,59 @@ async fn forward_and_respond(
         started,
         routed.prompt,
         finish_trace,
-    ))
+    );
+    // Calibration: after the client has its answer, a sample is asked of the reference too.
+    let sample = sample_for_calibration(app, received, parsed, snapshot, decision, served);
+    Ok(match sample {
+        Some(sample) if response.status().is_success() => response.map(|body| {
+            let compare = move |answer, usage| sample.run(answer, usage);
+            body.copy_answer(calibration::MAX_ANSWER, Box::new(compare))
+        }),
+        _ => response,
+    })
+}
+
+/// `policy.calibration`: a non-streamed request answered by another profile than the
+/// reference, in the sample, is asked of the reference too. Every such request counts
+/// towards the limit on that extra load, sampled or not.
+fn sample_for_calibration(
+    app: &App,
+    received: &Received,
+    parsed: &ParsedRequest<'_>,
+    snapshot: &Arc<Snapshot>,
+    decision: &RoutingDecision,
+    served: usize,
+) -> Option<Sample> {
+    let policy = snapshot.set.policy.calibration.as_ref()?;
+    let profiles = &snapshot.set.profiles;
+    let reference = profiles
+        .iter()
+        .position(|p| p.id == policy.reference_profile)?;
+    if parsed.stream || served == reference {
+        return None;
+    }
+    let id = RequestId::of(&received.parts);
+    let key = id.to_str().unwrap_or_default();
+    if !quantrouter_policy::sampled(key, policy.sample_rate) {
+        app.calibrator.admit(policy, key, 0.0);
+        return None;
+    }
+    Some(Sample {
+        calibrator: Arc::clone(&app.calibrator),
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(snapshot),
+        policy: policy.clone(),
+        decision: decision.clone(),
+        served,
+        reference,
+        wants_json: parsed.wants_json,
+        max_tokens: parsed.max_tokens,
+        path: received.endpoint.path(),
+        headers: upstream_headers(&received.parts.headers, &id),
+        body: parsed.upstream_body(&received.body, &snapshot.model_json[reference]),
+        request_id: key.to_owned(),
+    })
 }
 
 /// The policy's decision for a parsed request; KEDA hears of the tiers it wants.
