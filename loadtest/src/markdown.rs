@@ -101,6 +101,33 @@ pub fn tiers_table(runs: &[RunReport]) -> String {
     out
 }
 
+/// What holding the start of streams costs: per tier, the TTFT of the same streams through
+/// a router without the stream-start check and through one with it, and the difference.
+pub fn stream_check_table(plain: &RunReport, checked: &RunReport) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| tier | streams without / with | TTFT p50 without | with | added p50 | TTFT p99 without | with | added p99 |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
+    for (tier, count) in &checked.tiers {
+        let before = plain.per_tier.get(tier).copied().unwrap_or_default();
+        let after = checked.per_tier.get(tier).copied().unwrap_or_default();
+        let added = |a: u64, b: u64| signed_ms(b as i64 - a as i64);
+        let _ = writeln!(
+            out,
+            "| {tier} | {} / {count} | {} | {} | {} | {} | {} | {} |",
+            plain.tiers.get(tier).copied().unwrap_or_default(),
+            ms(before.ttft_us.p50),
+            ms(after.ttft_us.p50),
+            added(before.ttft_us.p50, after.ttft_us.p50),
+            ms(before.ttft_us.p99),
+            ms(after.ttft_us.p99),
+            added(before.ttft_us.p99, after.ttft_us.p99),
+        );
+    }
+    out
+}
+
 /// Share of the error budget used: failed requests (well-formed errors and lost ones) over
 /// the failures the objective allows; `None` when nothing was sent.
 pub fn error_budget_used(accounting: &Accounting, slo_success: f64) -> Option<f64> {
@@ -161,6 +188,31 @@ mod tests {
     use super::*;
     use crate::report::tests::sample;
     use crate::stats::{Summary, TierSummary};
+
+    #[test]
+    fn stream_check_table_gives_the_added_ttft_per_tier() {
+        let tier = |ttft: u64| TierSummary {
+            latency_us: Summary::default(),
+            ttft_us: Summary {
+                count: 10,
+                p50: ttft,
+                p99: 2 * ttft,
+                ..Summary::default()
+            },
+        };
+        let mut plain = sample("plain", 100, 1_000.0);
+        plain.tiers = BTreeMap::from([("int4".to_owned(), 9)]);
+        plain.per_tier = BTreeMap::from([("int4".to_owned(), tier(20_000))]);
+        let mut checked = plain.clone();
+        checked.tiers = BTreeMap::from([("int4".to_owned(), 10)]);
+        checked.per_tier = BTreeMap::from([("int4".to_owned(), tier(68_000))]);
+        let table = stream_check_table(&plain, &checked);
+        let row = table.lines().nth(2).unwrap();
+        assert_eq!(
+            row,
+            "| int4 | 9 / 10 | 20.000 ms | 68.000 ms | +48.000 ms | 40.000 ms | 136.000 ms | +96.000 ms |"
+        );
+    }
 
     #[test]
     fn runs_table_gives_ratios_and_added_latency_against_the_first_run() {

@@ -44,6 +44,16 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Full<Bytes>> 
         }
         "/admin/classifier" => json(StatusCode::OK, &app.config.classifier.load().describe()),
         "/admin/tenants" => tenants(app).await,
+        "/admin/calibration" => {
+            let snapshot = app.store.load();
+            let report = app
+                .calibrator
+                .report(snapshot.set.policy.calibration.as_ref());
+            match serde_json::to_value(&report) {
+                Ok(body) => json(StatusCode::OK, &body),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
         path => match path.strip_prefix("/keda/tiers/") {
             Some(tier) => keda_tier(app, tier).await,
             None => text(StatusCode::NOT_FOUND, "not found\n"),

@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderValue};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
+use crate::calibration::Calibrator;
 use crate::classifier::ClassifierStore;
 use crate::keda::{Keda, KedaConfig};
 use crate::openai::ApiError;
@@ -82,6 +83,8 @@ pub struct App {
     /// Who may call and within which limits: the configured tenants, or the implicit
     /// tenant of `api_keys`; `None`: no authentication.
     pub tenants: Option<Arc<Tenants>>,
+    /// Live agreement sampling (`policy.calibration`): budget, limits and counts.
+    pub calibrator: Arc<Calibrator>,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -103,6 +106,7 @@ impl App {
         Self {
             keda,
             tenants,
+            calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
             store,
             client,
             metrics: telemetry::metrics_handle(),

@@ -2,20 +2,29 @@
 //! reports on `GET /admin/calibration`, and how `quantrouter profiles suggest` turns the
 //! reports of several replicas into proposed quality numbers.
 //!
-//! A suggestion is only ever printed: an operator reads it and pushes a profile set.
+//! A sampled answer ([`Sample`]) is compared with the reference's in a task of its own,
+//! after the client has it whole. A suggestion is only ever printed: an operator reads it and
+//! pushes a profile set.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use http::HeaderMap;
 use quantrouter_policy::{
-    sampled, AgreementTally, Calibration, CostWindow, ProfileSet, QualityEstimate, TaskClass,
+    sampled, AgreementTally, AnswerChoice, Calibration, CostWindow, ProfileIndex, ProfileSet,
+    QualityEstimate, Reason, RoutingDecision, TaskClass,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::resilience::{BudgetConfig, RetryBudget};
-use crate::tier_profile::matchers::{agree, MatchKind};
+use crate::openai::{answer_choices, Usage};
+use crate::profiles::Snapshot;
+use crate::resilience::retry::{self, Plan};
+use crate::resilience::{BudgetConfig, ResilienceConfig, RetryBudget};
+use crate::telemetry;
+use crate::tier_profile::matchers::{agree, json_payload, last_number, MatchKind};
+use crate::upstream::{BodyLimits, UpstreamClient};
 
 /// The reference requests of one router: what was sampled, what it cost, what agreed.
 #[derive(Debug)]
@@ -33,13 +42,31 @@ struct State {
     skipped: u64,
 }
 
-/// At most one reference request per twenty eligible requests, plus a few a window, however
-/// high the sample rate: calibration must never become a tier's load.
-const LOAD: BudgetConfig = BudgetConfig {
-    ratio: 0.05,
-    floor: 2,
-    window: Duration::from_secs(10),
-};
+/// One sampled answer on its way to the reference tier: everything the comparison needs,
+/// owned, since it runs after the client's request is over.
+#[derive(Debug)]
+pub struct Sample {
+    pub calibrator: Arc<Calibrator>,
+    pub client: UpstreamClient,
+    pub config: ResilienceConfig,
+    pub snapshot: Arc<Snapshot>,
+    pub policy: Calibration,
+    /// The decision the served answer came from, and the profiles compared.
+    pub decision: RoutingDecision,
+    pub served: ProfileIndex,
+    pub reference: ProfileIndex,
+    pub wants_json: bool,
+    /// The client's `max_tokens`: the reference's answer is at most this long.
+    pub max_tokens: Option<u32>,
+    pub path: &'static str,
+    pub headers: HeaderMap,
+    /// The client's body with the reference's model name.
+    pub body: Bytes,
+    pub request_id: String,
+}
+
+/// Largest served answer compared: far above any completion; a bigger one is not sampled.
+pub const MAX_ANSWER: usize = 1024 * 1024;
 
 /// `GET /admin/calibration`: this replica's agreement counts since it started.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -126,20 +153,26 @@ pub fn suggest(
 
 impl Default for Calibrator {
     fn default() -> Self {
+        Self::new(ResilienceConfig::default().calibration)
+    }
+}
+
+impl Calibrator {
+    /// A calibrator whose reference requests are limited by `load` (see
+    /// [`ResilienceConfig::calibration`]).
+    pub fn new(load: BudgetConfig) -> Self {
         let now = Instant::now();
         Self {
             started: now,
             state: Mutex::new(State {
                 cost: CostWindow::default(),
-                load: RetryBudget::new(LOAD, now),
+                load: RetryBudget::new(load, now),
                 tallies: BTreeMap::new(),
                 skipped: 0,
             }),
         }
     }
-}
 
-impl Calibrator {
     /// Whether a non-streamed answer from `served` (not the reference) should also be asked
     /// of the reference: the request is in the sample, and the hour's cost budget and the
     /// extra-load limit both have room for `reference_cost`. Every eligible request counts
@@ -201,25 +234,147 @@ impl Calibrator {
 }
 
 /// Whether two answers to one prompt agree, compared the way the prompt's task asks: the
-/// last number for math, the JSON keys for structured output (or any request for JSON),
-/// normalised prose similarity for the rest.
+/// JSON keys for structured output (or any request for JSON), the last number for math,
+/// normalised prose similarity for the rest. The reference's answer can say more than the
+/// classifier: one that is JSON, or ends in a number, is compared as such, since prose
+/// similarity finds "The answer is 41." and "The answer is 42." alike.
 pub fn answers_agree(
     task_class: TaskClass,
     wants_json: bool,
     served: &str,
     reference: &str,
 ) -> bool {
+    let ends_in_number = || {
+        let tail = reference
+            .trim_end()
+            .trim_end_matches(['.', '!', '?', '*', '`']);
+        tail.ends_with(|c: char| c.is_ascii_digit()) && last_number(tail).is_some()
+    };
     let kind = match task_class {
         _ if wants_json => MatchKind::Json,
-        TaskClass::Math => MatchKind::Number,
         TaskClass::Structured => MatchKind::Json,
+        TaskClass::Math => MatchKind::Number,
+        _ if json_payload(reference).is_some_and(|v| v.is_object() || v.is_array()) => {
+            MatchKind::Json
+        }
+        _ if ends_in_number() => MatchKind::Number,
         TaskClass::Code | TaskClass::Reasoning | TaskClass::General => MatchKind::Contains,
     };
     agree(kind, served, reference)
 }
 
+// === impl Sample ===
+
+impl Sample {
+    /// The served answer arrived whole (with its usage): ask the reference too, in a task of
+    /// its own, if the sample, the hour's budget and the load limit allow.
+    pub fn run(self, served: Bytes, usage: Option<Usage>) {
+        // Without usage the cost of asking is unknown, and the budget could not bound it.
+        let Some(usage) = usage else {
+            return;
+        };
+        let cost = self.reference_cost(usage);
+        if !self.calibrator.admit(&self.policy, &self.request_id, cost) {
+            return;
+        }
+        tokio::spawn(self.compare(served));
+    }
+
+    /// The most the reference's answer can cost, at its prices: the same prompt, and at most
+    /// `max_tokens` (or, without one, as many tokens as the served answer).
+    fn reference_cost(&self, usage: Usage) -> f64 {
+        let reference = &self.snapshot.set.profiles[self.reference];
+        let output = self.max_tokens.map_or(usage.completion_tokens, u64::from);
+        (usage.prompt_tokens as f64 * reference.cost_per_1m_input_tokens
+            + output as f64 * reference.cost_per_1m_output_tokens)
+            / 1e6
+    }
+
+    async fn compare(self, served: Bytes) {
+        let profile = self.snapshot.set.profiles[self.served].id.as_str();
+        let task_class = self.decision.task_class;
+        let result = match self.ask_reference().await {
+            Ok(reference) => match (first_text(&served), first_text(&reference)) {
+                (Some(served), Some(reference)) => {
+                    match answers_agree(task_class, self.wants_json, &served, &reference) {
+                        true => "agree",
+                        false => "disagree",
+                    }
+                }
+                // A tool call or a refusal: no text to compare.
+                _ => return,
+            },
+            Err(error) => {
+                tracing::debug!(request_id = self.request_id, %error,
+                    "calibration: the reference did not answer");
+                "error"
+            }
+        };
+        if result != "error" {
+            self.calibrator
+                .record(profile, task_class, result == "agree");
+        }
+        telemetry::tier_agreement(profile, task_class.as_str(), result);
+    }
+
+    /// The reference profile's whole answer, sent as a pinned request (admission, breaker
+    /// and retries as for any request to it; no fallback to another profile).
+    async fn ask_reference(&self) -> Result<Bytes, String> {
+        let mut decision = self.decision.clone();
+        decision.profile = self.reference;
+        decision.reason = Reason::Pinned;
+        let started = Instant::now();
+        let deadline = started + self.config.default_deadline;
+        let plan = Plan {
+            snapshot: &self.snapshot,
+            decision: &decision,
+            pinned: true,
+            stream: false,
+            wants_json: self.wants_json,
+            path: self.path,
+            headers: &self.headers,
+            started,
+            deadline,
+            trace: None,
+            request_id: &self.request_id,
+            // Extra load the router chose to add: every client request goes first.
+            priority: i32::MIN,
+        };
+        let body_for = |_: ProfileIndex| self.body.clone();
+        let answer = retry::forward(&self.client, &self.config, &plan, &body_for)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = answer.response.status();
+        if !status.is_success() {
+            return Err(format!("answered {status}"));
+        }
+        let limits = BodyLimits {
+            idle: self.config.idle_timeout,
+            deadline,
+            first_output_by: answer.sent_at + self.client.header_timeout,
+            sse: false,
+            strip_usage: false,
+        };
+        let served_by = &self.snapshot.runtime[self.reference].telemetry;
+        let incoming = answer.response.into_body();
+        retry::read_answer(incoming, answer.held, limits, started, served_by)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The text of an answer's first choice.
+fn first_text(body: &[u8]) -> Option<String> {
+    match answer_choices(body)?.into_iter().next()? {
+        AnswerChoice::Text(text) => Some(text.into_owned()),
+        AnswerChoice::NotText => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use quantrouter_policy::{Calibration, DEFAULT_PROFILE_SET};
 
@@ -353,6 +508,30 @@ mod tests {
             false,
             "Lyon",
             "The capital of France is Paris."
+        ));
+    }
+
+    #[test]
+    fn numbers_and_json_in_the_references_answer_are_compared_as_such_whatever_the_class() {
+        // Prose similarity would call these alike.
+        assert!(!answers_agree(
+            TaskClass::General,
+            false,
+            "The answer is 43.",
+            "The answer is 42."
+        ));
+        assert!(answers_agree(
+            TaskClass::Reasoning,
+            false,
+            "So it is 42.",
+            "The answer is 42."
+        ));
+        // A subset of the reference's words, but a key short.
+        assert!(!answers_agree(
+            TaskClass::General,
+            false,
+            "{\"age\": 55}",
+            "{\"age\": 55, \"city\": \"Bergen\"}"
         ));
     }
 

@@ -30,7 +30,7 @@ use crate::keda::Keda;
 use crate::profiles::ProfileStore;
 use crate::telemetry;
 use crate::tenants::{ImplicitKeys, Tenants};
-use crate::upstream::{health, scrape, UpstreamBody, UpstreamClient};
+use crate::upstream::{health, scrape, UpstreamClient};
 
 pub use crate::app::{App, ServerConfig};
 
@@ -42,7 +42,7 @@ mod stack;
 use connections::{Conn, Connections, Limits};
 
 /// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
-pub type ResponseBody = Either<Full<Bytes>, UpstreamBody>;
+pub type ResponseBody = Either<Full<Bytes>, delivery::Relayed>;
 
 /// A port that could not be bound, with the flag that sets its address: two routers in one
 /// network namespace collide on the fixed default ports, and the operator must see which.

@@ -80,6 +80,9 @@ pub const TENANT_REFUSALS: &str = "quantrouter_tenant_refusals_total";
 /// 1 while this replica decides tenant limits on its local shares because the Redis
 /// counters are out of reach, else 0.
 pub const TENANT_LIMITS_LOCAL: &str = "quantrouter_tenant_limits_local";
+/// Calibration: sampled answers of a profile compared with the reference profile's, by
+/// profile, task class and result (`agree`, `disagree`, `error`: the reference failed).
+pub const TIER_AGREEMENT: &str = "quantrouter_tier_agreement_total";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -242,6 +245,10 @@ fn describe() {
     metrics::describe_gauge!(
         TENANT_LIMITS_LOCAL,
         "1 while tenant limits are decided on local shares because Redis is out of reach."
+    );
+    metrics::describe_counter!(
+        TIER_AGREEMENT,
+        "Sampled answers compared with the calibration reference's, by profile, task class and result."
     );
 }
 
@@ -458,6 +465,13 @@ pub fn retry(profile: &str) {
 pub fn fallback(from: &str, to: &str, reason: &'static str) {
     counter!(FALLBACKS, "from" => from.to_owned(), "to" => to.to_owned(), "reason" => reason)
         .increment(1);
+}
+
+/// One calibration comparison of `profile`'s answer with the reference's.
+pub fn tier_agreement(profile: &str, task_class: &'static str, result: &'static str) {
+    counter!(TIER_AGREEMENT, "profile" => profile.to_owned(), "task_class" => task_class,
+        "result" => result)
+    .increment(1);
 }
 
 pub fn admission_rejected(profile: &str) {

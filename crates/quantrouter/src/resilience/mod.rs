@@ -44,6 +44,10 @@ pub struct ResilienceConfig {
     pub health_interval: Duration,
     /// A health check slower than this failed: a live server answers `/health` in ms.
     pub health_timeout: Duration,
+    /// Extra upstream load of calibration (`policy.calibration`): reference requests per
+    /// eligible request, like retries. One per twenty plus two a window, however high the
+    /// sample rate: calibration must never become a tier's load.
+    pub calibration: BudgetConfig,
 }
 
 impl Default for ResilienceConfig {
@@ -60,6 +64,11 @@ impl Default for ResilienceConfig {
             scrape_timeout: Duration::from_millis(500),
             health_interval: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
+            calibration: BudgetConfig {
+                ratio: 0.05,
+                floor: 2,
+                window: Duration::from_secs(10),
+            },
         }
     }
 }

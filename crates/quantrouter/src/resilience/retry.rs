@@ -13,7 +13,9 @@
 //!      the client pinned one), or after a context overflow ([`context`]) one with a larger
 //!      context;
 //!   3. [`quality_fallback`]: a finished, non-streamed answer from a profile with a better one
-//!      above it is read and checked, and re-run there if it is empty, degenerate or broken.
+//!      above it is read and checked, and re-run there if it is empty, degenerate or broken;
+//!      [`stream_start_check`] does the same for the held start of a stream
+//!      (`policy.stream_check`).
 //!
 //! Nothing is retried once a byte reached the client. The breaker, the budget and admission
 //! are the state machines beside this module; this is their only caller on the request path.
@@ -25,7 +27,9 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use opentelemetry::KeyValue;
-use quantrouter_policy::{check_choices, ProfileIndex, RoutingDecision};
+use quantrouter_policy::{
+    check_choices, AnswerProblem, ProfileIndex, RoutingDecision, StreamCheck,
+};
 use tokio::time::Instant;
 
 use super::{Overloaded, ResilienceConfig};
@@ -34,6 +38,7 @@ use crate::profiles::Snapshot;
 use crate::telemetry::{self, ProfileTelemetry};
 use crate::traces::{self, RequestTrace};
 use crate::upstream::context::{self, Checked};
+use crate::upstream::stream_check::{self, Held as Start};
 use crate::upstream::{
     BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent, UpstreamBody,
     UpstreamClient, UpstreamError, UpstreamIncoming,
@@ -290,7 +295,10 @@ pub async fn forward(
     body_for: BodyFor<'_>,
 ) -> Result<Answer, ApiError> {
     let answer = across_tiers(client, config, plan, plan.decision.profile, 0, body_for).await?;
-    quality_fallback(client, config, plan, answer, body_for).await
+    match plan.stream {
+        true => stream_start_check(client, config, plan, answer, body_for).await,
+        false => quality_fallback(client, config, plan, answer, body_for).await,
+    }
 }
 
 /// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end.
@@ -632,24 +640,147 @@ async fn quality_fallback(
             sent_at,
         });
     };
+    rerun_for_quality(
+        client,
+        config,
+        plan,
+        (profile, better),
+        attempts,
+        problem,
+        body_for,
+    )
+    .await
+}
+
+/// Step 3 for a stream: its start, from a profile with a better one above it, is held and
+/// checked (`policy.stream_check`). A good start goes out at once, followed by the rest; a
+/// bad one is dropped (closing its upstream request) before the client saw a byte, and the
+/// request re-run on the better profile.
+async fn stream_start_check(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    answer: Answer,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let policy = &plan.snapshot.set.policy;
+    let Some(check) = policy.stream_check.filter(|_| !plan.pinned) else {
+        return Ok(answer);
+    };
+    let response = &answer.response;
+    let streamed = response.status().is_success()
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let better = plan.decision.next_higher_quality(answer.profile);
+    let Some(better) = better.filter(|_| streamed) else {
+        return Ok(answer);
+    };
+    // The hold ends by the deadline too; the body's own limits take over after it.
+    let left = plan.deadline.saturating_duration_since(Instant::now());
+    let check = StreamCheck {
+        max_hold_ms: check
+            .max_hold_ms
+            .min(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+        ..check
+    };
+    let (head, incoming) = answer.response.into_parts();
+    let max_repetition_ratio = policy.quality_fallback.max_repetition_ratio;
+    let held = stream_check::hold_start(incoming, &check, plan.wants_json, max_repetition_ratio);
     let profiles = &plan.snapshot.set.profiles;
-    let (from, to) = (&profiles[profile].id, &profiles[better].id);
+    let id = profiles[answer.profile].id.as_str();
+    let problem = match held.await {
+        Ok(Start::Pass { frames, body, .. }) => {
+            let response = Response::from_parts(head, UpstreamIncoming::replaying(frames, body));
+            return Ok(Answer { response, ..answer });
+        }
+        Ok(Start::Fail(problem)) => problem,
+        Err(error) => {
+            // Nothing was sent yet: the better profile can still answer in full.
+            tracing::warn!(request_id = plan.request_id, %error, profile = id,
+                "upstream stream failed within the stream-start check");
+            telemetry::upstream_error(id, "mid_stream");
+            drop(answer.held);
+            return rerun_from(
+                client,
+                config,
+                plan,
+                (answer.profile, better),
+                answer.attempts,
+                FallbackReason::Error,
+                body_for,
+            )
+            .await;
+        }
+    };
+    // Frees the slot and closes the upstream request before the next tier is asked.
+    drop(answer.held);
+    let from_to = (answer.profile, better);
+    rerun_for_quality(
+        client,
+        config,
+        plan,
+        from_to,
+        answer.attempts,
+        problem,
+        body_for,
+    )
+    .await
+}
+
+/// An answer from `from_to.0` failed a quality check before any of it was sent: the request
+/// goes to `from_to.1` (and onwards on errors), counted as a quality fallback.
+async fn rerun_for_quality(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    from_to: (ProfileIndex, ProfileIndex),
+    attempts: u32,
+    problem: AnswerProblem,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let profiles = &plan.snapshot.set.profiles;
+    let (from, to) = (&profiles[from_to.0].id, &profiles[from_to.1].id);
     tracing::info!(request_id = plan.request_id, %from, %to, problem = problem.as_str(),
         "quality fallback");
-    telemetry::fallback(from, to, FallbackReason::Quality.as_str());
-    let mut rerun = across_tiers(client, config, plan, better, attempts, body_for).await?;
+    rerun_from(
+        client,
+        config,
+        plan,
+        from_to,
+        attempts,
+        FallbackReason::Quality,
+        body_for,
+    )
+    .await
+}
+
+/// Sends the request again from `from_to.1`, after `from_to.0` gave an answer nobody saw.
+async fn rerun_from(
+    client: &UpstreamClient,
+    config: &ResilienceConfig,
+    plan: &Plan<'_>,
+    (from, to): (ProfileIndex, ProfileIndex),
+    attempts: u32,
+    reason: FallbackReason,
+    body_for: BodyFor<'_>,
+) -> Result<Answer, ApiError> {
+    let profiles = &plan.snapshot.set.profiles;
+    telemetry::fallback(&profiles[from].id, &profiles[to].id, reason.as_str());
+    let mut rerun = across_tiers(client, config, plan, to, attempts, body_for).await?;
     rerun.fallback = Some(Fallback {
-        from: profile,
+        from,
         to: rerun.profile,
-        reason: FallbackReason::Quality,
+        reason,
     });
     Ok(rerun)
 }
 
-/// A non-streamed answer in full (bounded), for the quality check, read under the same
-/// time limits as an answer on its way to the client: the idle timeout, not just the
-/// deadline, for an upstream that goes silent after its head.
-async fn read_answer(
+/// A non-streamed answer in full (bounded), for the quality check or calibration, read under
+/// the same time limits as an answer on its way to the client: the idle timeout, not just
+/// the deadline, for an upstream that goes silent after its head.
+pub async fn read_answer(
     incoming: UpstreamIncoming,
     held: Option<Held>,
     limits: BodyLimits,

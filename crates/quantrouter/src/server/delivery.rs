@@ -11,7 +11,12 @@
 //! closes the upstream connection (which cancels the generation); an HTTP/1.1 connection left
 //! mid-response is closed too. An SSE stream gets a last `data: {"error": …}` event when its
 //! client reads again — at the end of the grace, that is every stream still reading.
+//!
+//! A stream that waits for a tier scaling from zero ([`Relayed::ColdStart`]) is watched the
+//! same way: its keep-alive comments wake it more often than the idle timeout, and its wait
+//! and upstream body end by the deadline.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -27,7 +32,8 @@ use tokio::time::Instant;
 
 use super::connections::{Close, InFlight};
 use super::ResponseBody;
-use crate::upstream::UpstreamBody;
+use crate::upstream::keepalive::KeepAlive;
+use crate::upstream::{BodyError, UpstreamBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,11 +52,27 @@ pub enum Delivered {
     },
 }
 
+/// An upstream's body on its way to the client.
+#[derive(Debug)]
+pub enum Relayed {
+    /// As the upstream sends it.
+    Upstream(UpstreamBody),
+    /// A stream whose head went out before a tier scaling from zero could take it:
+    /// keep-alive comments, then the upstream's body or an error event.
+    ColdStart {
+        body: KeepAlive<ColdAnswer, UpstreamBody>,
+        deadline: Instant,
+    },
+}
+
+/// What a cold-start stream waits for: the upstream's body, or the error event it ends with.
+pub type ColdAnswer = Pin<Box<dyn Future<Output = Result<UpstreamBody, Bytes>> + Send>>;
+
 /// An upstream response, between its body (polled by hyper) and its watchdog.
 #[derive(Debug)]
 pub struct Shared {
     /// `None` once the body ended or the watchdog ended it.
-    body: Option<UpstreamBody>,
+    body: Option<Relayed>,
     request: Option<InFlight>,
     http1: bool,
     sse: bool,
@@ -88,7 +110,7 @@ pub fn deliver(
     response: Response<ResponseBody>,
     request: InFlight,
     http1: bool,
-    watch: impl FnOnce(&UpstreamBody) -> Watch,
+    watch: impl FnOnce(Instant) -> Watch,
 ) -> Response<Delivered> {
     let (head, body) = response.into_parts();
     let body = match body {
@@ -101,7 +123,7 @@ pub fn deliver(
         }
         Either::Right(body) => body,
     };
-    let watch = watch(&body);
+    let watch = watch(body.deadline());
     let shared = Arc::new(Mutex::new(Shared {
         body: Some(body),
         request: Some(request),
@@ -210,6 +232,53 @@ fn sse_error_event(why: Ended) -> Bytes {
         "code": code,
     }});
     Bytes::from(format!("data: {error}\n\n"))
+}
+
+// === impl Relayed ===
+
+impl Relayed {
+    /// The request's deadline, which the body holds to.
+    fn deadline(&self) -> Instant {
+        match self {
+            Relayed::Upstream(body) => body.deadline(),
+            Relayed::ColdStart { deadline, .. } => *deadline,
+        }
+    }
+}
+
+impl From<UpstreamBody> for Relayed {
+    fn from(body: UpstreamBody) -> Self {
+        Relayed::Upstream(body)
+    }
+}
+
+impl Body for Relayed {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            Relayed::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Relayed::ColdStart { body, .. } => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Relayed::Upstream(body) => body.is_end_stream(),
+            Relayed::ColdStart { body, .. } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Relayed::Upstream(body) => body.size_hint(),
+            Relayed::ColdStart { body, .. } => body.size_hint(),
+        }
+    }
 }
 
 // === impl Delivered ===

@@ -2,6 +2,7 @@
 //! in named phases, top-down in [`proxy`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
@@ -13,8 +14,10 @@ use quantrouter_policy::{ProfileIndex, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use super::delivery::{ColdAnswer, Relayed};
 use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
+use crate::calibration::{self, Sample};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
@@ -22,6 +25,7 @@ use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
+use crate::upstream::keepalive::KeepAlive;
 use crate::upstream::{BodyEvent, BodyLimits, UpstreamBody};
 
 /// The leaf: which endpoint a request is for.
@@ -43,7 +47,7 @@ pub async fn endpoints(
 
 /// A generation request, phase by phase.
 async fn proxy(
-    app: &App,
+    app: &Arc<App>,
     req: Request<Incoming>,
     endpoint: Endpoint,
 ) -> Result<Response<ResponseBody>, ApiError> {
@@ -51,28 +55,73 @@ async fn proxy(
     let (parts, body) = req.into_parts();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let trace = parts.extensions.get::<RequestTrace>();
     // Auth: only known keys spend upstream capacity.
     let tenant = app.authenticate(&parts.headers)?;
     // Body limit and parse: read what routing needs, refuse what no upstream would take.
     let body = read_json_body(app, body, &parts.headers).await?;
-    let parsed = ParsedRequest::parse(&body, endpoint)?;
+    let received = Received {
+        parts,
+        body,
+        endpoint,
+        started,
+    };
+    let parsed = ParsedRequest::parse(&received.body, endpoint)?;
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
-    let mut grant = admit_tenant(app, tenant, &parsed).await?;
+    let grant = admit_tenant(app, tenant, &parsed).await?;
     // Route: the policy's decision, with the request's and the tenant's overrides.
     let snapshot = app.store.load();
-    let routed = decide(app, &snapshot, &parsed, &parts.headers, key, grant.as_ref())?;
+    let headers = &received.parts.headers;
+    let routed = decide(app, &snapshot, &parsed, headers, key, grant.as_ref())?;
     let resilience = &app.config.resilience;
-    let deadline =
-        started + routing::timeout(&parts.headers)?.unwrap_or(resilience.default_deadline);
-    // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails.
+    let deadline = started + routing::timeout(headers)?.unwrap_or(resilience.default_deadline);
+    // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
+    // stream answers at once and waits in its body, with keep-alives.
+    if parsed.stream && routed.wait_for.is_some() {
+        return Ok(cold_stream(
+            app, received, snapshot, routed, deadline, grant,
+        ));
+    }
     wait_for_cold_tier(&snapshot, &routed, deadline).await?;
-    record_decision(app, &snapshot, &routed.decision, &parsed, trace, key);
-    // Forward: per-tier admission, attempts, retries and fallbacks.
+    let response =
+        forward_and_respond(app, &received, &parsed, &snapshot, &routed, deadline, grant).await?;
+    Ok(response.map(|body| Either::Right(body.into())))
+}
+
+/// A generation request as it arrived, its body read.
+#[derive(Debug)]
+struct Received {
+    parts: http::request::Parts,
+    body: Bytes,
+    endpoint: Endpoint,
+    started: Instant,
+}
+
+/// Forward (per-tier admission, attempts, retries and fallbacks), then the bookkeeping: the
+/// router's headers, metrics, usage and the trace's end, for every answer.
+async fn forward_and_respond(
+    app: &App,
+    received: &Received,
+    parsed: &ParsedRequest<'_>,
+    snapshot: &Arc<Snapshot>,
+    routed: &Routed,
+    deadline: Instant,
+    mut grant: Option<Grant>,
+) -> Result<Response<UpstreamBody>, ApiError> {
+    let Received {
+        parts,
+        body,
+        endpoint,
+        started,
+    } = received;
+    let started = *started;
+    let id = RequestId::of(parts);
+    let key = id.to_str().unwrap_or_default();
+    let trace = parts.extensions.get::<RequestTrace>();
+    record_decision(app, snapshot, &routed.decision, parsed, trace, key);
     let decision = &routed.decision;
     let headers = upstream_headers(&parts.headers, &id);
     let plan = Plan {
-        snapshot: &snapshot,
+        snapshot,
         decision,
         pinned: decision.reason == Reason::Pinned,
         stream: parsed.stream,
@@ -86,13 +135,15 @@ async fn proxy(
         priority: grant.as_ref().map_or(0, |g| g.tenant.priority),
     };
     let body_for =
-        |profile: ProfileIndex| parsed.upstream_body(&body, &snapshot.runtime[profile].model_json);
+        |profile: ProfileIndex| parsed.upstream_body(body, &snapshot.runtime[profile].model_json);
     telemetry::routed(decision.complexity, started.elapsed());
+    let resilience = &app.config.resilience;
     let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
-    // Bookkeeping: the router's headers, metrics, usage and the trace's end, for every answer.
     let limits = BodyLimits {
         idle: resilience.idle_timeout,
         deadline,
+        // From the send, not from now: a stream start the check held replays at once, and
+        // the upstream's first output had the whole header timeout either way.
         first_output_by: answer.sent_at + app.client.header_timeout,
         sse: false,
         strip_usage: parsed.adds_usage(),
@@ -101,7 +152,7 @@ async fn proxy(
         let status = answer.response.status();
         trace_finisher(
             trace,
-            span_attributes(&snapshot, &Served::of(&answer), status, &parsed),
+            span_attributes(snapshot, &Served::of(&answer), status, parsed),
         )
     });
     let settle = app
@@ -109,7 +160,7 @@ async fn proxy(
         .as_ref()
         .zip(grant.as_mut())
         .map(|(tenants, grant)| {
-            let prices = Prices::new(&snapshot, answer.profile);
+            let prices = Prices::new(snapshot, answer.profile);
             let settle = tenants.settle(grant);
             move |usage: Usage| {
                 settle(
@@ -119,8 +170,9 @@ async fn proxy(
                 )
             }
         });
+    let served = answer.profile;
     let mut response = respond(
-        &snapshot,
+        snapshot,
         decision,
         answer,
         limits,
@@ -131,7 +183,55 @@ async fn proxy(
     if let Some(grant) = &grant {
         crate::tenants::gate::insert_rate_headers(response.headers_mut(), &grant.rate);
     }
-    Ok(response)
+    // Calibration: after the client has its answer, a sample is asked of the reference too.
+    let sample = sample_for_calibration(app, received, parsed, snapshot, decision, served);
+    Ok(match sample {
+        Some(sample) if response.status().is_success() => response.map(|body| {
+            let compare = move |answer, usage| sample.run(answer, usage);
+            body.copy_answer(calibration::MAX_ANSWER, Box::new(compare))
+        }),
+        _ => response,
+    })
+}
+
+/// `policy.calibration`: a non-streamed request answered by another profile than the
+/// reference, in the sample, is asked of the reference too. Every such request counts
+/// towards the limit on that extra load, sampled or not.
+fn sample_for_calibration(
+    app: &App,
+    received: &Received,
+    parsed: &ParsedRequest<'_>,
+    snapshot: &Arc<Snapshot>,
+    decision: &RoutingDecision,
+    served: ProfileIndex,
+) -> Option<Sample> {
+    let policy = snapshot.set.policy.calibration.as_ref()?;
+    let reference = snapshot.set.index_of(&policy.reference_profile)?;
+    if parsed.stream || served == reference {
+        return None;
+    }
+    let id = RequestId::of(&received.parts);
+    let key = id.to_str().unwrap_or_default();
+    if !quantrouter_policy::sampled(key, policy.sample_rate) {
+        app.calibrator.admit(policy, key, 0.0);
+        return None;
+    }
+    Some(Sample {
+        calibrator: Arc::clone(&app.calibrator),
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(snapshot),
+        policy: policy.clone(),
+        decision: decision.clone(),
+        served,
+        reference,
+        wants_json: parsed.wants_json,
+        max_tokens: parsed.max_tokens,
+        path: received.endpoint.path(),
+        headers: upstream_headers(&received.parts.headers, &id),
+        body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),
+        request_id: key.to_owned(),
+    })
 }
 
 /// The tenant's limits, before routing: one counter round trip at most. The token estimate
@@ -215,6 +315,126 @@ async fn wait_for_cold_tier(
     Err(ApiError::Unavailable(format!(
         "profile {id} is scaled to zero and got no endpoint within {timeout:?}"
     )))
+}
+
+/// How often a stream waiting for a cold tier gets a keep-alive comment: well inside the
+/// idle timeouts of proxies and clients (60 s is common, some use 10 to 30 s).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A stream that waits for a tier scaling from zero: the head goes out at once with the
+/// decision's headers, keep-alive comments hold the connection while the tier starts, then
+/// the upstream's stream follows (or an error event, as for any failure after the head).
+fn cold_stream(
+    app: &Arc<App>,
+    received: Received,
+    snapshot: Arc<Snapshot>,
+    routed: Routed,
+    deadline: Instant,
+    grant: Option<Grant>,
+) -> Response<ResponseBody> {
+    let (mut head, ()) = Response::new(()).into_parts();
+    let sse = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+    ];
+    for (name, value) in sse {
+        head.headers.insert(name, HeaderValue::from_static(value));
+    }
+    let served = Served {
+        profile: routed.decision.profile,
+        attempts: 0,
+        fallback: None,
+    };
+    finish_head(&mut head, &snapshot, &routed.decision, &served);
+    // Not known when the head goes out; the stream itself is the answer.
+    head.headers.remove("x-quantrouter-attempts");
+    if let Some(grant) = &grant {
+        crate::tenants::gate::insert_rate_headers(&mut head.headers, &grant.rate);
+    }
+    let app = Arc::clone(app);
+    // The watchdog sees a body polled by each comment: keep them inside the idle timeout.
+    let interval = KEEPALIVE_INTERVAL.min(app.config.resilience.idle_timeout / 2);
+    let answer: ColdAnswer = Box::pin(async move {
+        let answered = async {
+            // Parsed before, borrowed from a body this future now owns.
+            let parsed = ParsedRequest::parse(&received.body, received.endpoint)?;
+            wait_for_cold_tier(&snapshot, &routed, deadline).await?;
+            forward_and_respond(
+                &app, &received, &parsed, &snapshot, &routed, deadline, grant,
+            )
+            .await
+        };
+        match answered.await {
+            Ok(response) => streamed_body(response).await,
+            Err(error) => Err(error_event(&error, &received.parts, app.config.log_prompts)),
+        }
+    });
+    let body = Relayed::ColdStart {
+        body: KeepAlive::new(answer, interval),
+        deadline,
+    };
+    Response::from_parts(head, Either::Right(body))
+}
+
+/// The upstream's stream, or, when it answered otherwise (an error status, or a whole
+/// answer to a stream request), an error event carrying its error when it sent one.
+async fn streamed_body(response: Response<UpstreamBody>) -> Result<UpstreamBody, Bytes> {
+    /// An error answer is small; a bigger body is not one worth relaying.
+    const MAX_ERROR: usize = 64 * 1024;
+    let (head, body) = response.into_parts();
+    let sse = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if head.status.is_success() && sse {
+        return Ok(body);
+    }
+    let read = Limited::new(body, MAX_ERROR).collect().await;
+    let relayed = read.ok().map(|c| c.to_bytes()).filter(|bytes| {
+        serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| v.get("error").is_some())
+    });
+    let data = relayed.unwrap_or_else(|| {
+        let error = serde_json::json!({"error": {
+            "message": format!("the upstream answered {} without a stream", head.status),
+            "type": "upstream_error",
+            "param": null,
+            "code": "bad_gateway",
+        }});
+        Bytes::from(error.to_string())
+    });
+    Err(sse_event(&data))
+}
+
+/// The error event a cold-start stream ends with, counted and traced as the rescue and
+/// trace layers do for an error answered with a status.
+fn error_event(error: &ApiError, parts: &http::request::Parts, log_prompts: bool) -> Bytes {
+    let (kind, code) = error.kind();
+    telemetry::router_error(code);
+    // What a client sent can be quoted in the message, prompt text included.
+    let quoted = error.quotes_request() && !log_prompts;
+    if let Some(trace) = parts.extensions.get::<RequestTrace>() {
+        let message = match quoted {
+            true => code.to_owned(),
+            false => error.to_string(),
+        };
+        trace.fail(error.status().as_u16(), message);
+    }
+    let body = serde_json::json!({"error": {
+        "message": error.to_string(),
+        "type": kind,
+        "param": null,
+        "code": code,
+    }});
+    sse_event(body.to_string().as_bytes())
+}
+
+/// One SSE event carrying `data` (a JSON document, so on one line).
+fn sse_event(data: &[u8]) -> Bytes {
+    let mut event = Vec::with_capacity(data.len() + 8);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(data);
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
 }
 
 /// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
@@ -335,7 +555,7 @@ fn respond(
     started: Instant,
     prompt: PromptSize,
     finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
-) -> Response<ResponseBody> {
+) -> Response<UpstreamBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
     let pool = Arc::clone(&snapshot.runtime[profile].pool);
@@ -372,7 +592,7 @@ fn respond(
         }
     });
     let body = UpstreamBody::new(incoming, held, started, limits, on_event);
-    Response::from_parts(head, Either::Right(body))
+    Response::from_parts(head, body)
 }
 
 /// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).

@@ -103,9 +103,9 @@ where
     // as its body streams — minutes for a long generation.
     Box::pin(async move {
         let Ok(response) = next.oneshot(req).await;
-        Ok(delivery::deliver(response, request, http1, |upstream| {
+        Ok(delivery::deliver(response, request, http1, |deadline| {
             delivery::Watch {
-                deadline: upstream.deadline(),
+                deadline,
                 idle: app.config.resilience.idle_timeout,
                 grace_over: app.grace_over.subscribe(),
             }

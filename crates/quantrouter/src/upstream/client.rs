@@ -12,7 +12,7 @@
 //! each with its own pool of keep-alive connections, shared by every profile that connects
 //! that way.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -85,7 +85,8 @@ pub enum Sent {
 }
 
 /// A response body from an upstream: hyper's, streamed from the connection, or one the
-/// router already read (an error answer it looked into), passed on as it came.
+/// router already read (an error answer it looked into), passed on as it came, or a stream
+/// whose first frames the stream-start check held, sent before the rest of it.
 pub struct UpstreamIncoming {
     inner: Inner,
 }
@@ -93,6 +94,10 @@ pub struct UpstreamIncoming {
 enum Inner {
     Streamed(Incoming),
     Buffered(Full<Bytes>),
+    Replayed {
+        frames: VecDeque<Bytes>,
+        rest: Box<UpstreamIncoming>,
+    },
 }
 
 /// The clients, built as ways of connecting are first needed.
@@ -387,6 +392,17 @@ impl UpstreamIncoming {
             inner: Inner::Buffered(Full::new(data)),
         }
     }
+
+    /// `frames` read from the start of `rest` (held for the stream-start check), sent first,
+    /// then the rest of it.
+    pub fn replaying(frames: Vec<Bytes>, rest: UpstreamIncoming) -> Self {
+        Self {
+            inner: Inner::Replayed {
+                frames: frames.into(),
+                rest: Box::new(rest),
+            },
+        }
+    }
 }
 
 impl Body for UpstreamIncoming {
@@ -405,6 +421,10 @@ impl Body for UpstreamIncoming {
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
+            Inner::Replayed { frames, rest } => match frames.pop_front() {
+                Some(frame) => Poll::Ready(Some(Ok(Frame::data(frame)))),
+                None => Pin::new(&mut **rest).poll_frame(cx),
+            },
         }
     }
 
@@ -412,6 +432,7 @@ impl Body for UpstreamIncoming {
         match &self.inner {
             Inner::Streamed(body) => body.is_end_stream(),
             Inner::Buffered(body) => body.is_end_stream(),
+            Inner::Replayed { frames, rest } => frames.is_empty() && rest.is_end_stream(),
         }
     }
 
@@ -419,6 +440,16 @@ impl Body for UpstreamIncoming {
         match &self.inner {
             Inner::Streamed(body) => body.size_hint(),
             Inner::Buffered(body) => body.size_hint(),
+            Inner::Replayed { frames, rest } => {
+                let held: usize = frames.iter().map(Bytes::len).sum();
+                let rest = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(held as u64));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(held as u64));
+                }
+                hint
+            }
         }
     }
 }
@@ -428,6 +459,7 @@ impl std::fmt::Debug for UpstreamIncoming {
         let kind = match self.inner {
             Inner::Streamed(_) => "streamed",
             Inner::Buffered(_) => "buffered",
+            Inner::Replayed { .. } => "replayed",
         };
         f.debug_tuple("UpstreamIncoming").field(&kind).finish()
     }

@@ -121,6 +121,15 @@ struct BodyState {
     // An SSE stream's events: the first output, and usage events cut out of the stream (the
     // router asked for them, not the client).
     events: Option<EventScan>,
+    // A copy of a whole answer as it passes, for calibration.
+    copy: Option<AnswerCopy>,
+}
+
+/// A copy of a non-streamed answer, handed over with its usage once the body completed.
+struct AnswerCopy {
+    data: BytesMut,
+    limit: usize,
+    on_end: Box<dyn FnOnce(Bytes, Option<Usage>) + Send + Sync>,
 }
 
 /// In-flight accounting on the endpoint and the profile's admission slot: held until the
@@ -216,6 +225,7 @@ impl UpstreamBody {
             done: false,
             tail: VecDeque::new(),
             events: limits.sse.then(|| EventScan::new(limits.strip_usage)),
+            copy: None,
         };
         let (until, _) = state.expiry();
         Self {
@@ -228,6 +238,24 @@ impl UpstreamBody {
     /// The request's deadline, which the body holds to.
     pub fn deadline(&self) -> Instant {
         self.state.deadline
+    }
+
+    /// Copies a non-streamed answer as it passes (up to `limit` bytes) and hands it to
+    /// `on_end` with its usage once the client had the whole answer; a longer answer, one
+    /// that fails or one the client leaves is not handed over.
+    pub fn copy_answer(
+        mut self,
+        limit: usize,
+        on_end: Box<dyn FnOnce(Bytes, Option<Usage>) + Send + Sync>,
+    ) -> Self {
+        if self.state.events.is_none() {
+            self.state.copy = Some(AnswerCopy {
+                data: BytesMut::new(),
+                limit,
+                on_end,
+            });
+        }
+        self
     }
 }
 
@@ -323,6 +351,12 @@ impl BodyState {
             // Not a stream: any data is the answer coming.
             self.first_output_by = None;
             keep_tail(&mut self.tail, &data);
+            if let Some(copy) = &mut self.copy {
+                match copy.data.len() + data.len() <= copy.limit {
+                    true => copy.data.extend_from_slice(&data),
+                    false => self.copy = None,
+                }
+            }
             return Some(data);
         };
         let scanned = events.feed(data);
@@ -390,6 +424,9 @@ impl BodyState {
     fn finish(&mut self, failure: Option<BodyError>, usage: Option<Usage>) {
         self.done = true;
         self.held.take();
+        if let (None, Some(copy)) = (failure, self.copy.take()) {
+            (copy.on_end)(copy.data.freeze(), usage);
+        }
         if let Some(mut on_event) = self.on_event.take() {
             on_event(BodyEvent::End(BodyEnd {
                 completed: failure.is_none(),
