@@ -294,21 +294,6 @@ async fn token_counts_are_corrected_from_usage_streamed_answers_included() {
     );
 }
 
-/// Sets a counter of `team-a` in Redis, as other replicas' spend would have.
-async fn set_counter(redis: &RedisServer, key: &str, value: u64) {
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    redis::cmd("SET")
-        .arg(key)
-        .arg(value)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_tomorrow() {
     let redis = RedisServer::start(None);
@@ -335,7 +320,7 @@ async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_to
 
     // 85 % of today's budget spent: the cheapest feasible tier, and the response says why.
     let today = CounterKeys::new(PREFIX, "team-a", Windows::at(future_noon()));
-    set_counter(&redis, &today.spend_day, 850_000).await;
+    redis.raw_set(&today.spend_day, "850000", None).await;
     let cheaper = replicas.post(1, &code).await;
     assert_eq!(cheaper.status, StatusCode::OK);
     assert_eq!(cheaper.header("x-quantrouter-profile"), cheapest);
@@ -357,7 +342,7 @@ async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_to
     assert!(spent, "{}", replicas.usage_report(0).await);
 
     // The whole budget: refused with insufficient_quota until midnight, on every replica.
-    set_counter(&redis, &today.spend_day, 1_000_000).await;
+    redis.raw_set(&today.spend_day, "1000000", None).await;
     for replica in 0..2 {
         let r = replicas.post(replica, &code).await;
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{:?}", r.body);
@@ -485,19 +470,17 @@ async fn with_redis_stopped_requests_flow_on_local_shares_and_counting_resumes()
         post_as(&router, Some(auth.as_bytes())).await.status,
         StatusCode::OK
     );
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("quantrouter:tenants:usage:team-a:requests:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = redis
+        .keys("quantrouter:tenants:usage:team-a:requests:*")
+        .await;
     let counted: u64 = match keys.as_slice() {
         [] => 0,
         keys => {
+            let mut conn = redis
+                .client()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
             let values: Vec<u64> = redis::cmd("MGET")
                 .arg(keys)
                 .query_async(&mut conn)

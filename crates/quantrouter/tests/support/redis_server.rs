@@ -162,6 +162,20 @@ impl RedisServer {
         quantrouter::documents::client(&self.url(), self.ca_file().as_deref()).unwrap()
     }
 
+    /// The keys matching `pattern` (Redis `KEYS`: fine for a test's small database).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
     /// Writes a key directly, bypassing the operator CLI (and optionally announces it).
     pub async fn raw_set(&self, key: &str, value: &str, publish: Option<(&str, &str)>) {
         let mut conn = self
