@@ -158,6 +158,10 @@ args:
   {{- if $v.router.apiKeys.existingSecret }}
   - --api-keys-file=/var/run/secrets/quantrouter/api-keys/{{ $v.router.apiKeys.key }}
   {{- end }}
+  {{- if $v.router.tenants.existingConfigMap }}
+  - --tenants=/etc/quantrouter-tenants/{{ $v.router.tenants.key }}
+  {{- end }}
+  - --tenant-metrics-top={{ $v.router.tenants.metricsTop }}
   - --log-format={{ $v.router.logFormat }}
   - --discovery={{ $v.router.discovery }}
   - --workers={{ $v.router.workers }}
@@ -248,6 +252,11 @@ volumeMounts:
     mountPath: /var/run/secrets/quantrouter/api-keys
     readOnly: true
   {{- end }}
+  {{- if $v.router.tenants.existingConfigMap }}
+  - name: quantrouter-tenants
+    mountPath: /etc/quantrouter-tenants
+    readOnly: true
+  {{- end }}
   - name: quantrouter-tmp
     mountPath: /tmp
 {{- end }}
@@ -261,6 +270,11 @@ volumeMounts:
 - name: quantrouter-api-keys
   secret:
     secretName: {{ .Values.router.apiKeys.existingSecret }}
+{{- end }}
+{{- if .Values.router.tenants.existingConfigMap }}
+- name: quantrouter-tenants
+  configMap:
+    name: {{ .Values.router.tenants.existingConfigMap }}
 {{- end }}
 - name: quantrouter-tmp
   emptyDir:

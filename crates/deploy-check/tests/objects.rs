@@ -360,15 +360,18 @@ fn router_follows_the_flag_probe_shutdown_and_security_contract() {
                 flag(&a, "--admin-listen").unwrap().ends_with(":9090"),
                 "{src}"
             );
-            if let Some(keys) = flag(&a, "--api-keys-file") {
-                let dir = keys.rsplit_once('/').unwrap().0;
+            for file_flag in ["--api-keys-file", "--tenants"] {
+                let Some(file) = flag(&a, file_flag) else {
+                    continue;
+                };
+                let dir = file.rsplit_once('/').unwrap().0;
                 assert!(
                     container["volumeMounts"]
                         .as_array()
                         .unwrap()
                         .iter()
                         .any(|m| m["mountPath"] == dir),
-                    "{src}: --api-keys-file {keys} is not on a mounted volume"
+                    "{src}: {file_flag} {file} is not on a mounted volume"
                 );
             }
             let mounts_profiles = container["volumeMounts"]
@@ -609,6 +612,31 @@ fn all_on_values_bind_discovery_in_every_tier_namespace() {
             ["kubernetes.io/metadata.name"],
         NAMESPACE
     );
+}
+
+#[test]
+fn a_tenants_config_map_is_mounted_and_passed_to_the_router() {
+    let Some(helm) = require(Tool::Helm) else {
+        return;
+    };
+    let render = helm_template(&helm, Some("charts/quantrouter/ci/all-on-values.yaml"));
+    let (pod, container) = router_containers(&render)
+        .into_iter()
+        .next()
+        .expect("a router container");
+    let a = args(&container);
+    assert_eq!(
+        flag(&a, "--tenants"),
+        Some("/etc/quantrouter-tenants/tenants.json")
+    );
+    assert_eq!(flag(&a, "--tenant-metrics-top"), Some("20"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "quantrouter-tenants")
+        .expect("a tenants volume");
+    assert_eq!(volume["configMap"]["name"], "quantrouter-tenants");
 }
 
 /// (service, namespace, port) of every service upstream in profiles/default.json.
