@@ -276,8 +276,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let permit = admission.admit(priority, Duration::from_secs(10)).await;
                 order.lock().unwrap().push(name);
-                // Hold the slot a moment, so the next is handed over by this drop.
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                // Dropping the slot hands it to the next waiter in the queue's order.
                 drop(permit);
             }));
             tokio::task::yield_now().await;
