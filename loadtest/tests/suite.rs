@@ -316,34 +316,49 @@ fn soak_holds_every_stream_open_at_once_over_http2_and_http1() {
 }
 
 #[test]
-fn ab_runs_direct_a_and_b_in_each_round() {
+fn ab_runs_every_build_in_each_round_with_its_flags_and_cpu() {
     let temp = tempfile::tempdir().unwrap();
     let results = temp.path().join("results");
     let router = bin_dir().join("quantrouter");
     let router = router.to_str().unwrap();
+    let one_worker = format!("{router} --workers 1");
     let output = loadtest(
         "ab",
         &results,
         &[
             router,
             router,
+            &one_worker,
             "--rounds",
             "2",
             "--duration-s",
             "0.3",
             "--warmup-s",
             "0",
+            // Every machine has a CPU 0: the targets start through taskset and still answer.
+            "--target-cpus",
+            "0",
         ],
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("- C = `{one_worker}`")),
+        "{stdout}"
+    );
     for round in 1..=2 {
-        for name in ["direct", "A", "B"] {
+        for name in ["direct", "A", "B", "C"] {
             let run = report(&results.join("ab").join(format!("{name}-{round}.json")));
             assert_eq!(run.requests, 60, "{name}-{round}");
-            assert!(
-                stdout.contains(&format!("| {round} | {name} | ")),
-                "{stdout}"
-            );
+            let row = stdout
+                .lines()
+                .find(|line| line.starts_with(&format!("| {round} | {name} | ")))
+                .unwrap_or_else(|| panic!("no row for {name} in round {round}:\n{stdout}"));
+            // Direct has no process of its own; each build's CPU per request is measured.
+            let cpu = row.trim_end_matches(" |").rsplit(" | ").next().unwrap();
+            match name {
+                "direct" => assert_eq!(cpu, "—", "{row}"),
+                _ => assert!(cpu.ends_with(" µs"), "{row}"),
+            }
         }
     }
 }

@@ -112,6 +112,11 @@ pub struct SuiteOptions {
     /// Leave out socat, vllm-router and LiteLLM.
     #[arg(long)]
     pub no_alternatives: bool,
+    /// Run every router and alternative under `taskset -c CPUS`, as in a pod with CPUs of its
+    /// own (a router's default worker count follows). Run the suite itself under `taskset`
+    /// on the other CPUs, so the load generator and the simulators stay off them.
+    #[arg(long, value_name = "CPUS")]
+    pub target_cpus: Option<String>,
     /// Where `scripts/install-alternatives` put the venvs of vllm-router and LiteLLM.
     #[arg(long, default_value = ".bench")]
     pub alternatives_dir: PathBuf,

@@ -1,5 +1,6 @@
 //! Starting what the scenarios drive: simulators, routers, Redis and the alternatives.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -179,7 +180,7 @@ impl Suite {
             "off",
         ]);
         args.extend_from_slice(extra);
-        let mut proc = Proc::spawn(name, program, args, envs, self.work())?;
+        let mut proc = self.spawn_target(name, program, &args, envs)?;
         let admin_url = format!("http://127.0.0.1:{admin}");
         let timeout = ready.unwrap_or(Duration::from_secs(self.options.ready_timeout_s));
         proc.wait_ready(&format!("{admin_url}/readyz"), timeout)
@@ -205,7 +206,8 @@ impl Suite {
             format!("TCP-LISTEN:{port},fork,reuseaddr,nodelay,bind=127.0.0.1"),
             format!("TCP:127.0.0.1:{upstream_port},nodelay"),
         ];
-        let mut proc = Proc::spawn("socat", &socat, args, &[], self.work())?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut proc = self.spawn_target("socat", &socat, &args, &[])?;
         let url = format!("http://127.0.0.1:{port}");
         proc.wait_ready(
             &format!("{url}/health"),
@@ -286,6 +288,26 @@ impl Suite {
         .await
     }
 
+    /// Starts a target (a router or an alternative), on `--target-cpus` when given.
+    fn spawn_target(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> anyhow::Result<Proc> {
+        let Some(cpus) = &self.options.target_cpus else {
+            return Proc::spawn(name, program, args, envs, self.work());
+        };
+        // taskset execs the program: the process, its pid and its CPU time stay the target's.
+        let taskset = which("taskset").context("--target-cpus needs taskset (util-linux)")?;
+        let program = program.as_os_str();
+        let pinned = [OsStr::new("-c"), OsStr::new(cpus), program]
+            .into_iter()
+            .chain(args.iter().map(OsStr::new));
+        Proc::spawn(name, &taskset, pinned, envs, self.work())
+    }
+
     /// The executable `bin/NAME` of the venv `<alternatives_dir>/venv-NAME`, if installed.
     fn alternative(&self, title: &str, name: &str) -> Option<PathBuf> {
         if self.options.no_alternatives {
@@ -319,7 +341,7 @@ impl Suite {
         health: &str,
     ) -> Option<Server> {
         let started = async {
-            let mut proc = Proc::spawn(name, program, args, envs, self.work())?;
+            let mut proc = self.spawn_target(name, program, args, envs)?;
             let timeout = Duration::from_secs(self.options.alternative_ready_timeout_s);
             proc.wait_ready(&format!("{url}{health}"), timeout).await?;
             anyhow::Ok(proc)
