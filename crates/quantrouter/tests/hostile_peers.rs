@@ -561,6 +561,61 @@ async fn a_stream_still_open_when_the_grace_ends_gets_an_error_event_before_the_
     drop(sims);
 }
 
+/// Whole HTTP/1.1 answers go out without a watchdog task (`server/delivery.rs`); one whose
+/// upstream stops mid-body gets its watchdog when the body first waits, so the end of the
+/// grace still ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_streamed_answer_stuck_mid_body_ends_with_the_grace() {
+    let upstream = scripted(|_, mut stream| async move {
+        while next_post(&mut stream).await {
+            // Promises 100 bytes, sends 11, then waits for the router to hang up.
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
+            let partial = format!("{head}{{\"id\":\"x\",");
+            stream.write_all(partial.as_bytes()).await.unwrap();
+            let _ = stream.read_to_end(&mut Vec::new()).await;
+        }
+    })
+    .await;
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    for profile in &mut set.profiles {
+        profile.upstream = Upstream::Static(StaticUpstream::new(vec![upstream.clone()]));
+    }
+    // Timeouts far beyond the test: only the end of the grace can end the answer.
+    let router = start_router(set, |c| {
+        c.shutdown_delay = Duration::ZERO;
+        c.shutdown_grace = Duration::from_millis(300);
+        c.resilience.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let mut client = TcpStream::connect(router.public_addr()).await.unwrap();
+    let body = chat(PINNED, SIMPLE);
+    let request = format!(
+        "{}{body}",
+        request_head("/v1/chat/completions", body.len(), "")
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("{\"id\":\"x\",") {
+        let mut chunk = [0u8; 4096];
+        let n = client.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed before the partial answer");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    let stopping = tokio::spawn(router.shutdown());
+    seen.extend(read_until_closed(&mut client, Duration::from_secs(10)).await);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.ends_with("{\"id\":\"x\","),
+        "the cut answer was completed: {text}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("shutdown ends after the grace")
+        .unwrap();
+}
+
 /// The real binary under a small descriptor limit (soft 64, hard 256), with more idle
 /// connections than the hard limit: it raises its soft limit, caps its connections (64 under
 /// 256), sheds the oldest idle ones, and keeps answering.

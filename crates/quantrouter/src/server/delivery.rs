@@ -3,9 +3,11 @@
 //! hyper polls a response body only when the client can take more, so a client that stops
 //! reading stops the polls, and with them every timeout the upstream body checks when polled:
 //! its admission slot and upstream connection would be held until the client went away. So
-//! each upstream response has a watchdog task beside it. An upstream body is always polled
-//! again within the idle timeout and at its deadline (its own timer wakes it then, to end it
-//! if its upstream is silent or late), unless hyper cannot take a frame. So a body left
+//! an upstream response has a watchdog task beside it: from the start on HTTP/2 and for
+//! streams, and on HTTP/1.1 from the first time its body waits or sends a second frame (an
+//! answer that is whole when it arrives goes out without one). An upstream body is always
+//! polled again within the idle timeout and at its deadline (its own timer wakes it then, to
+//! end it if its upstream is silent or late), unless hyper cannot take a frame. So a body left
 //! unpolled past either, by a margin, is waiting on its client: the watchdog ends it. It also
 //! ends every response still open when the shutdown grace ends. Ending one frees the slot and
 //! closes the upstream connection (which cancels the generation); an HTTP/1.1 connection left
@@ -45,10 +47,22 @@ pub enum Delivered {
         body: Full<Bytes>,
         _request: InFlight,
     },
-    /// An upstream's body and its watchdog.
+    /// An upstream's body and its watchdog, started at once or when the body first has to
+    /// wait ([`deliver`] says which).
     Watched {
         shared: Arc<Mutex<Shared>>,
-        watchdog: AbortHandle,
+        watchdog: Watchdog,
+    },
+}
+
+/// A response's watchdog task, or what it needs to start.
+#[derive(Debug)]
+pub enum Watchdog {
+    Running(AbortHandle),
+    /// Not started yet: the body has not had to wait, nor sent more than one frame.
+    Idle {
+        watch: Watch,
+        frames: u8,
     },
 }
 
@@ -124,17 +138,31 @@ pub fn deliver(
         Either::Right(body) => body,
     };
     let watch = watch(body.deadline());
+    let sse = is_sse(&head.headers);
+    // An HTTP/1.1 answer that is whole when it comes goes out in a poll or two; a task, a
+    // timer and a wake-up of another worker for it would cost more than the rest of its
+    // way. hyper polls an HTTP/1.1 body as soon as the head is out, and a client that
+    // stops reading blocks the connection's writes, which the connection's stall timer
+    // ends. HTTP/2 may leave a body unpolled (no window), and streams last: watched at once.
+    let lazy = http1 && !sse && matches!(body, Relayed::Upstream(_));
     let shared = Arc::new(Mutex::new(Shared {
         body: Some(body),
         request: Some(request),
         http1,
-        sse: is_sse(&head.headers),
+        sse,
         polled: Instant::now(),
         waker: None,
         ended: None,
     }));
-    let watchdog = tokio::spawn(guard(Arc::clone(&shared), watch)).abort_handle();
+    let watchdog = match lazy {
+        true => Watchdog::Idle { watch, frames: 0 },
+        false => Watchdog::Running(start(&shared, watch)),
+    };
     Response::from_parts(head, Delivered::Watched { shared, watchdog })
+}
+
+fn start(shared: &Arc<Mutex<Shared>>, watch: Watch) -> AbortHandle {
+    tokio::spawn(guard(Arc::clone(shared), watch)).abort_handle()
 }
 
 /// How long past the moment a body should have been polled (its idle timeout or deadline)
@@ -291,13 +319,13 @@ impl Body for Delivered {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let shared = match self.get_mut() {
+        let (shared, watchdog) = match self.get_mut() {
             Delivered::Own { body, .. } => {
                 return Pin::new(body)
                     .poll_frame(cx)
                     .map_err(|never| match never {})
             }
-            Delivered::Watched { shared, .. } => shared,
+            Delivered::Watched { shared, watchdog } => (shared, watchdog),
         };
         let mut state = lock(shared);
         state.polled = Instant::now();
@@ -308,9 +336,12 @@ impl Body for Delivered {
             }));
         };
         let polled = Pin::new(&mut *body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(_))) => {}
-            Poll::Ready(None | Some(Err(_))) => state.body = None,
+        let frame = match &polled {
+            Poll::Ready(Some(Ok(_))) => true,
+            Poll::Ready(None | Some(Err(_))) => {
+                state.body = None;
+                false
+            }
             Poll::Pending => {
                 if !state
                     .waker
@@ -319,6 +350,16 @@ impl Body for Delivered {
                 {
                     state.waker = Some(cx.waker().clone());
                 }
+                false
+            }
+        };
+        let open = state.body.is_some();
+        drop(state);
+        // A body that has to wait, or sends a second frame, is no longer a whole answer.
+        if let Watchdog::Idle { watch, frames } = watchdog {
+            *frames += u8::from(frame);
+            if open && (polled.is_pending() || *frames > 1) {
+                *watchdog = Watchdog::Running(start(shared, watch.clone()));
             }
         }
         polled.map_err(Into::into)
@@ -347,7 +388,11 @@ impl Body for Delivered {
 
 impl Drop for Delivered {
     fn drop(&mut self) {
-        if let Delivered::Watched { watchdog, .. } = self {
+        if let Delivered::Watched {
+            watchdog: Watchdog::Running(watchdog),
+            ..
+        } = self
+        {
             watchdog.abort();
         }
     }
