@@ -40,8 +40,8 @@ use crate::traces::{self, RequestTrace};
 use crate::upstream::context::{self, Checked};
 use crate::upstream::stream_check::{self, Held as Start};
 use crate::upstream::{
-    BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent, UpstreamBody,
-    UpstreamClient, UpstreamError, UpstreamIncoming,
+    is_event_stream, BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent,
+    UpstreamBody, UpstreamClient, UpstreamError, UpstreamIncoming,
 };
 
 /// Backoff settings.
@@ -668,11 +668,7 @@ async fn stream_start_check(
         return Ok(answer);
     };
     let response = &answer.response;
-    let streamed = response.status().is_success()
-        && response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let streamed = response.status().is_success() && is_event_stream(response.headers());
     let better = plan.decision.next_higher_quality(answer.profile);
     let Some(better) = better.filter(|_| streamed) else {
         return Ok(answer);

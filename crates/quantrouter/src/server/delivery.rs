@@ -25,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Response};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use tokio::sync::watch;
@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use super::connections::{Close, InFlight};
 use super::ResponseBody;
 use crate::upstream::keepalive::KeepAlive;
-use crate::upstream::{BodyError, UpstreamBody};
+use crate::upstream::{is_event_stream, BodyError, UpstreamBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -138,7 +138,7 @@ pub fn deliver(
         Either::Right(body) => body,
     };
     let watch = watch(body.deadline());
-    let sse = is_sse(&head.headers);
+    let sse = is_event_stream(&head.headers);
     // An HTTP/1.1 answer that is whole when it comes goes out in a poll or two; a task, a
     // timer and a wake-up of another worker for it would cost more than the rest of its
     // way. hyper polls an HTTP/1.1 body as soon as the head is out, and a client that
@@ -239,12 +239,6 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn is_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// The last event of a stream the router ended, in the OpenAI error shape.

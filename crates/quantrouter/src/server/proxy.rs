@@ -26,7 +26,7 @@ use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
 use crate::upstream::keepalive::KeepAlive;
-use crate::upstream::{BodyEvent, BodyLimits, UpstreamBody};
+use crate::upstream::{is_event_stream, BodyEvent, BodyLimits, UpstreamBody};
 
 /// The leaf: which endpoint a request is for.
 pub async fn endpoints(
@@ -382,11 +382,7 @@ async fn streamed_body(response: Response<UpstreamBody>) -> Result<UpstreamBody,
     /// An error answer is small; a bigger body is not one worth relaying.
     const MAX_ERROR: usize = 64 * 1024;
     let (head, body) = response.into_parts();
-    let sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if head.status.is_success() && sse {
+    if head.status.is_success() && is_event_stream(&head.headers) {
         return Ok(body);
     }
     let read = Limited::new(body, MAX_ERROR).collect().await;
@@ -563,10 +559,7 @@ fn respond(
     let labels = served.labels(snapshot, decision);
     telemetry::response_headers(&labels, response.status().as_u16());
     let (mut head, incoming) = response.into_parts();
-    limits.sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    limits.sse = is_event_stream(&head.headers);
     if !limits.sse {
         // Not a stream: the first token comes with the head (vLLM, and any server that
         // answers whole). A stream reports its first output event below.

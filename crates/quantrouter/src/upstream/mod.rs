@@ -29,6 +29,7 @@ pub use client::{ClientConfig, Sent, Transport, UpstreamClient, UpstreamIncoming
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
 
 use crate::openai::{find_usage, Usage};
+pub use sse::is_event_stream;
 use sse::{EventScan, Scanned};
 
 /// The cause of a failed exchange, as the client library reported it.

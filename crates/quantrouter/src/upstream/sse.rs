@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap};
 
 use crate::openai::{carries_output, find_usage, is_usage_event, Usage};
 
@@ -70,6 +71,14 @@ enum Out {
 }
 
 // === impl EventEnds ===
+
+/// Whether a head announces an event stream (`text/event-stream`, with or without
+/// parameters).
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
 
 impl EventEnds {
     /// The end (exclusive) of the first event that ends in `data[from..]`, with the scan
