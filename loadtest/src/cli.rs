@@ -65,7 +65,7 @@ pub struct RunArgs {
     /// Warm-up before the measured window (sent, not recorded).
     #[arg(long, default_value_t = 0.0)]
     pub warmup_s: f64,
-    /// JSONL file with a "prompt" field per line (default: ../shared/eval/prompt-mix.jsonl
+    /// JSONL file with a "prompt" field per line (default: eval/prompt-mix.jsonl
     /// from the repository root if present, else "Say hello.").
     #[arg(long)]
     pub prompts: Option<PathBuf>,

@@ -11,11 +11,11 @@ use serde_json::json;
 
 use crate::schedule::{mix64, unit_interval};
 
-/// Used when no prompt file is given and the shared evaluation mix is not present.
+/// Used when no prompt file is given and the repository's prompt mix is not present.
 pub const BUILTIN_PROMPT: &str = "Say hello.";
 
-/// The shared prompt mix, relative to the repository root.
-const SHARED_PROMPT_MIX: &str = "../shared/eval/prompt-mix.jsonl";
+/// The repository's prompt mix, relative to its root.
+const PROMPT_MIX: &str = "eval/prompt-mix.jsonl";
 
 /// Which OpenAI API the requests target.
 #[derive(
@@ -308,19 +308,19 @@ pub fn parse_prompts(text: &str) -> anyhow::Result<Vec<String>> {
     Ok(prompts)
 }
 
-/// The shared prompt mix if it can be found from the working directory (the repository root)
+/// The repository's prompt mix if it can be found from the working directory (the repository root)
 /// or from this crate's source location.
 pub fn default_prompts_path() -> Option<PathBuf> {
-    let from_cwd = PathBuf::from(SHARED_PROMPT_MIX);
+    let from_cwd = PathBuf::from(PROMPT_MIX);
     let from_crate = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
-        .join(SHARED_PROMPT_MIX);
+        .join(PROMPT_MIX);
     [from_cwd, from_crate]
         .into_iter()
         .find(|path| path.is_file())
 }
 
-/// Loads `path`, else the shared mix, else the built-in prompt. Returns where they came from.
+/// Loads `path`, else the repository's mix, else the built-in prompt. Returns where they came from.
 pub fn resolve_prompts(path: Option<&Path>) -> anyhow::Result<(Vec<String>, String)> {
     if let Some(path) = path {
         return Ok((load_prompts(path)?, path.display().to_string()));

@@ -12,7 +12,7 @@ use crate::features::{Prompt, Role, Segment, TaskClass};
 use crate::profile::ProfileSet;
 use crate::select::{decide, Overrides, RouteError, RouteRequest, RoutingDecision};
 
-/// One line of a prompt-mix JSONL file (`shared/eval/prompt-mix.jsonl`).
+/// One line of a prompt-mix JSONL file (`eval/prompt-mix.jsonl`).
 #[derive(Debug, Deserialize)]
 struct MixLine {
     #[serde(default)]

@@ -1,4 +1,4 @@
-//! Prompt features and the complexity score (SPEC §1 step 2, `docs/routing.md`).
+//! Prompt features and the complexity score (`docs/routing.md`).
 //!
 //! Everything is computed in one pass over a bounded *scoring window* of the prompt, so the
 //! cost per request is capped by `policy.complexity.scoring_window_chars` whatever the prompt

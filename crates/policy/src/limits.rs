@@ -1,4 +1,4 @@
-//! Tenant limits as arithmetic (SPEC §10): the windows an instant falls in, admission against
+//! Tenant limits as arithmetic: the windows an instant falls in, admission against
 //! counters, the soft threshold that downgrades, the refusal with its OpenAI code and
 //! `Retry-After`, the `x-ratelimit-*` header values, and each replica's share of a limit when
 //! the shared counters are out of reach.

@@ -1,5 +1,5 @@
 //! The profile-set document: the table of model-quantization profiles and the routing policy
-//! that operators push to Redis (SPEC §3).
+//! that operators push to Redis.
 //!
 //! Parsing and validation are separate steps so a caller can report every problem at once;
 //! [`ProfileSet::from_json`] does both and is what every source should use.
@@ -366,7 +366,7 @@ impl ProfileSet {
         Ok(set)
     }
 
-    /// Checks every rule of SPEC §3 and reports all violations.
+    /// Checks every rule of the profile-set document and reports all violations.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut errors = Vec::new();
         let mut err = |path: String, message: &str| {
@@ -606,7 +606,7 @@ impl Default for RequiredQuality {
 }
 
 impl Default for ComplexityWeights {
-    /// Tuned on `shared/eval/prompt-mix.jsonl`; see `docs/routing.md` for each weight.
+    /// Tuned on `eval/prompt-mix.jsonl`; see `docs/routing.md` for each weight.
     fn default() -> Self {
         Self {
             entropy: 0.20,

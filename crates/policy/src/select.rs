@@ -1,4 +1,4 @@
-//! Utility selection (SPEC §4): hard constraints, utility, tie-breaks, modes.
+//! Utility selection: hard constraints, utility, tie-breaks, modes.
 //!
 //! [`decide`] is a pure function of the profile snapshot, the prompt features, the request's
 //! overrides and the live load the caller observed. It records no metrics and logs nothing;

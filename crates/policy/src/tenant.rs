@@ -1,4 +1,4 @@
-//! The tenant document (SPEC §10): who may call the router, with which API keys, and within
+//! The tenant document: who may call the router, with which API keys, and within
 //! which limits and routing bounds.
 //!
 //! ```json

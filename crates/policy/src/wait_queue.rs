@@ -1,4 +1,4 @@
-//! The order of requests waiting for admission (SPEC §10): the higher tenant priority is
+//! The order of requests waiting for admission: the higher tenant priority is
 //! served first, first come first served within a priority. A full queue refuses the lowest
 //! priority first: a newcomer of higher priority takes the place of the waiter that arrived
 //! last among the lowest priority, who is refused instead.

@@ -1,4 +1,4 @@
-//! The routing audit on the shared prompt mix: heavy prompts almost never land on the
+//! The routing audit on the repository's prompt mix: heavy prompts almost never land on the
 //! cheapest profile, most light prompts do, with the classifier and without it.
 //!
 //! Most of this mix is in the built-in model's training data; `tests/classifier.rs` holds
@@ -11,14 +11,8 @@ use std::path::PathBuf;
 use quantrouter_policy::{audit, AuditReport, Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 fn prompt_mix() -> String {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/eval/prompt-mix.jsonl");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "read {}: {e} (the shared/ folder sits beside the repo)",
-            path.display()
-        )
-    })
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../eval/prompt-mix.jsonl");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
 fn shares(set: &ProfileSet, report: &AuditReport) -> (f64, f64) {

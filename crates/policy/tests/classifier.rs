@@ -1,6 +1,6 @@
 //! The built-in classifier against the targets of `docs/routing.md`: where heavy and light
 //! prompts land on data it did not train on, task-class accuracy, and that the committed
-//! model is exactly what `scripts/train-classifier` makes from the shared data.
+//! model is exactly what `scripts/train-classifier` makes from the data in `eval/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -16,18 +16,13 @@ use quantrouter_policy::{
 
 fn read(relative: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "read {}: {e} (the shared/ folder sits beside the repo)",
-            path.display()
-        )
-    })
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
 /// The training data as `scripts/train-classifier` assembles it (keep the two in step).
 fn training_data() -> Vec<LabelledPrompt> {
-    let mut data = parse_labelled(&read("../../../shared/eval/train-dev-mix.jsonl"), 0).unwrap();
-    let mut mix = parse_labelled(&read("../../../shared/eval/prompt-mix.jsonl"), 0).unwrap();
+    let mut data = parse_labelled(&read("../../eval/train-dev-mix.jsonl"), 0).unwrap();
+    let mut mix = parse_labelled(&read("../../eval/prompt-mix.jsonl"), 0).unwrap();
     for p in &mut mix {
         p.task_class = match p.source.as_str() {
             "alpaca" => Some(TaskClass::General),

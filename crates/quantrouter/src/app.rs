@@ -40,7 +40,7 @@ pub struct ServerConfig {
     /// Accepted bearer keys, the implicit tenant's when `tenants` is `None`; with neither,
     /// no authentication.
     pub api_keys: Option<HashSet<String>>,
-    /// Tenants: keys, limits and routing bounds of each caller (SPEC §10).
+    /// Tenants: keys, limits and routing bounds of each caller.
     pub tenants: Option<Arc<Tenants>>,
     /// Model names besides `auto` that mean adaptive routing.
     pub aliases: Vec<String>,

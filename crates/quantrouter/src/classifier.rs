@@ -1,5 +1,5 @@
 //! The prompt classifier a router scores with, and where it comes from: built into the
-//! binary, a watched file (`--classifier FILE`) or Redis (`<prefix>:classifier`, SPEC §10).
+//! binary, a watched file (`--classifier FILE`) or Redis (`<prefix>:classifier`).
 //!
 //! Like profile sets, a model is applied whole: a request loads the active one once, a
 //! reload validates a new document completely (format, sizes, digest) before swapping it in,

@@ -317,7 +317,7 @@ fn header_number(
     }
 }
 
-/// The `POST /v1/route` answer (SPEC §5, §10).
+/// The `POST /v1/route` answer.
 pub fn explain(
     set: &ProfileSet,
     decision: &RoutingDecision,

@@ -36,7 +36,7 @@ pub struct MixedFacts {
 }
 
 /// The stream-start check measured in the `mixed` rows: the policy's example values
-/// (`SPEC.md` §10).
+/// (docs/routing.md).
 const STREAM_CHECK: (u32, u64) = (24, 800);
 /// Names of the stream-only runs, without and with the stream-start check.
 const STREAM_RUNS: [&str; 2] = ["quantrouter-streams", "quantrouter-streams-checked"];
@@ -173,7 +173,7 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     let _ = write!(
         out,
         "Three vllm-sim tiers: fp16 (TTFT 40 ms, ITL 4 ms/token, max-num-seqs 16), fp8 (30 ms,\n\
-         3 ms, 24), int4 (20 ms, 2 ms, 32); the prompt mix (`../shared/eval/prompt-mix.jsonl`,\n\
+         3 ms, 24), int4 (20 ms, 2 ms, 32); the prompt mix (`eval/prompt-mix.jsonl`,\n\
          seed 1), 10% streamed, max_tokens 16/64/256 with weights 50/30/20, {rate} req/s open loop.\n\
          The baseline sends everything straight to the default tier (fp16), as a deployment\n\
          without quantrouter would; vllm-router and LiteLLM forward to that same fp16 simulator.\n\n\

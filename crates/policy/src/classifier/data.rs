@@ -2,7 +2,7 @@
 //!
 //! One object a line: `{"prompt", "label": "heavy|medium|light"}` plus, optionally,
 //! `"task_class"`, `"source"`, `"id"` and `"split": "train|dev"` — the layout of
-//! `shared/eval/train-dev-mix.jsonl`, and `prompt-mix.jsonl` (which has no task class) fits
+//! `eval/train-dev-mix.jsonl`, and `prompt-mix.jsonl` (which has no task class) fits
 //! it too. Lines without a split are put in dev by a stable hash of their id (or text) and
 //! the seed, 15% of them, so any labelled traffic can be used as it is.
 
@@ -65,7 +65,7 @@ struct Line {
     split: Option<Split>,
 }
 
-/// Share of unsplit prompts held out for dev, as in the shared data.
+/// Share of unsplit prompts held out for dev, as in `eval/train-dev-mix.jsonl`.
 const DEV_PERCENT: u64 = 15;
 
 // === impl Difficulty ===

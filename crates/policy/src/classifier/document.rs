@@ -1,5 +1,5 @@
 //! The classifier as a versioned JSON document: what is pushed to Redis, watched in a file
-//! and embedded in the binary (SPEC §10).
+//! and embedded in the binary.
 //!
 //! ```json
 //! {"format": "quantrouter-classifier/1", "version": 3,

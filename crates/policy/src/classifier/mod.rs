@@ -44,7 +44,7 @@ const LABELS: usize = Difficulty::ALL.len();
 pub(crate) const OUTPUTS: usize = CLASSES + LABELS;
 
 /// The built-in model (`crates/policy/classifier/default.json`, made by
-/// `scripts/train-classifier` from the train split of the shared data).
+/// `scripts/train-classifier` from the train split of the data in `eval/`).
 pub const DEFAULT_CLASSIFIER: &str = include_str!("../../classifier/default.json");
 
 /// A validated model, ready to score prompts.

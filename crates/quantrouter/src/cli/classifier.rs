@@ -1,4 +1,4 @@
-//! `quantrouter classifier train|eval|push|get|history|rollback` (SPEC §10).
+//! `quantrouter classifier train|eval|push|get|history|rollback`.
 
 use std::path::{Path, PathBuf};
 

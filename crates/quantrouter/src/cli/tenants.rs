@@ -1,4 +1,4 @@
-//! `quantrouter tenants push|get|diff|history|rollback|usage|hash-key` (SPEC §10).
+//! `quantrouter tenants push|get|diff|history|rollback|usage|hash-key`.
 //!
 //! `push` reads the push format: besides `key_sha256`, a tenant may list plain `keys`, which
 //! are hashed and dropped before anything is sent, so a key never reaches Redis. No command

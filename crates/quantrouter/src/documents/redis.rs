@@ -1,4 +1,4 @@
-//! A kind of document in Redis (SPEC §3, §10): the active document, its history and the
+//! A kind of document in Redis: the active document, its history and the
 //! update channel, and the atomic operations operators use on them.
 
 use std::marker::PhantomData;

@@ -1,7 +1,7 @@
 //! Admission per profile: at most `max_concurrency` requests in flight, a bounded queue for
 //! the rest, and a queue timeout, after which the client gets 429 with `Retry-After`.
 //!
-//! The queue is ordered by tenant priority (SPEC §10): a freed slot goes to the highest
+//! The queue is ordered by tenant priority: a freed slot goes to the highest
 //! priority waiting, first come first served within a priority, and a full queue refuses
 //! the lowest priority first ([`quantrouter_policy::wait_queue`] decides; this module only
 //! hands slots over). Every change of slots and queue happens under one lock, so a slot is

@@ -1,4 +1,4 @@
-//! Counting and enforcing tenant limits across every replica (SPEC §10).
+//! Counting and enforcing tenant limits across every replica.
 //!
 //! The counters live in Redis, one key per tenant, kind and window under
 //! `<prefix>:tenants:usage:`. A request costs one round trip: [`ADMIT_SCRIPT`] reads the

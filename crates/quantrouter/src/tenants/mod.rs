@@ -1,4 +1,4 @@
-//! Tenants (SPEC §10): who may call the router, with which key, within which limits and
+//! Tenants: who may call the router, with which key, within which limits and
 //! routing bounds; where that document comes from; and the check of a request's key.
 //! [`limiter`] counts and enforces the limits cluster-wide, [`usage`] reports them.
 //!
