@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use quantrouter::keda::local_tiers;
 use support::{chat, client, eventually, simple_stream, Tiers, SIMPLE};
+use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 use vllm_sim::SimConfig;
 
@@ -69,6 +70,42 @@ async fn a_request_waits_for_a_cold_tier_and_counts_in_its_queue_depth() {
         local_tiers(&snapshot, Instant::now())["int4"].queue_depth,
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_waiting_for_a_cold_tier_leave_its_queue_depth() {
+    let t = tiers(20_000).await;
+    scale_to_zero(&t, &[0, 1, 2]);
+    let depth = || {
+        let snapshot = t.router.app.store.load();
+        local_tiers(&snapshot, Instant::now())["int4"].queue_depth
+    };
+    // Clients that send a request, then close their connection before any answer.
+    let body = chat("auto", SIMPLE);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(t.router.public_addr())
+            .await
+            .unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        clients.push(stream);
+    }
+    let waiting = eventually(Duration::from_secs(5), || async { depth() == 10 }).await;
+    assert!(
+        waiting,
+        "the waits count in int4's queue depth: {}",
+        depth()
+    );
+    drop(clients);
+    let gone = eventually(Duration::from_secs(5), || async { depth() == 0 }).await;
+    assert!(gone, "abandoned waits left {} in the queue depth", depth());
+    // The tier never came up: nothing was sent anywhere.
+    assert_eq!(t.requests(INT4), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
