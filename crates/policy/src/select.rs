@@ -414,6 +414,20 @@ impl RoutingDecision {
             .map(|c| c.profile)
     }
 
+    /// The profiles a quality fallback from `rejected` must not reach: those whose quality
+    /// for this request is not above its own, `rejected` included. Their answer could be no
+    /// better than the one that failed the check.
+    pub fn no_better_than(&self, rejected: ProfileIndex) -> Vec<ProfileIndex> {
+        let Some(q) = self.candidate(rejected).map(|c| c.quality) else {
+            return vec![rejected];
+        };
+        self.candidates
+            .iter()
+            .filter(|c| c.quality <= q || c.profile == rejected)
+            .map(|c| c.profile)
+            .collect()
+    }
+
     /// The next higher-quality available profile than `current` (quality fallback):
     /// the lowest quality strictly above the current one, ties by utility.
     pub fn next_higher_quality(&self, current: ProfileIndex) -> Option<ProfileIndex> {

@@ -274,6 +274,9 @@ fn fallback_orders_prefer_equal_or_better_quality() {
     assert_eq!(d.next_higher_quality(awq), Some(fp8));
     assert_eq!(d.next_higher_quality(fp8), Some(fp16));
     assert_eq!(d.next_higher_quality(fp16), None);
+    // A quality fallback from fp8 never comes back to it nor goes below it.
+    assert_eq!(d.no_better_than(fp8), vec![fp8, awq]);
+    assert_eq!(d.next_after_error(&[fp8, awq, fp16]), None);
 }
 
 #[test]
