@@ -153,6 +153,60 @@ async fn a_warm_tier_within_budget_serves_instead_and_says_why() {
     assert_eq!(r.header("x-quantrouter-reason"), "utility");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_tier_that_alone_holds_the_prompt_is_waited_for_beyond_the_latency_budget() {
+    // An allowance above the 8 s budget, and the only context that holds the prompt.
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |set| {
+            for (i, profile) in set.profiles.iter_mut().enumerate() {
+                profile.max_context_tokens = if i == INT4 { 32_768 } else { 4_096 };
+            }
+            set.profiles[INT4].cold_start_timeout_ms = 20_000;
+        },
+        |_| {},
+    )
+    .await;
+    let t = Arc::new(t);
+    scale_to_zero(&t, &[INT4]);
+    // About 6,000 tokens at the profiles' 4 characters per token.
+    let long = "word ".repeat(4_800);
+    let request = {
+        let t = Arc::clone(&t);
+        tokio::spawn(async move { t.post(&chat("auto", &long), &[]).await })
+    };
+    let queued = eventually(Duration::from_secs(5), || async {
+        let snapshot = t.router.app.store.load();
+        local_tiers(&snapshot, Instant::now())["int4"].queue_depth == 1
+    })
+    .await;
+    assert!(
+        queued,
+        "the request waits for int4, counted in its queue depth"
+    );
+    let demand = &t.router.app.keda.demand;
+    assert!(demand.recent("int4", Duration::from_secs(60), Instant::now()));
+    assert_eq!(
+        t.requests(0) + t.requests(1),
+        0,
+        "no tier too small was asked"
+    );
+    let url = t.sims[INT4][0].url();
+    t.router.app.store.load().runtime[INT4]
+        .pool
+        .set_urls(&[url]);
+    let r = request.await.unwrap();
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.header("x-quantrouter-tier"), "int4");
+    assert_eq!(r.header("x-quantrouter-reason"), "constraints_unmet");
+}
+
 /// Tiers whose int4 may wait `cold_start_ms` for an endpoint, with a 1 s idle timeout, so
 /// keep-alive comments come every 500 ms (half of it) instead of every 5 s, and a 1 s
 /// shutdown grace.
