@@ -10,6 +10,7 @@ mod support;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use quantrouter::server::{Server, ServerConfig};
@@ -17,6 +18,7 @@ use quantrouter_policy::{ProfileSet, Upstream, DEFAULT_PROFILE_SET};
 use support::{chat, loopback, send, start_router, Reply, SIMPLE};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 use vllm_sim::{SimConfig, SimServer};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -291,4 +293,51 @@ async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_
     assert_eq!(r.header("x-quantrouter-attempts"), "2");
     assert_ne!(r.json()["choices"][0]["message"]["content"], "scripted");
     assert_eq!(sim.stats().requests, 1);
+}
+
+/// An `https://` address whose server accepts connections and never says a word: the TLS
+/// ClientHello goes unanswered. Counts the connections it accepted.
+async fn silent_tls_server(accepted: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_tls_handshake_is_a_connect_error_within_the_connect_timeout() {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let silent = silent_tls_server(Arc::clone(&accepted)).await;
+    let header_timeout = Duration::from_secs(20);
+    let router = router(set_on(serde_json::json!({"urls": [silent]})), |c| {
+        c.client.connect_timeout = Duration::from_millis(300);
+        c.client.header_timeout = header_timeout;
+    })
+    .await;
+    let started = Instant::now();
+    let r = post(&router, &chat(PINNED, SIMPLE)).await;
+    // Not the 504 of a header timeout: nothing was sent, the upstream could not be reached.
+    assert_eq!(
+        r.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["error"]["code"], "no_healthy_profile");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("could not be reached"), "{message}");
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 1,
+        "the TCP connect succeeded"
+    );
+    assert!(
+        started.elapsed() < header_timeout,
+        "bounded by the connect timeout, not the header timeout"
+    );
 }

@@ -35,12 +35,14 @@ use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 
 use super::{Endpoint, UpstreamError};
+use bounded::Bounded;
 use quiet::{NotQuiet, QuietConnector};
 
+mod bounded;
 mod quiet;
 
 /// The pooled hyper client of one way of connecting.
-type HyperClient = Client<HttpsConnector<QuietConnector>, Full<Bytes>>;
+type HyperClient = Client<Bounded<HttpsConnector<QuietConnector>>, Full<Bytes>>;
 
 /// Connection-pooling client shared by every profile.
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ pub struct UpstreamClient {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Fail fast on unroutable pods; a healthy pod on the cluster network connects in ms.
+    /// It bounds the TLS handshake too: that is part of connecting, and nothing is sent
+    /// before it ends.
     pub connect_timeout: Duration,
     /// vLLM sends headers when the first token is ready; a long queue can take a while, but
     /// a minute with nothing means the pod is stuck.
@@ -278,9 +282,12 @@ fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClien
         http,
         check: !http2,
     };
-    let connector = match http2 {
-        true => https.enable_http2().wrap_connector(http),
-        false => https.enable_http1().wrap_connector(http),
+    let connector = Bounded {
+        inner: match http2 {
+            true => https.enable_http2().wrap_connector(http),
+            false => https.enable_http1().wrap_connector(http),
+        },
+        timeout: config.connect_timeout,
     };
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
