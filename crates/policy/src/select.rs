@@ -67,7 +67,8 @@ pub enum Reason {
     Utility,
     /// The request named the profile.
     Pinned,
-    /// Nothing was feasible; the highest-quality available profile was used.
+    /// Nothing was feasible; the highest-quality available profile was used (one whose
+    /// context holds the request, if any).
     ConstraintsUnmet,
     /// Shadow mode sends everything to the default profile.
     Shadow,
@@ -303,17 +304,25 @@ fn best_feasible<'c>(candidates: &'c [Candidate], set: &ProfileSet) -> Option<&'
     })
 }
 
-/// The highest-quality available profile (ties: cheaper, then id).
+/// The highest-quality available profile (ties: cheaper, then id), among those whose
+/// context holds the request when any does: a context too small fails for certain, where a
+/// missed quality or latency target only makes the answer worse or later. A cold tier that
+/// alone can hold a long prompt is thus waited for rather than passed over.
 fn best_quality<'c>(candidates: &'c [Candidate], set: &ProfileSet) -> Option<&'c Candidate> {
-    candidates
+    let by_quality = |a: &&Candidate, b: &&Candidate| {
+        b.quality
+            .total_cmp(&a.quality)
+            .then(a.cost.total_cmp(&b.cost))
+            .then_with(|| set.profiles[a.profile].id.cmp(&set.profiles[b.profile].id))
+    };
+    let available = candidates
         .iter()
-        .filter(|c| c.rejected_because != Some(Rejection::Unavailable))
-        .min_by(|a, b| {
-            b.quality
-                .total_cmp(&a.quality)
-                .then(a.cost.total_cmp(&b.cost))
-                .then_with(|| set.profiles[a.profile].id.cmp(&set.profiles[b.profile].id))
-        })
+        .filter(|c| c.rejected_because != Some(Rejection::Unavailable));
+    available
+        .clone()
+        .filter(|c| c.rejected_because != Some(Rejection::ContextTooSmall))
+        .min_by(by_quality)
+        .or_else(|| available.min_by(by_quality))
 }
 
 fn apply_mode(
@@ -412,6 +421,20 @@ impl RoutingDecision {
                     .max_by(|a, b| a.quality.total_cmp(&b.quality))
             })
             .map(|c| c.profile)
+    }
+
+    /// The profiles a quality fallback from `rejected` must not reach: those whose quality
+    /// for this request is not above its own, `rejected` included. Their answer could be no
+    /// better than the one that failed the check.
+    pub fn no_better_than(&self, rejected: ProfileIndex) -> Vec<ProfileIndex> {
+        let Some(q) = self.candidate(rejected).map(|c| c.quality) else {
+            return vec![rejected];
+        };
+        self.candidates
+            .iter()
+            .filter(|c| c.quality <= q || c.profile == rejected)
+            .map(|c| c.profile)
+            .collect()
     }
 
     /// The next higher-quality available profile than `current` (quality fallback):

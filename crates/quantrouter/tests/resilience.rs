@@ -13,6 +13,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use quantrouter::resilience::{BreakerConfig, CircuitState, ResilienceConfig};
 use quantrouter::server::ServerConfig;
+use quantrouter_policy::StreamCheck;
 use support::{
     chat, client, eventually, last_sse_event, send, sim_tiers, simple_stream, RouterProcess, Tiers,
     CODE, SIMPLE,
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 use vllm_sim::{Faults, SimConfig};
 
 /// Profile indices of the embedded set.
+const FP16: usize = 0;
 const FP8: usize = 1;
 const INT4: usize = 2;
 
@@ -354,6 +356,49 @@ async fn a_degenerate_cheap_answer_is_rerun_on_a_better_tier_but_streams_never_a
     assert_eq!(r.header("x-quantrouter-tier"), "int4");
     assert_eq!(r.header("x-quantrouter-fallback"), "");
     assert_eq!(t.requests(FP8), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quality_fallback_whose_better_tiers_fail_answers_their_error_not_the_rejected_tier() {
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |set| {
+            set.policy.stream_check = Some(StreamCheck {
+                tokens: 8,
+                max_hold_ms: 5_000,
+            })
+        },
+        |_| {},
+    )
+    .await;
+    t.sims[INT4][0].set_faults(Faults {
+        degenerate: true,
+        ..Faults::default()
+    });
+    for tier in [FP16, FP8] {
+        t.sims[tier][0].set_faults(fails(503));
+    }
+    for stream in [false, true] {
+        let body = serde_json::json!({"model": "auto", "max_tokens": 32, "stream": stream,
+            "messages": [{"role": "user", "content": SIMPLE}]})
+        .to_string();
+        let before = t.requests(INT4);
+        let r = t.post(&body, &[]).await;
+        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(
+            t.requests(INT4),
+            before + 1,
+            "the rejected tier is asked once (stream: {stream})"
+        );
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+        assert_eq!(r.json()["error"]["code"], "no_healthy_profile");
+        assert!(
+            text.contains("llama8b-fp16"),
+            "the better tiers' error: {text}"
+        );
+        assert_eq!(r.header("x-quantrouter-fallback"), "");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use quantrouter::keda::local_tiers;
 use support::{chat, client, eventually, simple_stream, Tiers, SIMPLE};
+use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 use vllm_sim::SimConfig;
 
@@ -72,6 +73,42 @@ async fn a_request_waits_for_a_cold_tier_and_counts_in_its_queue_depth() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_waiting_for_a_cold_tier_leave_its_queue_depth() {
+    let t = tiers(20_000).await;
+    scale_to_zero(&t, &[0, 1, 2]);
+    let depth = || {
+        let snapshot = t.router.app.store.load();
+        local_tiers(&snapshot, Instant::now())["int4"].queue_depth
+    };
+    // Clients that send a request, then close their connection before any answer.
+    let body = chat("auto", SIMPLE);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        let mut stream = tokio::net::TcpStream::connect(t.router.public_addr())
+            .await
+            .unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        clients.push(stream);
+    }
+    let waiting = eventually(Duration::from_secs(5), || async { depth() == 10 }).await;
+    assert!(
+        waiting,
+        "the waits count in int4's queue depth: {}",
+        depth()
+    );
+    drop(clients);
+    let gone = eventually(Duration::from_secs(5), || async { depth() == 0 }).await;
+    assert!(gone, "abandoned waits left {} in the queue depth", depth());
+    // The tier never came up: nothing was sent anywhere.
+    assert_eq!(t.requests(INT4), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_tier_that_stays_down_answers_503_after_its_allowance() {
     let t = tiers(200).await;
     scale_to_zero(&t, &[0, 1, 2]);
@@ -114,6 +151,60 @@ async fn a_warm_tier_within_budget_serves_instead_and_says_why() {
     scale_to_zero(&t, &[INT4]);
     let r = t.post(&chat("auto", SIMPLE), &[]).await;
     assert_eq!(r.header("x-quantrouter-reason"), "utility");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_tier_that_alone_holds_the_prompt_is_waited_for_beyond_the_latency_budget() {
+    // An allowance above the 8 s budget, and the only context that holds the prompt.
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |set| {
+            for (i, profile) in set.profiles.iter_mut().enumerate() {
+                profile.max_context_tokens = if i == INT4 { 32_768 } else { 4_096 };
+            }
+            set.profiles[INT4].cold_start_timeout_ms = 20_000;
+        },
+        |_| {},
+    )
+    .await;
+    let t = Arc::new(t);
+    scale_to_zero(&t, &[INT4]);
+    // About 6,000 tokens at the profiles' 4 characters per token.
+    let long = "word ".repeat(4_800);
+    let request = {
+        let t = Arc::clone(&t);
+        tokio::spawn(async move { t.post(&chat("auto", &long), &[]).await })
+    };
+    let queued = eventually(Duration::from_secs(5), || async {
+        let snapshot = t.router.app.store.load();
+        local_tiers(&snapshot, Instant::now())["int4"].queue_depth == 1
+    })
+    .await;
+    assert!(
+        queued,
+        "the request waits for int4, counted in its queue depth"
+    );
+    let demand = &t.router.app.keda.demand;
+    assert!(demand.recent("int4", Duration::from_secs(60), Instant::now()));
+    assert_eq!(
+        t.requests(0) + t.requests(1),
+        0,
+        "no tier too small was asked"
+    );
+    let url = t.sims[INT4][0].url();
+    t.router.app.store.load().runtime[INT4]
+        .pool
+        .set_urls(&[url]);
+    let r = request.await.unwrap();
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.header("x-quantrouter-tier"), "int4");
+    assert_eq!(r.header("x-quantrouter-reason"), "constraints_unmet");
 }
 
 /// Tiers whose int4 may wait `cold_start_ms` for an endpoint, with a 1 s idle timeout, so

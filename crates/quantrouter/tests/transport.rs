@@ -1,7 +1,9 @@
 //! How the router reaches its upstreams, over real sockets: `https://` upstreams (vllm-sim
-//! behind TLS, with a CA made in the test), HTTP/2 upstreams (h2c and ALPN), and an upstream
+//! behind TLS, with a CA made in the test), HTTP/2 upstreams (h2c and ALPN), an upstream
 //! that reads a request and closes without answering: the request is sent once, and what
-//! happens next is the retry module's call, counted where everything else is.
+//! happens next is the retry module's call, counted where everything else is. And what never
+//! reached an upstream's work: a TLS handshake left unanswered, and HTTP/2 streams refused
+//! or gone away from, by scripted servers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -10,6 +12,7 @@ mod support;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use quantrouter::server::{Server, ServerConfig};
@@ -17,6 +20,7 @@ use quantrouter_policy::{ProfileSet, Upstream, DEFAULT_PROFILE_SET};
 use support::{chat, loopback, send, start_router, Reply, SIMPLE};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 use vllm_sim::{SimConfig, SimServer};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -291,4 +295,200 @@ async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_
     assert_eq!(r.header("x-quantrouter-attempts"), "2");
     assert_ne!(r.json()["choices"][0]["message"]["content"], "scripted");
     assert_eq!(sim.stats().requests, 1);
+}
+
+/// An `https://` address whose server accepts connections and never says a word: the TLS
+/// ClientHello goes unanswered. Counts the connections it accepted.
+async fn silent_tls_server(accepted: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_tls_handshake_is_a_connect_error_within_the_connect_timeout() {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let silent = silent_tls_server(Arc::clone(&accepted)).await;
+    let header_timeout = Duration::from_secs(20);
+    let router = router(set_on(serde_json::json!({"urls": [silent]})), |c| {
+        c.client.connect_timeout = Duration::from_millis(300);
+        c.client.header_timeout = header_timeout;
+    })
+    .await;
+    let started = Instant::now();
+    let r = post(&router, &chat(PINNED, SIMPLE)).await;
+    // Not the 504 of a header timeout: nothing was sent, the upstream could not be reached.
+    assert_eq!(
+        r.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["error"]["code"], "no_healthy_profile");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("could not be reached"), "{message}");
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 1,
+        "the TCP connect succeeded"
+    );
+    assert!(
+        started.elapsed() < header_timeout,
+        "bounded by the connect timeout, not the header timeout"
+    );
+}
+
+/// What a scripted HTTP/2 upstream does with a POST.
+#[derive(Debug, Clone, Copy)]
+enum H2Post {
+    /// `RST_STREAM` with `REFUSED_STREAM`: never processed.
+    Refuse,
+    /// `GOAWAY` with the last stream id below the request's (never processed), or at it
+    /// (it may have been), then the connection closes.
+    GoAway { below: bool },
+    /// A chat completion.
+    Answer,
+}
+
+/// An h2c upstream (prior knowledge) written frame by frame: each POST gets the next action
+/// of `script`, then answers; a GET (a scrape) gets an empty 200. Counts the POSTs.
+async fn scripted_h2(script: Vec<H2Post>, posts: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+        script,
+    )));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (script, posts) = (Arc::clone(&script), Arc::clone(&posts));
+            tokio::spawn(serve_h2(stream, script, posts));
+        }
+    });
+    url
+}
+
+/// Frame types and flags of RFC 9113 §6.
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const REFUSED_STREAM: u32 = 0x7;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+async fn serve_h2(
+    mut stream: TcpStream,
+    script: Arc<std::sync::Mutex<std::collections::VecDeque<H2Post>>>,
+    posts: Arc<AtomicUsize>,
+) {
+    let mut preface = [0u8; 24];
+    if stream.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    let _ = stream.write_all(&frame(SETTINGS, 0, 0, &[])).await;
+    loop {
+        let mut head = [0u8; 9];
+        if stream.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let (kind, flags) = (head[3], head[4]);
+        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        if stream.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let reply = match kind {
+            SETTINGS if flags & ACK == 0 => frame(SETTINGS, ACK, 0, &[]),
+            PING if flags & ACK == 0 => frame(PING, ACK, 0, &payload),
+            GOAWAY => return,
+            // A GET: its HEADERS end the stream.
+            HEADERS if flags & END_STREAM != 0 => {
+                frame(HEADERS, END_HEADERS | END_STREAM, id, &[0x88])
+            }
+            HEADERS => {
+                posts.fetch_add(1, Ordering::SeqCst);
+                let action = script.lock().unwrap().pop_front().unwrap_or(H2Post::Answer);
+                match action {
+                    H2Post::Refuse => frame(RST_STREAM, 0, id, &REFUSED_STREAM.to_be_bytes()),
+                    H2Post::GoAway { below } => {
+                        let last = if below { id.saturating_sub(2) } else { id };
+                        let mut payload = last.to_be_bytes().to_vec();
+                        payload.extend_from_slice(&0u32.to_be_bytes());
+                        let _ = stream.write_all(&frame(GOAWAY, 0, 0, &payload)).await;
+                        // Closed for writing, and read to the end: closing with the
+                        // request's body unread would reset the connection, and the reset
+                        // could overtake the GOAWAY.
+                        let _ = stream.shutdown().await;
+                        let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
+                        return;
+                    }
+                    H2Post::Answer => {
+                        // `:status: 200` (static index 8), then `content-type` (static name
+                        // index 31) as a literal without indexing.
+                        let mut block = vec![0x88, 0x0f, 0x10, 16];
+                        block.extend_from_slice(b"application/json");
+                        let body = br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"scripted"},"finish_reason":"stop"}]}"#;
+                        let mut answer = frame(HEADERS, END_HEADERS, id, &block);
+                        answer.extend(frame(DATA, END_STREAM, id, body));
+                        answer
+                    }
+                }
+            }
+            // The request's body, window updates, resets: nothing to say.
+            _ => continue,
+        };
+        if stream.write_all(&reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_request_the_upstream_never_processed_is_sent_again_at_once() {
+    for never_processed in [H2Post::Refuse, H2Post::GoAway { below: true }] {
+        let posts = Arc::new(AtomicUsize::new(0));
+        let upstream = scripted_h2(vec![never_processed], Arc::clone(&posts)).await;
+        let set = set_on(serde_json::json!({"urls": [upstream], "http2": true}));
+        let router = router(set, |_| {}).await;
+        let r = post(&router, &chat(PINNED, SIMPLE)).await;
+        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, StatusCode::OK, "{never_processed:?}: {text}");
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "scripted");
+        assert_eq!(posts.load(Ordering::SeqCst), 2, "{never_processed:?}");
+        // The upstream did no work for the first: the same attempt, sent again.
+        assert_eq!(
+            r.header("x-quantrouter-attempts"),
+            "1",
+            "{never_processed:?}"
+        );
+    }
+    // A GOAWAY that covers the request: the upstream may be generating, so it is not sent
+    // again on the quiet (and this profile has no other endpoint).
+    let posts = Arc::new(AtomicUsize::new(0));
+    let script = vec![H2Post::GoAway { below: false }];
+    let upstream = scripted_h2(script, Arc::clone(&posts)).await;
+    let set = set_on(serde_json::json!({"urls": [upstream], "http2": true}));
+    let router = router(set, |_| {}).await;
+    let r = post(&router, &chat(PINNED, SIMPLE)).await;
+    let text = String::from_utf8_lossy(&r.body);
+    assert_eq!(posts.load(Ordering::SeqCst), 1, "{text}");
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
 }

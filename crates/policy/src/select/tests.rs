@@ -139,6 +139,31 @@ fn context_too_small_is_rejected() {
 }
 
 #[test]
+fn with_nothing_feasible_a_profile_the_prompt_fits_beats_a_better_one_it_does_not() {
+    let mut s = set();
+    let awq = s.index_of("llama8b-awq").unwrap();
+    for p in &mut s.profiles {
+        p.max_context_tokens = if p.id == "llama8b-awq" { 32_768 } else { 4_096 };
+    }
+    // About 6,000 tokens: only awq holds it, and a long wait puts it over the budget.
+    let prompt = "word ".repeat(4_800);
+    let mut load = vec![ProfileLoad::default(); 3];
+    load[awq].queue_wait_ms = 10_000.0;
+    let d = route(&s, &prompt, Overrides::default(), &load).unwrap();
+    assert_eq!(d.reason, Reason::ConstraintsUnmet);
+    assert_eq!(d.profile, awq, "the only profile that can answer at all");
+    assert_eq!(
+        d.candidate(awq).unwrap().rejected_because,
+        Some(Rejection::LatencyOverBudget)
+    );
+    // When no context holds it, the best quality still wins (its upstream says why not).
+    load[awq].available = false;
+    let d = route(&s, &prompt, Overrides::default(), &load).unwrap();
+    assert_eq!(d.reason, Reason::ConstraintsUnmet);
+    assert_eq!(tier(&s, &d), "fp16");
+}
+
+#[test]
 fn a_learned_chars_per_token_replaces_the_profile_figure_in_the_context_check() {
     let mut s = set();
     let awq = s.index_of("llama8b-awq").unwrap();
@@ -274,6 +299,9 @@ fn fallback_orders_prefer_equal_or_better_quality() {
     assert_eq!(d.next_higher_quality(awq), Some(fp8));
     assert_eq!(d.next_higher_quality(fp8), Some(fp16));
     assert_eq!(d.next_higher_quality(fp16), None);
+    // A quality fallback from fp8 never comes back to it nor goes below it.
+    assert_eq!(d.no_better_than(fp8), vec![fp8, awq]);
+    assert_eq!(d.next_after_error(&[fp8, awq, fp16]), None);
 }
 
 #[test]

@@ -294,28 +294,30 @@ pub async fn forward(
     plan: &Plan<'_>,
     body_for: BodyFor<'_>,
 ) -> Result<Answer, ApiError> {
-    let answer = across_tiers(client, config, plan, plan.decision.profile, 0, body_for).await?;
+    let start = plan.decision.profile;
+    let answer = across_tiers(client, config, plan, start, (0, Vec::new()), body_for).await?;
     match plan.stream {
         true => stream_start_check(client, config, plan, answer, body_for).await,
         false => quality_fallback(client, config, plan, answer, body_for).await,
     }
 }
 
-/// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end.
-/// `attempts_before` counts attempts an earlier step already made for the same request.
+/// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end. `before`
+/// is what an earlier step did for the same request: the attempts it made, and the profiles
+/// no fallback may go to (their answer was already rejected).
 async fn across_tiers(
     client: &UpstreamClient,
     config: &ResilienceConfig,
     plan: &Plan<'_>,
     start: ProfileIndex,
-    attempts_before: u32,
+    (attempts_before, ruled_out): (u32, Vec<ProfileIndex>),
     body_for: BodyFor<'_>,
 ) -> Result<Answer, ApiError> {
     let mut progress = Progress {
         attempts: attempts_before,
         retries: 0,
         retry_after: None,
-        profiles_tried: Vec::with_capacity(2),
+        profiles_tried: ruled_out,
         failure: Failure::Nothing,
         fallback: None,
     };
@@ -753,6 +755,9 @@ async fn rerun_for_quality(
 }
 
 /// Sends the request again from `from_to.1`, after `from_to.0` gave an answer nobody saw.
+/// Its fallbacks never return to `from_to.0`, and after a quality check never go to a profile
+/// no better than it: when every better profile fails, the client gets their error, not the
+/// rejected answer asked for again.
 async fn rerun_from(
     client: &UpstreamClient,
     config: &ResilienceConfig,
@@ -764,7 +769,12 @@ async fn rerun_from(
 ) -> Result<Answer, ApiError> {
     let profiles = &plan.snapshot.set.profiles;
     telemetry::fallback(&profiles[from].id, &profiles[to].id, reason.as_str());
-    let mut rerun = across_tiers(client, config, plan, to, attempts, body_for).await?;
+    let ruled_out = match reason {
+        FallbackReason::Quality => plan.decision.no_better_than(from),
+        FallbackReason::Error | FallbackReason::Context => vec![from],
+    };
+    let before = (attempts, ruled_out);
+    let mut rerun = across_tiers(client, config, plan, to, before, body_for).await?;
     rerun.fallback = Some(Fallback {
         from,
         to: rerun.profile,

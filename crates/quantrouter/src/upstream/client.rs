@@ -27,7 +27,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{capture_connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject as _;
@@ -35,12 +35,14 @@ use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 
 use super::{Endpoint, UpstreamError};
+use bounded::Bounded;
 use quiet::{NotQuiet, QuietConnector};
 
+mod bounded;
 mod quiet;
 
 /// The pooled hyper client of one way of connecting.
-type HyperClient = Client<HttpsConnector<QuietConnector>, Full<Bytes>>;
+type HyperClient = Client<Bounded<HttpsConnector<QuietConnector>>, Full<Bytes>>;
 
 /// Connection-pooling client shared by every profile.
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ pub struct UpstreamClient {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Fail fast on unroutable pods; a healthy pod on the cluster network connects in ms.
+    /// It bounds the TLS handshake too: that is part of connecting, and nothing is sent
+    /// before it ends.
     pub connect_timeout: Duration,
     /// vLLM sends headers when the first token is ready; a long queue can take a while, but
     /// a minute with nothing means the pod is stuck.
@@ -160,7 +164,10 @@ impl UpstreamClient {
         timeout: Duration,
     ) -> Result<Response<UpstreamIncoming>, UpstreamError> {
         let client = self.inner.client_for(transport, endpoint, request.uri())?;
-        let sending = client.request(request.map(Full::new));
+        let mut request = request.map(Full::new);
+        // A multiplexed connection is shared: one its server is closing must leave the pool.
+        let connection = transport.http2.then(|| capture_connection(&mut request));
+        let sending = client.request(request);
         let result = match tokio::time::timeout(timeout, sending).await {
             Ok(result) => result,
             // Dropping the request closes its connection: the upstream learns it may stop.
@@ -171,7 +178,14 @@ impl UpstreamClient {
                 })
             }
         };
-        let mut response = result.map_err(|error| failure(endpoint, error))?;
+        let mut response = result.map_err(|error| {
+            let connected = connection.as_ref().map(|c| c.connection_metadata());
+            if let (true, Some(Some(connected))) = (went_away(&error), connected.as_deref()) {
+                // It takes no new stream; the request sent again needs another connection.
+                connected.poison();
+            }
+            failure(endpoint, error)
+        })?;
         // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): passed on, the stale
         // length would frame the body for the client differently than here.
         if response.headers().contains_key(header::TRANSFER_ENCODING) {
@@ -278,9 +292,12 @@ fn build(config: &ClientConfig, roots: RootCertStore, http2: bool) -> HyperClien
         http,
         check: !http2,
     };
-    let connector = match http2 {
-        true => https.enable_http2().wrap_connector(http),
-        false => https.enable_http1().wrap_connector(http),
+    let connector = Bounded {
+        inner: match http2 {
+            true => https.enable_http2().wrap_connector(http),
+            false => https.enable_http1().wrap_connector(http),
+        },
+        timeout: config.connect_timeout,
     };
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
@@ -349,12 +366,17 @@ fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> Ups
         .source()
         .and_then(|e| e.downcast_ref::<hyper::Error>());
     match cause {
-        // hyper hands a request back only when its connection closed before taking it, and
-        // a connection that was not quiet refused to write any of it.
-        Some(cause) if cause.is_canceled() || refused_unwritten(cause) => UpstreamError::Unsent {
-            endpoint,
-            source: error.into(),
-        },
+        // hyper hands a request back only when its connection closed before taking it, a
+        // connection that was not quiet refused to write any of it, and an HTTP/2 server
+        // may say it never processed it.
+        Some(cause)
+            if cause.is_canceled() || refused_unwritten(cause) || never_processed(cause) =>
+        {
+            UpstreamError::Unsent {
+                endpoint,
+                source: error.into(),
+            }
+        }
         Some(cause) if cause.is_parse() => UpstreamError::InvalidResponse {
             endpoint,
             source: error.into(),
@@ -364,6 +386,38 @@ fn failure(endpoint: &Endpoint, error: hyper_util::client::legacy::Error) -> Ups
             source: error.into(),
         },
     }
+}
+
+/// An HTTP/2 server said it did not process the request (RFC 9113 §8.7): it reset the
+/// stream with `REFUSED_STREAM`, or sent `GOAWAY` with a last stream id below it (h2 fails
+/// with the peer's `GOAWAY` exactly the streams above that id, and requests opened after it).
+fn never_processed(error: &hyper::Error) -> bool {
+    h2_cause(error).is_some_and(|h2| {
+        let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        h2.is_remote() && (refused || h2.is_go_away())
+    })
+}
+
+/// The request failed on an HTTP/2 connection its server is closing (`GOAWAY`).
+fn went_away(error: &hyper_util::client::legacy::Error) -> bool {
+    let cause = error
+        .source()
+        .and_then(|e| e.downcast_ref::<hyper::Error>());
+    cause
+        .and_then(h2_cause)
+        .is_some_and(|h2| h2.is_remote() && h2.is_go_away())
+}
+
+/// The HTTP/2 error under a hyper error, if it is one.
+fn h2_cause(error: &hyper::Error) -> Option<&h2::Error> {
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return Some(h2);
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// The quiet check refused the request: nothing of it was written.

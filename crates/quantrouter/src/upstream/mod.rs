@@ -43,8 +43,10 @@ pub enum UpstreamError {
     /// No connection: refused, unreachable, timed out, or its TLS handshake failed.
     #[error("connecting to {endpoint}: {source}")]
     Connect { endpoint: String, source: BoxError },
-    /// A kept-alive connection closed before it took the request: nothing was written.
-    #[error("{endpoint} closed the connection before the request was sent: {source}")]
+    /// The upstream did not take the request: a kept-alive connection closed before it was
+    /// written, or an HTTP/2 server refused its stream or went away before it (RFC 9113
+    /// §8.7: never processed).
+    #[error("{endpoint} did not take the request: {source}")]
     Unsent { endpoint: String, source: BoxError },
     /// The connection failed after the request (or part of it) was written, before a
     /// response head.

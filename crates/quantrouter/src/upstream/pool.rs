@@ -81,6 +81,10 @@ pub struct InflightGuard {
     endpoint: Arc<Endpoint>,
 }
 
+/// Counts a request waiting for a pool's first endpoint until dropped, however the wait ends.
+#[derive(Debug)]
+struct ColdWaiter<'a>(&'a AtomicU64);
+
 /// Weight of the newest sample in the latency EWMA: about the last ten requests.
 const EWMA_WEIGHT: f64 = 0.1;
 
@@ -197,22 +201,22 @@ impl Pool {
     }
 
     /// Waits up to `timeout` for the pool to have an endpoint (a tier scaled to zero coming
-    /// up). Waiting requests count in the tier's queue depth.
+    /// up). Waiting requests count in the tier's queue depth until their wait ends, also when
+    /// a client gives up and drops it: a phantom waiter would keep the tier from ever scaling
+    /// back to zero.
     pub async fn wait_for_endpoints(&self, timeout: Duration) -> bool {
-        self.cold_waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = ColdWaiter::enter(&self.cold_waiting);
         let deadline = Instant::now() + timeout;
-        let ready = loop {
+        loop {
             // Register before checking, so an update in between is not missed.
             let changed = self.changed.notified();
             if self.has_endpoints() {
-                break true;
+                return true;
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                break self.has_endpoints();
+                return self.has_endpoints();
             }
-        };
-        self.cold_waiting.fetch_sub(1, Ordering::Relaxed);
-        ready
+        }
     }
 
     /// Requests waiting for this pool's first endpoint.
@@ -522,6 +526,21 @@ impl Drop for Pick {
         if self.probe && !self.reported {
             self.endpoint.lock_breaker().abandon_probe();
         }
+    }
+}
+
+// === impl ColdWaiter ===
+
+impl<'a> ColdWaiter<'a> {
+    fn enter(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for ColdWaiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -312,6 +312,31 @@ async fn bytes_on_an_idle_connection_never_answer_a_request_sent_before_they_are
 }
 
 #[tokio::test]
+async fn a_tls_handshake_never_answered_is_a_connect_error_nothing_was_sent_on() {
+    let mut server = server().await;
+    let endpoint = Endpoint::new(
+        &format!("https://{}", server.authority),
+        &ResilienceConfig::default(),
+        Instant::now(),
+    );
+    let client = UpstreamClient::new(ClientConfig {
+        connect_timeout: Duration::from_millis(200),
+        ..ClientConfig::default()
+    });
+    let request = Request::post(endpoint.uri("/v1/chat/completions").unwrap())
+        .body(Bytes::from_static(b"{}"))
+        .unwrap();
+    let error = client
+        .send(&Transport::default(), &endpoint, request, FIVE_S)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
+    assert_eq!(error.sent(), Sent::No);
+    // The TCP connect itself succeeded; the handshake is what went unanswered.
+    assert!(server.accepted.try_recv().is_ok());
+}
+
+#[tokio::test]
 async fn chunked_frames_arrive_as_the_server_sends_them() {
     let mut server = server().await;
     let client = client();
