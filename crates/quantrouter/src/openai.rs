@@ -84,6 +84,10 @@ pub enum ApiError {
     BadGateway(String),
     #[error("No healthy profile can serve this request: {0}")]
     Unavailable(String),
+    /// The tenant may use no profile of the active set: a configuration error that no
+    /// retry mends.
+    #[error("{0}")]
+    NoAllowedProfile(String),
     #[error("The request did not complete within its deadline: {0}")]
     Timeout(String),
     #[error("Profile {profile} is at capacity: {reason}. Retry after {retry_after_s} s.")]
@@ -580,6 +584,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NoAllowedProfile(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -598,6 +603,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
             ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::NoAllowedProfile(_) => ("permission_error", "no_allowed_profile"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::RouteNotFound(_) => ("invalid_request_error", "unknown_url"),
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),

@@ -169,13 +169,14 @@ async fn token_limits_are_corrected_from_the_usage_of_answers() {
         headers.contains(&("x-ratelimit-remaining-tokens", "50".to_owned())),
         "{headers:?}"
     );
-    // A correction of a request admitted in a minute that is over changes nothing now.
+    // A correction that arrives after its minute ended lands in that minute, not in the
+    // next one, and is not dropped.
     limiters[1]
         .settle(third.ticket.unwrap(), 10, 0.0, now + 60_000)
         .await;
     let (previous, _) = limiters[0].counters("team-a", now + 2_000).await;
     let (current, _) = limiters[0].counters("team-a", now + 60_000).await;
-    assert_eq!((previous.tokens, current.tokens), (950, 0));
+    assert_eq!((previous.tokens, current.tokens), (160, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,8 +289,9 @@ async fn with_redis_stopped_decisions_go_on_under_local_shares_and_counters_resu
         assert_eq!(stats.local_decisions, 30);
     }
 
-    // Back (empty: no persistence). What was counted meanwhile is handed over, then
-    // requests count in Redis again.
+    // Back (empty: no persistence). The replicas re-seed the counters from what they last
+    // read (the 15 counted before the outage), add what they counted meanwhile, then
+    // requests count in Redis again: the minute's limit still holds.
     let _redis = RedisServer::start_on(port, None);
     let back = eventually(Duration::from_secs(10), || async {
         limiters.iter().all(|l| l.stats().redis_up)
@@ -298,10 +300,15 @@ async fn with_redis_stopped_decisions_go_on_under_local_shares_and_counters_resu
     assert!(back, "limiters did not reconnect");
     let (counters, source) = limiters[0].counters("team-a", now + 2).await;
     assert_eq!(source, CounterSource::Redis);
-    assert_eq!(counters.requests, local_admitted);
+    assert_eq!(counters.requests, 15 + local_admitted);
     let a = limiters[1].admit(t, 0, now + 3).await;
     assert_eq!(a.source, CounterSource::Redis);
     assert_eq!(limiters[1].stats().redis_decisions, 6);
+    assert!(
+        15 + local_admitted >= 60 && !admitted(a.decision.outcome),
+        "the restart gave the minute's requests back: {:?}",
+        a.decision
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
