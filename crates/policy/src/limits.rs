@@ -558,6 +558,43 @@ pub fn admit_reserving(
     }
 }
 
+/// Decides one request on a replica's share of the limits ([`Quota::local_share`]): as
+/// [`admit_reserving`], except that a budget share refuses a request whose reservation does
+/// not fit in what is left of it. Each replica letting one request cross its share would
+/// overshoot the budget once per replica; strict shares keep the cluster within it.
+pub fn admit_on_share(
+    share: &Quota,
+    before: &Counters,
+    reserved: Reservation,
+    now_ms: u64,
+) -> LimitDecision {
+    let windows = Windows::at(now_ms);
+    let crosses = |budget: Option<u64>, spent: u64| {
+        budget.is_some_and(|b| spent.saturating_add(reserved.spend) > b)
+    };
+    let limit = if crosses(share.budget_per_month, before.spend_month) {
+        Some(LimitKind::BudgetPerMonth)
+    } else if crosses(share.budget_per_day, before.spend_day) {
+        Some(LimitKind::BudgetPerDay)
+    } else {
+        None
+    };
+    match limit {
+        Some(limit) if reserved.spend > 0 => {
+            let wait_ms = limit.window_end_ms(windows).saturating_sub(now_ms);
+            LimitDecision {
+                outcome: Outcome::Refuse {
+                    limit,
+                    retry_after_s: wait_ms.div_ceil(1000).max(1),
+                },
+                headers: rate_headers(share, before, windows, now_ms),
+                used: used_share(share, before),
+            }
+        }
+        _ => admit_reserving(share, before, reserved, now_ms),
+    }
+}
+
 /// The largest share of any limit that `counters` use.
 pub fn used_share(quota: &Quota, counters: &Counters) -> f64 {
     let share = |limit: Option<u64>, used: u64| match limit {

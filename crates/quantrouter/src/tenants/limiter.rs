@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use quantrouter_policy::limits::{
-    admit_reserving, to_micros, Counters, LimitDecision, Outcome, Reservation, WindowedCounters,
-    Windows, MINUTE_MS,
+    admit_on_share, admit_reserving, to_micros, Counters, LimitDecision, Outcome, Reservation,
+    WindowedCounters, Windows, MINUTE_MS,
 };
 use quantrouter_policy::MAX_COUNT_LIMIT;
 use redis::aio::MultiplexedConnection;
@@ -178,6 +178,9 @@ pub struct Ticket {
     tenant: Arc<str>,
     reserved: Reservation,
     admitted_ms: u64,
+    /// Admitted by Redis (the reservation is in the cluster's counters as this replica
+    /// read them), or locally (in this replica's own).
+    source: CounterSource,
 }
 
 /// How an admitted request ended, for the correction of its reservation.
@@ -500,7 +503,12 @@ impl Limiter {
             }
             shared.keep_unsynced(&ticket.tenant, &updates);
         }
-        shared.correct_locally(&ticket.tenant, correction, now_ms);
+        match ticket.source {
+            // Its reservation is in the cluster's counters as last read, not in this
+            // replica's own: correcting those would free this replica's share.
+            CounterSource::Redis => shared.note_correction(&ticket.tenant, correction),
+            CounterSource::Local => shared.correct_locally(&ticket.tenant, correction, now_ms),
+        }
     }
 
     /// Reads the counters of `tenants` (those with limits) every heartbeat, so that when
@@ -653,6 +661,7 @@ impl Shared {
                 tenant: Arc::clone(&tenant.id),
                 reserved,
                 admitted_ms: now_ms,
+                source: CounterSource::Redis,
             }),
         }
     }
@@ -679,7 +688,10 @@ impl Shared {
         let own = state
             .own
             .get_or_insert_with(|| WindowedCounters::new(now_ms));
-        let mut decision = admit_reserving(&quota, &own.at(now_ms), reserved, now_ms);
+        let mut decision = match &self.redis {
+            Some(_) => admit_on_share(&quota, &own.at(now_ms), reserved, now_ms),
+            None => admit_reserving(&quota, &own.at(now_ms), reserved, now_ms),
+        };
         // Clients see the tenant's limits, not the share: only what remains is this
         // replica's.
         let headers = &mut decision.headers;
@@ -721,6 +733,7 @@ impl Shared {
                 tenant: Arc::clone(&tenant.id),
                 reserved,
                 admitted_ms: now_ms,
+                source: CounterSource::Local,
             }),
         }
     }
