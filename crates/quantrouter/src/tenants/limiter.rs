@@ -204,6 +204,8 @@ pub struct LimiterStats {
     pub redis_up: bool,
     /// Replicas seen recently (this one included); 1 without Redis.
     pub replicas: u64,
+    /// Heartbeats that read the followed tenants' counters ([`Limiter::follow`]).
+    pub refreshes: u64,
 }
 
 struct Shared {
@@ -223,6 +225,7 @@ struct Shared {
     redis_decisions: AtomicU64,
     local_decisions: AtomicU64,
     redis_failures: AtomicU64,
+    refreshes: AtomicU64,
 }
 
 /// Lists the tenants whose counters a replica keeps an eye on.
@@ -385,6 +388,7 @@ impl Limiter {
             redis_decisions: AtomicU64::new(0),
             local_decisions: AtomicU64::new(0),
             redis_failures: AtomicU64::new(0),
+            refreshes: AtomicU64::new(0),
         });
         let heartbeat = match shared.redis.is_some() {
             true => {
@@ -534,6 +538,7 @@ impl Limiter {
                 .as_ref()
                 .is_some_and(|r| r.up.load(Ordering::Acquire)),
             replicas: shared.replicas.load(Ordering::Relaxed),
+            refreshes: shared.refreshes.load(Ordering::Relaxed),
         }
     }
 
@@ -966,6 +971,7 @@ impl Shared {
                 counters: merged,
             });
         }
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every tenant's unsynced amounts whose windows are not over, taken out.
