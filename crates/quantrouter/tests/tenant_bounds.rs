@@ -534,8 +534,8 @@ async fn three_replicas_hold_every_bound_through_bursts_and_an_empty_redis_resta
     let fleet = Arc::new(Fleet::start(3, &tenants, Duration::ZERO, &redis).await);
     let small = |_| support::chat("auto", SIMPLE);
     // max_tokens-heavy, every other one streamed.
-    let heavy = |i: usize| long_chat(1000, i % 2 == 0);
-    let priced = |i: usize| long_chat(200, i % 2 == 0);
+    let heavy = |i: usize| long_chat(1000, i.is_multiple_of(2));
+    let priced = |i: usize| long_chat(200, i.is_multiple_of(2));
     let done = Arc::new(AtomicUsize::new(0));
     let mut replies: Vec<(&str, tokio::task::JoinHandle<Reply>)> = Vec::new();
     let mut add = |tenant, tasks: Vec<tokio::task::JoinHandle<Reply>>| {
