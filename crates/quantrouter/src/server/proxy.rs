@@ -248,14 +248,20 @@ async fn admit_tenant(
     };
     let bytes: usize = parsed.prompt().segments.iter().map(|s| s.text.len()).sum();
     let prompt = u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX);
-    let allowed = tenant.allowed_profiles.as_deref();
-    let may_serve = snapshot
-        .set
-        .profiles
-        .iter()
-        .filter(|p| p.enabled && allowed.is_none_or(|ids| ids.contains(&p.id)));
-    let max_tokens = parsed.max_tokens.map(u64::from);
-    let reserved = Reservation::worst_case(prompt, max_tokens, may_serve);
+    // A tenant without limits reserves nothing: no need to price the request.
+    let reserved = match tenant.quota.is_limited() {
+        true => {
+            let allowed = tenant.allowed_profiles.as_deref();
+            let may_serve = snapshot
+                .set
+                .profiles
+                .iter()
+                .filter(|p| p.enabled && allowed.is_none_or(|ids| ids.contains(&p.id)));
+            let max_tokens = parsed.max_tokens.map(u64::from);
+            Reservation::worst_case(prompt, max_tokens, may_serve)
+        }
+        false => Reservation::default(),
+    };
     Ok(Some(tenants.admit(tenant, prompt, reserved).await?))
 }
 
