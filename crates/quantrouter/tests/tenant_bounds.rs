@@ -252,9 +252,10 @@ async fn a_stream_its_client_leaves_before_the_end_is_charged_what_it_delivered(
     for stream in streams {
         served.push(stream.await.unwrap());
     }
-    // What the router passed on before it noticed each client was gone: the tokens read, at
-    // most a few more (events in flight), never the 2,000 reserved.
-    let (low, high) = (READ as u64, READ as u64 + 40);
+    // What the router passed on before it noticed each client was gone: the tokens read,
+    // and the events in flight meanwhile (more on a loaded machine), never the 2,000
+    // reserved.
+    let (low, high) = (READ as u64, READ as u64 + 600);
     let prompt = prompt_estimate();
     let cost = |profile: &str, completion: u64| {
         let p = fleet.set.profile(profile).unwrap();
@@ -608,6 +609,11 @@ async fn three_replicas_hold_every_bound_through_bursts_and_an_empty_redis_resta
         }
     }
     let worst = worst_case_micros(&fleet.set, 200);
+    eprintln!(
+        "admitted {admitted} of {REQUESTS} a minute, {tokens} tokens of {TOKENS}, \
+         spent {spent} millionths of {}",
+        to_micros(BUDGET)
+    );
     let bound = (REQUESTS as f64 * 1.1) as u64 + 3;
     assert!(
         admitted <= bound,
