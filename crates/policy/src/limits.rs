@@ -236,22 +236,24 @@ impl Reservation {
     }
 
     /// The worst case of a request whose prompt is estimated at `prompt_tokens`, asking for
-    /// at most `max_tokens` (all choices together), on whichever of `profiles` serves it:
-    /// the most tokens and the highest cost any of them could come to. Without
-    /// `max_tokens` a profile generates until its context is full, capped at
+    /// `choices` answers of at most `max_tokens` each, on whichever of `profiles` serves
+    /// it: the most tokens and the highest cost any of them could come to. Without
+    /// `max_tokens` an answer runs until the profile's context is full, capped at
     /// [`DEFAULT_RESERVED_COMPLETION_TOKENS`].
     pub fn worst_case<'a>(
         prompt_tokens: u64,
         max_tokens: Option<u64>,
+        choices: u64,
         profiles: impl IntoIterator<Item = &'a Profile>,
     ) -> Self {
-        let completion = |p: &Profile| {
+        let per_choice = |p: &Profile| {
             max_tokens.unwrap_or_else(|| {
                 u64::from(p.max_context_tokens)
                     .saturating_sub(prompt_tokens)
                     .min(DEFAULT_RESERVED_COMPLETION_TOKENS)
             })
         };
+        let completion = |p: &Profile| per_choice(p).saturating_mul(choices.max(1));
         let mut worst: Option<Self> = None;
         for p in profiles {
             let completion = completion(p);
@@ -270,10 +272,8 @@ impl Reservation {
             });
         }
         worst.unwrap_or_else(|| {
-            Self::tokens(
-                prompt_tokens
-                    .saturating_add(max_tokens.unwrap_or(DEFAULT_RESERVED_COMPLETION_TOKENS)),
-            )
+            let per_choice = max_tokens.unwrap_or(DEFAULT_RESERVED_COMPLETION_TOKENS);
+            Self::tokens(prompt_tokens.saturating_add(per_choice.saturating_mul(choices.max(1))))
         })
     }
 

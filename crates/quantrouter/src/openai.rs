@@ -50,6 +50,8 @@ pub struct ParsedRequest<'a> {
     texts: Vec<(Role, Cow<'a, str>)>,
     pub wants_json: bool,
     pub max_tokens: Option<u32>,
+    /// Choices asked for (`n`, at least 1): each may generate up to `max_tokens`.
+    pub choices: u32,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
     /// The client sent `stream_options` (so the router leaves it alone).
@@ -114,6 +116,8 @@ struct WireRequest<'a> {
     max_tokens: Option<i64>,
     #[serde(default)]
     max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    n: Option<i64>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -295,6 +299,9 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
+            choices: wire
+                .n
+                .map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),

@@ -317,6 +317,23 @@ async fn tokens_per_minute_reserves_max_tokens_so_concurrent_requests_cannot_pas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_reserves_max_tokens_for_each_of_its_choices() {
+    let redis = RedisServer::start(None);
+    let limits = r#"{"tokens_per_minute": 100000, "soft_limit": 1.0}"#;
+    let fleet = Fleet::start(1, &[tenant("team-a", limits, "")], Duration::ZERO, &redis).await;
+    let body = serde_json::json!({"model": "auto", "max_tokens": 100, "n": 4,
+        "messages": [{"role": "user", "content": SIMPLE}]})
+    .to_string();
+    let r = fleet.post(0, "team-a", &body).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    // Counted at admission: the prompt's estimate and four answers of up to 100 tokens.
+    assert_eq!(
+        r.header("x-ratelimit-remaining-tokens"),
+        (100_000 - prompt_estimate() - 400).to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_ends_in_the_next_minute_is_counted_in_the_minute_it_was_admitted() {
     let redis = RedisServer::start(None);
     let limits = r#"{"tokens_per_minute": 100000, "soft_limit": 1.0}"#;

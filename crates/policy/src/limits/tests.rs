@@ -232,7 +232,7 @@ fn default_profiles() -> Vec<Profile> {
 #[test]
 fn a_reservation_is_the_worst_case_over_the_profiles_that_may_serve() {
     let profiles = default_profiles();
-    let r = Reservation::worst_case(100, Some(1_000), &profiles);
+    let r = Reservation::worst_case(100, Some(1_000), 1, &profiles);
     assert_eq!(r.tokens, 1_100);
     let dearest = profiles
         .iter()
@@ -253,16 +253,20 @@ fn a_reservation_is_the_worst_case_over_the_profiles_that_may_serve() {
         .min_by_key(|p| p.max_context_tokens)
         .unwrap();
     let prompt = u64::from(small.max_context_tokens) - 10;
-    let r = Reservation::worst_case(prompt, None, [small]);
+    let r = Reservation::worst_case(prompt, None, 1, [small]);
     assert_eq!(r.tokens, prompt + 10);
-    let r = Reservation::worst_case(5, None, [small]);
+    let r = Reservation::worst_case(5, None, 1, [small]);
     assert_eq!(
         r.tokens,
         5 + DEFAULT_RESERVED_COMPLETION_TOKENS.min(u64::from(small.max_context_tokens) - 5)
     );
     // No profile at all: tokens only.
-    let r = Reservation::worst_case(5, Some(7), []);
+    let r = Reservation::worst_case(5, Some(7), 1, []);
     assert_eq!(r, Reservation::tokens(12));
+    // Each of n choices may run to max_tokens.
+    let r = Reservation::worst_case(100, Some(1_000), 8, &profiles);
+    assert_eq!(r.tokens, 8_100);
+    assert!(r.spend > dearest * 7);
 }
 
 #[test]

@@ -235,8 +235,8 @@ fn sample_for_calibration(
 
 /// The tenant's limits, before routing: one counter round trip at most. The request
 /// reserves its worst case — the prompt's estimate (a quarter of its bytes) plus
-/// `max_tokens`, at the dearest profile the tenant may be served by — settled to what it
-/// used when the answer ends.
+/// `max_tokens` for each of its `n` choices, at the dearest profile the tenant may be served
+/// by — settled to what it used when the answer ends.
 async fn admit_tenant(
     app: &App,
     tenant: Option<Arc<ActiveTenant>>,
@@ -258,7 +258,8 @@ async fn admit_tenant(
                 .iter()
                 .filter(|p| p.enabled && allowed.is_none_or(|ids| ids.contains(&p.id)));
             let max_tokens = parsed.max_tokens.map(u64::from);
-            Reservation::worst_case(prompt, max_tokens, may_serve)
+            let choices = u64::from(parsed.choices);
+            Reservation::worst_case(prompt, max_tokens, choices, may_serve)
         }
         false => Reservation::default(),
     };
