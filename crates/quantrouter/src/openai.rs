@@ -117,7 +117,7 @@ struct WireRequest<'a> {
     #[serde(default)]
     max_completion_tokens: Option<i64>,
     #[serde(default)]
-    n: Option<i64>,
+    n: Option<Lenient>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -130,6 +130,15 @@ struct WireRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(default)]
     stream_options: Option<serde::de::IgnoredAny>,
+}
+
+/// A field only counted on, never checked: a number, or anything else (left to the upstream
+/// to refuse).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient {
+    Number(f64),
+    Other(serde::de::IgnoredAny),
 }
 
 #[derive(Deserialize)]
@@ -299,9 +308,11 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
-            choices: wire
-                .n
-                .map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
+            // `as` saturates; NaN is 0, then 1.
+            choices: match wire.n {
+                Some(Lenient::Number(n)) => (n as u32).max(1),
+                _ => 1,
+            },
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),
