@@ -10,9 +10,15 @@
 //! Windows are fixed: requests and tokens per calendar minute, spend per UTC day and per
 //! UTC calendar month. A fixed window resets all at once at its end, which is what
 //! `x-ratelimit-reset-*` and `Retry-After` then say exactly.
+//!
+//! An admitted request holds a [`Reservation`] (its tokens and cost at worst) in the windows
+//! it was admitted in, so concurrent requests cannot all pass a limit none of them has
+//! reached yet; when it ends, [`Reservation::settle`] turns the reservation into what it
+//! used, in the same windows.
 
 use serde::Serialize;
 
+use crate::profile::Profile;
 use crate::tenant::TenantLimits;
 
 /// Milliseconds in a minute window.
@@ -76,6 +82,21 @@ pub struct Quota {
     /// Share of any limit from which requests are downgraded; 1 never downgrades.
     pub soft_limit: f64,
 }
+
+/// What an admitted request counts against its tenant's limits until its answer ends: the
+/// most it may use. Settled to what it used ([`Reservation::settle`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservation {
+    /// The prompt's estimate plus the most the answer may generate.
+    pub tokens: u64,
+    /// The worst-case cost, in millionths of the currency unit.
+    pub spend: u64,
+}
+
+/// Completion tokens reserved for a request without `max_tokens` (less when the profile's
+/// context leaves less): most answers end well below it, and one that runs on is charged
+/// what it used when it ends.
+pub const DEFAULT_RESERVED_COMPLETION_TOKENS: u64 = 4096;
 
 /// Which limit a request ran into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -206,15 +227,82 @@ fn days_from_civil(year: u64, month: u32, day: u32) -> u64 {
     (era * 146_097 + doe).saturating_sub(719_468)
 }
 
+// === impl Reservation ===
+
+impl Reservation {
+    /// A reservation of tokens alone (no budget to hold).
+    pub fn tokens(tokens: u64) -> Self {
+        Self { tokens, spend: 0 }
+    }
+
+    /// The worst case of a request whose prompt is estimated at `prompt_tokens`, asking for
+    /// `choices` answers of at most `max_tokens` each, on whichever of `profiles` serves
+    /// it: the most tokens and the highest cost any of them could come to. Without
+    /// `max_tokens` an answer runs until the profile's context is full, capped at
+    /// [`DEFAULT_RESERVED_COMPLETION_TOKENS`].
+    pub fn worst_case<'a>(
+        prompt_tokens: u64,
+        max_tokens: Option<u64>,
+        choices: u64,
+        profiles: impl IntoIterator<Item = &'a Profile>,
+    ) -> Self {
+        let per_choice = |p: &Profile| {
+            max_tokens.unwrap_or_else(|| {
+                u64::from(p.max_context_tokens)
+                    .saturating_sub(prompt_tokens)
+                    .min(DEFAULT_RESERVED_COMPLETION_TOKENS)
+            })
+        };
+        let completion = |p: &Profile| per_choice(p).saturating_mul(choices.max(1));
+        let mut worst: Option<Self> = None;
+        for p in profiles {
+            let completion = completion(p);
+            let cost = prompt_tokens as f64 * p.cost_per_1m_input_tokens / 1e6
+                + completion as f64 * p.cost_per_1m_output_tokens / 1e6;
+            let this = Self {
+                tokens: prompt_tokens.saturating_add(completion),
+                spend: to_micros(cost),
+            };
+            worst = Some(match worst {
+                Some(w) => Self {
+                    tokens: w.tokens.max(this.tokens),
+                    spend: w.spend.max(this.spend),
+                },
+                None => this,
+            });
+        }
+        worst.unwrap_or_else(|| {
+            let per_choice = max_tokens.unwrap_or(DEFAULT_RESERVED_COMPLETION_TOKENS);
+            Self::tokens(prompt_tokens.saturating_add(per_choice.saturating_mul(choices.max(1))))
+        })
+    }
+
+    /// The corrections (tokens, spend) that turn this reservation into what the request
+    /// used: negative when it used less.
+    pub fn settle(self, used_tokens: u64, used_spend: u64) -> (i64, i64) {
+        let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        (
+            signed(used_tokens).saturating_sub(signed(self.tokens)),
+            signed(used_spend).saturating_sub(signed(self.spend)),
+        )
+    }
+}
+
 // === impl Counters ===
 
 impl Counters {
     /// These counters plus one admitted request of `tokens` tokens.
     pub fn plus_request(self, tokens: u64) -> Self {
+        self.plus(Reservation::tokens(tokens))
+    }
+
+    /// These counters plus one admitted request holding `reserved`.
+    pub fn plus(self, reserved: Reservation) -> Self {
         Self {
             requests: self.requests.saturating_add(1),
-            tokens: self.tokens.saturating_add(tokens),
-            ..self
+            tokens: self.tokens.saturating_add(reserved.tokens),
+            spend_day: self.spend_day.saturating_add(reserved.spend),
+            spend_month: self.spend_month.saturating_add(reserved.spend),
         }
     }
 }
@@ -258,6 +346,24 @@ impl WindowedCounters {
         c.spend_month = c.spend_month.saturating_add(spend);
     }
 
+    /// Corrects what a request admitted at `admitted_ms` counted (a settlement or a
+    /// refund), in the windows it counted in; a window that has ended since is left alone,
+    /// and no counter goes below zero.
+    pub fn correct(&mut self, admitted_ms: u64, requests: i64, tokens: i64, spend: i64) {
+        let then = Windows::at(admitted_ms);
+        let c = &mut self.counters;
+        if then.minute == self.windows.minute {
+            c.requests = c.requests.saturating_add_signed(requests);
+            c.tokens = c.tokens.saturating_add_signed(tokens);
+        }
+        if then.day == self.windows.day {
+            c.spend_day = c.spend_day.saturating_add_signed(spend);
+        }
+        if then.month == self.windows.month {
+            c.spend_month = c.spend_month.saturating_add_signed(spend);
+        }
+    }
+
     /// The counters as of `now_ms`: zero in windows that have ended since.
     pub fn at(&self, now_ms: u64) -> Counters {
         let mut rolled = *self;
@@ -277,6 +383,19 @@ impl Quota {
         budget_per_month: None,
         soft_limit: 1.0,
     };
+
+    /// What a request may hold of the token limit: its reservation, but never more than
+    /// the whole limit, so a request larger than a minute's tokens still passes once the
+    /// minute is empty instead of never (tokens served then stay within the limit plus
+    /// one request's worst case).
+    pub fn reservable(&self, reserved: Reservation) -> Reservation {
+        Reservation {
+            tokens: self
+                .tokens_per_minute
+                .map_or(reserved.tokens, |limit| reserved.tokens.min(limit)),
+            ..reserved
+        }
+    }
 
     /// Whether any limit is set.
     pub fn is_limited(&self) -> bool {
@@ -369,8 +488,9 @@ impl LimitKind {
 }
 
 /// The limit that refuses one more request of `tokens` tokens on top of `before`, if any.
-/// Budgets refuse once spent (the request that crosses one is let through: its cost is only
-/// known when it ends); rates refuse a request that would pass them. Longest waits first:
+/// Budgets refuse once spent or reserved (the request that crosses one is let through, so
+/// spend stays within the budget plus one request's worst case); rates refuse a request
+/// that would pass them. Longest waits first:
 /// month, day, then the minute's requests and tokens. The Redis admission script makes the
 /// same comparisons in the same order.
 pub fn exceeded(quota: &Quota, before: &Counters, tokens: u64) -> Option<LimitKind> {
@@ -397,8 +517,19 @@ pub fn exceeded(quota: &Quota, before: &Counters, tokens: u64) -> Option<LimitKi
 /// Decides one request of an estimated `tokens` tokens, given what the tenant used before it
 /// in the windows of `now_ms`.
 pub fn admit(quota: &Quota, before: &Counters, tokens: u64, now_ms: u64) -> LimitDecision {
+    admit_reserving(quota, before, Reservation::tokens(tokens), now_ms)
+}
+
+/// Decides one request holding `reserved` (tokens and worst-case spend), given what the
+/// tenant used and reserved before it in the windows of `now_ms`.
+pub fn admit_reserving(
+    quota: &Quota,
+    before: &Counters,
+    reserved: Reservation,
+    now_ms: u64,
+) -> LimitDecision {
     let windows = Windows::at(now_ms);
-    match exceeded(quota, before, tokens) {
+    match exceeded(quota, before, reserved.tokens) {
         Some(limit) => {
             let wait_ms = limit.window_end_ms(windows).saturating_sub(now_ms);
             LimitDecision {
@@ -411,7 +542,7 @@ pub fn admit(quota: &Quota, before: &Counters, tokens: u64, now_ms: u64) -> Limi
             }
         }
         None => {
-            let after = before.plus_request(tokens);
+            let after = before.plus(reserved);
             let used = used_share(quota, &after);
             let outcome = if quota.soft_limit < 1.0 && used >= quota.soft_limit {
                 Outcome::Downgrade
@@ -424,6 +555,43 @@ pub fn admit(quota: &Quota, before: &Counters, tokens: u64, now_ms: u64) -> Limi
                 used,
             }
         }
+    }
+}
+
+/// Decides one request on a replica's share of the limits ([`Quota::local_share`]): as
+/// [`admit_reserving`], except that a budget share refuses a request whose reservation does
+/// not fit in what is left of it. Each replica letting one request cross its share would
+/// overshoot the budget once per replica; strict shares keep the cluster within it.
+pub fn admit_on_share(
+    share: &Quota,
+    before: &Counters,
+    reserved: Reservation,
+    now_ms: u64,
+) -> LimitDecision {
+    let windows = Windows::at(now_ms);
+    let crosses = |budget: Option<u64>, spent: u64| {
+        budget.is_some_and(|b| spent.saturating_add(reserved.spend) > b)
+    };
+    let limit = if crosses(share.budget_per_month, before.spend_month) {
+        Some(LimitKind::BudgetPerMonth)
+    } else if crosses(share.budget_per_day, before.spend_day) {
+        Some(LimitKind::BudgetPerDay)
+    } else {
+        None
+    };
+    match limit {
+        Some(limit) if reserved.spend > 0 => {
+            let wait_ms = limit.window_end_ms(windows).saturating_sub(now_ms);
+            LimitDecision {
+                outcome: Outcome::Refuse {
+                    limit,
+                    retry_after_s: wait_ms.div_ceil(1000).max(1),
+                },
+                headers: rate_headers(share, before, windows, now_ms),
+                used: used_share(share, before),
+            }
+        }
+        _ => admit_reserving(share, before, reserved, now_ms),
     }
 }
 

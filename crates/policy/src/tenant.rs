@@ -82,8 +82,8 @@ pub struct Tenant {
 pub struct TenantLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u64>,
-    /// Prompt plus completion tokens per minute (estimated at admission, corrected from the
-    /// answer's `usage`).
+    /// Prompt plus completion tokens per minute (reserved at admission: the prompt's
+    /// estimate plus `max_tokens`; settled to the answer's `usage`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u64>,
     /// Spend per UTC day, in the currency of the profiles' prices.

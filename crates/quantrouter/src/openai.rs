@@ -50,6 +50,8 @@ pub struct ParsedRequest<'a> {
     texts: Vec<(Role, Cow<'a, str>)>,
     pub wants_json: bool,
     pub max_tokens: Option<u32>,
+    /// Choices asked for (`n`, at least 1): each may generate up to `max_tokens`.
+    pub choices: u32,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
     /// The client sent `stream_options` (so the router leaves it alone).
@@ -84,6 +86,10 @@ pub enum ApiError {
     BadGateway(String),
     #[error("No healthy profile can serve this request: {0}")]
     Unavailable(String),
+    /// The tenant may use no profile of the active set: a configuration error that no
+    /// retry mends.
+    #[error("{0}")]
+    NoAllowedProfile(String),
     #[error("The request did not complete within its deadline: {0}")]
     Timeout(String),
     #[error("Profile {profile} is at capacity: {reason}. Retry after {retry_after_s} s.")]
@@ -111,6 +117,8 @@ struct WireRequest<'a> {
     #[serde(default)]
     max_completion_tokens: Option<i64>,
     #[serde(default)]
+    n: Option<Lenient>,
+    #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
     temperature: Option<f64>,
@@ -122,6 +130,15 @@ struct WireRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(default)]
     stream_options: Option<serde::de::IgnoredAny>,
+}
+
+/// A field only counted on, never checked: a number, or anything else (left to the upstream
+/// to refuse).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient {
+    Number(f64),
+    Other(serde::de::IgnoredAny),
 }
 
 #[derive(Deserialize)]
@@ -291,6 +308,11 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
+            // `as` saturates; NaN is 0, then 1.
+            choices: match wire.n {
+                Some(Lenient::Number(n)) => (n as u32).max(1),
+                _ => 1,
+            },
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),
@@ -580,6 +602,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NoAllowedProfile(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -598,6 +621,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
             ApiError::Unauthorized => ("invalid_request_error", "invalid_api_key"),
+            ApiError::NoAllowedProfile(_) => ("permission_error", "no_allowed_profile"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::RouteNotFound(_) => ("invalid_request_error", "unknown_url"),
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),

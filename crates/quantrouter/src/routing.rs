@@ -34,6 +34,28 @@ pub const AUTO_MODEL: &str = "auto";
 /// anything above is a 400, never a panic.
 const MAX_HEADER_MS: f64 = 86_400_000.0;
 
+/// A tenant whose `allowed_profiles` names no enabled profile of the set can never be
+/// served: 403 with what is wrong, not a 503 its clients would retry forever.
+fn check_allowed(set: &ProfileSet, tenant: &ActiveTenant) -> Result<(), ApiError> {
+    let Some(allowed) = tenant.allowed_profiles.as_deref() else {
+        return Ok(());
+    };
+    if set
+        .profiles
+        .iter()
+        .any(|p| p.enabled && allowed.contains(&p.id))
+    {
+        return Ok(());
+    }
+    Err(ApiError::NoAllowedProfile(format!(
+        "Tenant {} may use only the profiles {}, none of which is an enabled profile of the \
+         active profile set (version {}); its allowed_profiles must be corrected.",
+        tenant.id,
+        allowed.join(", "),
+        set.version
+    )))
+}
+
 /// Routes one request against a snapshot.
 ///
 /// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
@@ -63,7 +85,10 @@ pub fn route(
         ..Overrides::default()
     };
     let overrides = match tenant {
-        Some((tenant, downgraded)) => tenant.overrides(overrides, downgraded),
+        Some((tenant, downgraded)) => {
+            check_allowed(set, tenant)?;
+            tenant.overrides(overrides, downgraded)
+        }
         None => overrides,
     };
     let prompt = parsed.prompt();

@@ -279,18 +279,18 @@ async fn token_counts_are_corrected_from_usage_streamed_answers_included() {
     .await;
     let report = replicas.usage_report(1).await;
     assert!(settled, "{counted} tokens expected: {report}");
-    // Estimated at admission (a quarter of the prompt's bytes), then corrected: the next
-    // request's headers count the corrected tokens plus its own estimate.
-    let estimate = (SIMPLE.len() as u64).div_ceil(4);
+    // Reserved at admission (a quarter of the prompt's bytes, plus max_tokens), then
+    // settled: the next request's headers count the settled tokens plus its reservation.
+    let reserved = (SIMPLE.len() as u64).div_ceil(4) + 8;
     assert_ne!(
-        estimate, whole_tokens,
-        "the test needs usage unlike the estimate"
+        reserved, whole_tokens,
+        "the test needs usage unlike the reservation"
     );
     let r = replicas.post(1, &whole).await;
     assert_eq!(r.header("x-ratelimit-limit-tokens"), "100000");
     assert_eq!(
         r.header("x-ratelimit-remaining-tokens"),
-        (100_000 - counted - estimate).to_string()
+        (100_000 - counted - reserved).to_string()
     );
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use quantrouter::tenants::limiter::{unix_ms, CounterSource, Limiter, LimiterConfig};
 use quantrouter::tenants::{
-    usage, ActiveTenant, KeyRejected, TenantSnapshot, TenantSource, TenantStore,
+    usage, ActiveTenant, Clock, KeyRejected, TenantSnapshot, TenantSource, TenantStore,
 };
 use quantrouter_policy::limits::{LimitKind, Outcome, Windows, DAY_MS};
 use quantrouter_policy::{
@@ -169,13 +169,14 @@ async fn token_limits_are_corrected_from_the_usage_of_answers() {
         headers.contains(&("x-ratelimit-remaining-tokens", "50".to_owned())),
         "{headers:?}"
     );
-    // A correction of a request admitted in a minute that is over changes nothing now.
+    // A correction that arrives after its minute ended lands in that minute, not in the
+    // next one, and is not dropped.
     limiters[1]
         .settle(third.ticket.unwrap(), 10, 0.0, now + 60_000)
         .await;
     let (previous, _) = limiters[0].counters("team-a", now + 2_000).await;
     let (current, _) = limiters[0].counters("team-a", now + 60_000).await;
-    assert_eq!((previous.tokens, current.tokens), (950, 0));
+    assert_eq!((previous.tokens, current.tokens), (160, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,8 +289,9 @@ async fn with_redis_stopped_decisions_go_on_under_local_shares_and_counters_resu
         assert_eq!(stats.local_decisions, 30);
     }
 
-    // Back (empty: no persistence). What was counted meanwhile is handed over, then
-    // requests count in Redis again.
+    // Back (empty: no persistence). The replicas re-seed the counters from what they last
+    // read (the 15 counted before the outage), add what they counted meanwhile, then
+    // requests count in Redis again: the minute's limit still holds.
     let _redis = RedisServer::start_on(port, None);
     let back = eventually(Duration::from_secs(10), || async {
         limiters.iter().all(|l| l.stats().redis_up)
@@ -298,10 +300,62 @@ async fn with_redis_stopped_decisions_go_on_under_local_shares_and_counters_resu
     assert!(back, "limiters did not reconnect");
     let (counters, source) = limiters[0].counters("team-a", now + 2).await;
     assert_eq!(source, CounterSource::Redis);
-    assert_eq!(counters.requests, local_admitted);
+    assert_eq!(counters.requests, 15 + local_admitted);
     let a = limiters[1].admit(t, 0, now + 3).await;
     assert_eq!(a.source, CounterSource::Redis);
     assert_eq!(limiters[1].stats().redis_decisions, 6);
+    assert!(
+        15 + local_admitted >= 60 && !admitted(a.decision.outcome),
+        "the restart gave the minute's requests back: {:?}",
+        a.decision
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_never_admitted_a_tenant_share_only_what_it_has_left_in_an_outage() {
+    let redis = RedisServer::start(None);
+    // The heartbeats read the counters in the windows of this clock.
+    let now = future_noon();
+    let mut limiters = Vec::new();
+    for i in 0..3 {
+        let config = LimiterConfig {
+            clock: Clock::manual(now),
+            ..config(&redis, i)
+        };
+        let limiter = Limiter::start(config).await;
+        limiter.follow(Box::new(|| vec![Arc::from("team-a")]));
+        limiters.push(limiter);
+    }
+    let snapshot = snapshot(r#"{"requests_per_minute": 90}"#);
+    let t = team_a(&snapshot);
+    // Half the minute's limit, all through one replica.
+    for _ in 0..45 {
+        let a = limiters[0].admit(t, 0, now).await;
+        assert_eq!(a.source, CounterSource::Redis);
+    }
+    // Each replica has read the counters since (two heartbeats: one may have begun before).
+    let before: Vec<u64> = limiters.iter().map(|l| l.stats().refreshes).collect();
+    let read = eventually(Duration::from_secs(10), || async {
+        limiters
+            .iter()
+            .zip(&before)
+            .all(|(l, b)| l.stats().refreshes >= b + 2)
+    })
+    .await;
+    assert!(read, "the heartbeats did not read the counters");
+
+    drop(redis);
+    let mut local_admitted = 0;
+    for i in 0..150 {
+        let a = limiters[i % 3].admit(t, 0, now + 1).await;
+        assert_eq!(a.source, CounterSource::Local);
+        local_admitted += u64::from(admitted(a.decision.outcome));
+    }
+    // The 45 left, shared by three: not 30 for each replica that had seen nothing.
+    assert!(
+        (42..=48).contains(&local_admitted),
+        "{local_admitted} admitted locally where 45 were left"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,3 +222,148 @@ fn micros_round_costs_up_and_refuse_nonsense() {
     };
     assert_eq!(Quota::from(&tiny).budget_per_day, Some(1));
 }
+
+fn default_profiles() -> Vec<Profile> {
+    crate::ProfileSet::from_json(crate::DEFAULT_PROFILE_SET)
+        .unwrap()
+        .profiles
+}
+
+#[test]
+fn a_reservation_is_the_worst_case_over_the_profiles_that_may_serve() {
+    let profiles = default_profiles();
+    let r = Reservation::worst_case(100, Some(1_000), 1, &profiles);
+    assert_eq!(r.tokens, 1_100);
+    let dearest = profiles
+        .iter()
+        .map(|p| {
+            to_micros(
+                100.0 * p.cost_per_1m_input_tokens / 1e6
+                    + 1_000.0 * p.cost_per_1m_output_tokens / 1e6,
+            )
+        })
+        .max()
+        .unwrap();
+    assert_eq!(r.spend, dearest);
+    assert!(r.spend > 0);
+
+    // No max_tokens: the profile's context caps the default.
+    let small = profiles
+        .iter()
+        .min_by_key(|p| p.max_context_tokens)
+        .unwrap();
+    let prompt = u64::from(small.max_context_tokens) - 10;
+    let r = Reservation::worst_case(prompt, None, 1, [small]);
+    assert_eq!(r.tokens, prompt + 10);
+    let r = Reservation::worst_case(5, None, 1, [small]);
+    assert_eq!(
+        r.tokens,
+        5 + DEFAULT_RESERVED_COMPLETION_TOKENS.min(u64::from(small.max_context_tokens) - 5)
+    );
+    // No profile at all: tokens only.
+    let r = Reservation::worst_case(5, Some(7), 1, []);
+    assert_eq!(r, Reservation::tokens(12));
+    // Each of n choices may run to max_tokens.
+    let r = Reservation::worst_case(100, Some(1_000), 8, &profiles);
+    assert_eq!(r.tokens, 8_100);
+    assert!(r.spend > dearest * 7);
+}
+
+#[test]
+fn settling_a_reservation_corrects_by_the_difference() {
+    let r = Reservation {
+        tokens: 1_010,
+        spend: 500,
+    };
+    assert_eq!(r.settle(400, 120), (-610, -380));
+    assert_eq!(r.settle(2_000, 900), (990, 400));
+}
+
+#[test]
+fn a_reservation_larger_than_the_token_limit_holds_the_whole_limit() {
+    let q = quota();
+    let r = q.reservable(Reservation {
+        tokens: 50_000,
+        spend: 7,
+    });
+    assert_eq!(
+        r,
+        Reservation {
+            tokens: 10_000,
+            spend: 7
+        }
+    );
+    // Alone in its minute it passes; behind anything it waits.
+    assert_eq!(exceeded(&q, &Counters::default(), r.tokens), None);
+    let one = Counters::default().plus_request(1);
+    assert_eq!(exceeded(&q, &one, r.tokens), Some(LimitKind::Tokens));
+}
+
+#[test]
+fn concurrent_reservations_bound_tokens_and_spend() {
+    // Forty requests of max_tokens 1,000 against 2,000 tokens a minute: reserved, only
+    // what fits is admitted (the old estimate from the prompt alone let all forty in).
+    let q = Quota {
+        tokens_per_minute: Some(2_000),
+        budget_per_day: Some(1_000),
+        soft_limit: 1.0,
+        ..Quota::UNLIMITED
+    };
+    let now = utc(2026, 3, 15, 12, 0, 0);
+    let worst = Reservation {
+        tokens: 1_010,
+        spend: 300,
+    };
+    let mut counters = Counters::default();
+    let mut admitted = 0;
+    for _ in 0..40 {
+        let r = q.reservable(worst);
+        if !matches!(
+            admit_reserving(&q, &counters, r, now).outcome,
+            Outcome::Refuse { .. }
+        ) {
+            counters = counters.plus(r);
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 1);
+    assert!(counters.tokens <= 2_000);
+
+    // Spend: the budget plus one request's worst case at most.
+    let q = Quota {
+        budget_per_day: Some(1_000),
+        soft_limit: 1.0,
+        ..Quota::UNLIMITED
+    };
+    let mut counters = Counters::default();
+    for _ in 0..100 {
+        if !matches!(
+            admit_reserving(&q, &counters, worst, now).outcome,
+            Outcome::Refuse { .. }
+        ) {
+            counters = counters.plus(worst);
+        }
+    }
+    assert!(counters.spend_day <= 1_000 + worst.spend, "{counters:?}");
+    assert_eq!(counters.requests, 4);
+}
+
+#[test]
+fn a_correction_lands_in_the_windows_its_request_counted_in() {
+    let at = utc(2026, 3, 15, 12, 0, 55_000);
+    let mut c = WindowedCounters::new(at);
+    c.charge(at, 1, 1_000, 500);
+    // Settled in the same minute: corrected.
+    c.correct(at, 0, -600, -100);
+    assert_eq!(c.at(at).tokens, 400);
+    assert_eq!(c.at(at).spend_day, 400);
+    // A refund of a request from a minute that is over changes nothing of this one's.
+    let later = at + 10_000;
+    c.roll(later);
+    c.charge(later, 1, 50, 0);
+    c.correct(at, -1, -400, -400);
+    assert_eq!(c.at(later).requests, 1);
+    assert_eq!(c.at(later).tokens, 50);
+    // Same day: the spend refund applies, never below zero.
+    assert_eq!(c.at(later).spend_day, 0);
+}

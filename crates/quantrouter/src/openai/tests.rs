@@ -388,3 +388,27 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn the_number_of_choices_is_read_and_never_refused() {
+    let body = |n: &str| {
+        format!(r#"{{"model":"a","messages":[{{"role":"user","content":"hi"}}],"n":{n}}}"#)
+    };
+    for (n, choices) in [
+        ("4", 4),
+        ("2.0", 2),
+        ("0", 1),
+        ("-3", 1),
+        ("\"x\"", 1),
+        ("null", 1),
+    ] {
+        let text = body(n);
+        assert_eq!(parse(&text).unwrap().choices, choices, "n: {n}");
+    }
+    assert_eq!(
+        parse(r#"{"model":"a","messages":[{"role":"user","content":"hi"}]}"#)
+            .unwrap()
+            .choices,
+        1
+    );
+}

@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use opentelemetry::KeyValue;
+use quantrouter_policy::limits::Reservation;
 use quantrouter_policy::{ProfileIndex, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -23,10 +24,11 @@ use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
 use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
+use crate::tenants::gate::Charge;
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
 use crate::upstream::keepalive::KeepAlive;
-use crate::upstream::{is_event_stream, BodyEvent, BodyLimits, UpstreamBody};
+use crate::upstream::{is_event_stream, BodyEnd, BodyEvent, BodyLimits, UpstreamBody};
 
 /// The leaf: which endpoint a request is for.
 pub async fn endpoints(
@@ -67,9 +69,9 @@ async fn proxy(
     };
     let parsed = ParsedRequest::parse(&received.body, endpoint)?;
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
-    let grant = admit_tenant(app, tenant, &parsed).await?;
-    // Route: the policy's decision, with the request's and the tenant's overrides.
     let snapshot = app.store.load();
+    let grant = admit_tenant(app, tenant, &parsed, &snapshot).await?;
+    // Route: the policy's decision, with the request's and the tenant's overrides.
     let headers = &received.parts.headers;
     let routed = decide(app, &snapshot, &parsed, headers, key, grant.as_ref())?;
     let resilience = &app.config.resilience;
@@ -161,14 +163,11 @@ async fn forward_and_respond(
         .zip(grant.as_mut())
         .map(|(tenants, grant)| {
             let prices = Prices::new(snapshot, answer.profile);
+            let served = answer.response.status().is_success();
+            let stream = is_event_stream(answer.response.headers());
+            let prompt_tokens = grant.prompt_tokens;
             let settle = tenants.settle(grant);
-            move |usage: Usage| {
-                settle(
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    prices.cost(usage),
-                )
-            }
+            move |end: BodyEnd| settle(charge(&end, served, stream, prompt_tokens, prices))
         });
     let served = answer.profile;
     let mut response = respond(
@@ -234,35 +233,74 @@ fn sample_for_calibration(
     })
 }
 
-/// The tenant's limits, before routing: one counter round trip at most. The token estimate
-/// (a quarter of the prompt's bytes) is corrected from `usage` when the answer ends.
+/// The tenant's limits, before routing: one counter round trip at most. The request
+/// reserves its worst case — the prompt's estimate (a quarter of its bytes) plus
+/// `max_tokens` for each of its `n` choices, at the dearest profile the tenant may be served
+/// by — settled to what it used when the answer ends.
 async fn admit_tenant(
     app: &App,
     tenant: Option<Arc<ActiveTenant>>,
     parsed: &ParsedRequest<'_>,
+    snapshot: &Snapshot,
 ) -> Result<Option<Grant>, ApiError> {
     let (Some(tenants), Some(tenant)) = (&app.tenants, tenant) else {
         return Ok(None);
     };
     let bytes: usize = parsed.prompt().segments.iter().map(|s| s.text.len()).sum();
-    let estimate = u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX);
-    Ok(Some(tenants.admit(tenant, estimate).await?))
+    let prompt = u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX);
+    // A tenant without limits reserves nothing: no need to price the request.
+    let reserved = match tenant.quota.is_limited() {
+        true => {
+            let allowed = tenant.allowed_profiles.as_deref();
+            let may_serve = snapshot
+                .set
+                .profiles
+                .iter()
+                .filter(|p| p.enabled && allowed.is_none_or(|ids| ids.contains(&p.id)));
+            let max_tokens = parsed.max_tokens.map(u64::from);
+            let choices = u64::from(parsed.choices);
+            Reservation::worst_case(prompt, max_tokens, choices, may_serve)
+        }
+        false => Reservation::default(),
+    };
+    Ok(Some(tenants.admit(tenant, prompt, reserved).await?))
+}
+
+/// What a tenant's answer is charged when it ends: its `usage`; a stream without one (its
+/// client left, or the upstream sends none) the prompt's estimate and a token per event it
+/// delivered; an error answer nothing; a whole answer left before its usage, what it
+/// reserved.
+fn charge(end: &BodyEnd, served: bool, stream: bool, prompt_tokens: u64, prices: Prices) -> Charge {
+    let used = |usage: Usage| Charge::Used {
+        input: usage.prompt_tokens,
+        output: usage.completion_tokens,
+        cost: prices.cost(usage),
+    };
+    match (served, end.usage) {
+        (false, _) => Charge::Nothing,
+        (true, Some(usage)) => used(usage),
+        (true, None) if stream => used(Usage {
+            prompt_tokens,
+            completion_tokens: end.data_events,
+        }),
+        (true, None) => Charge::Reserved,
+    }
 }
 
 /// What runs when an answer ends: the trace's end and the tenant's usage, each if any.
 fn on_answer_end(
     finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
-    settle: Option<impl FnOnce(Usage) + Send + Sync + 'static>,
-) -> Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static> {
+    settle: Option<impl FnOnce(BodyEnd) + Send + Sync + 'static>,
+) -> Option<impl FnOnce(BodyEnd) + Send + Sync + 'static> {
     if finish_trace.is_none() && settle.is_none() {
         return None;
     }
-    Some(move |usage: Option<Usage>| {
+    Some(move |end: BodyEnd| {
         if let Some(finish) = finish_trace {
-            finish(usage);
+            finish(end.usage);
         }
-        if let Some((settle, usage)) = settle.zip(usage) {
-            settle(usage);
+        if let Some(settle) = settle {
+            settle(end);
         }
     })
 }
@@ -550,7 +588,7 @@ fn respond(
     mut limits: BodyLimits,
     started: Instant,
     prompt: PromptSize,
-    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
+    finish_trace: Option<impl FnOnce(BodyEnd) + Send + Sync + 'static>,
 ) -> Response<UpstreamBody> {
     let served = Served::of(&answer);
     let profile = served.profile;
@@ -579,7 +617,7 @@ fn respond(
                 prompt.observe(&pool, usage);
             }
             if let Some(finish) = finish_trace.take() {
-                finish(end.usage);
+                finish(end);
             }
             telemetry::finished(&labels, end.elapsed);
         }

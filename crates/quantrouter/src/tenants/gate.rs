@@ -1,14 +1,15 @@
 //! Tenants at work on the request path: who sent a request ([`Tenants::authenticate`]),
 //! whether its limits let it through and routed how ([`Tenants::admit`], at most one Redis
-//! round trip, before routing), and what its answer used ([`Tenants::settle`], off the
-//! client's path once the answer ended).
+//! round trip, before routing, reserving the request's worst case), and what its answer
+//! used ([`Tenants::settle`], off the client's path once the answer ended). A request let
+//! through but never answered gives its reservation back when its [`Grant`] is dropped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::{header, HeaderMap};
-use quantrouter_policy::limits::{LimitKind, Outcome, RateHeaders};
+use quantrouter_policy::limits::{LimitKind, Outcome, RateHeaders, Reservation};
 use tokio::task::JoinHandle;
 
 use super::limiter::{unix_ms, Limiter, LimiterConfig, Ticket};
@@ -33,15 +34,36 @@ pub struct Clock {
     manual: Option<Arc<AtomicU64>>,
 }
 
-/// A request let through: its tenant, the `x-ratelimit-*` values for its answer, and the
-/// ticket that corrects its token estimate when the answer ends.
+/// A request let through: its tenant, the `x-ratelimit-*` values for its answer, and what
+/// it reserved, settled when the answer ends.
 #[derive(Debug)]
 pub struct Grant {
     pub tenant: Arc<ActiveTenant>,
     pub rate: RateHeaders,
     /// Past a soft limit: routed with [`quantrouter_policy::Downgrade::NEAR_LIMIT`].
     pub downgraded: bool,
+    /// The tokens it reserved for its prompt (the estimate a cut stream is charged).
+    pub prompt_tokens: u64,
+    reserved: Option<Reserved>,
+}
+
+/// A reservation still open: dropped unsettled, it is refunded (nothing was served).
+#[derive(Debug)]
+struct Reserved {
     ticket: Option<Ticket>,
+    limiter: Arc<Limiter>,
+    clock: Clock,
+}
+
+/// What an admitted request is charged when its answer ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Charge {
+    /// What it used: input and output tokens and their cost.
+    Used { input: u64, output: u64, cost: f64 },
+    /// Unknown (a whole answer the client left before its usage): the reservation stands.
+    Reserved,
+    /// Nothing was served: the request, its tokens and spend are given back.
+    Nothing,
 }
 
 /// A request refused at a tenant's hard limit: 429 with the limit's OpenAI code.
@@ -95,9 +117,20 @@ impl Tenants {
         clock: Clock,
     ) -> Result<Self, RejectReason> {
         let started = super::start(config).await?;
+        let limiter = Limiter::start(LimiterConfig {
+            clock: clock.clone(),
+            ..limiter
+        })
+        .await;
+        let store = Arc::clone(&started.store);
+        limiter.follow(Box::new(move || {
+            let snapshot = store.load();
+            let limited = snapshot.tenants.iter().filter(|t| t.quota.is_limited());
+            limited.map(|t| Arc::clone(&t.id)).collect()
+        }));
         Ok(Self {
             store: started.store,
-            limiter: Arc::new(Limiter::start(limiter).await),
+            limiter: Arc::new(limiter),
             clock,
             tasks: started.tasks,
         })
@@ -132,12 +165,14 @@ impl Tenants {
             .map(|tenant| tenant.map(Arc::clone))
     }
 
-    /// Decides a request of `tenant` estimated at `tokens` tokens against its limits: one
-    /// admission call to Redis for a tenant with limits, none for one without.
+    /// Decides a request of `tenant` whose prompt is estimated at `prompt_tokens` and that
+    /// may use up to `reserved` (prompt included) against its limits: one admission call to
+    /// Redis for a tenant with limits, none for one without.
     pub async fn admit(
         &self,
         tenant: Arc<ActiveTenant>,
-        tokens: u64,
+        prompt_tokens: u64,
+        reserved: Reservation,
     ) -> Result<Grant, LimitReached> {
         tenant.metrics.request();
         if !tenant.quota.is_limited() {
@@ -145,12 +180,13 @@ impl Tenants {
                 tenant,
                 rate: RateHeaders::default(),
                 downgraded: false,
-                ticket: None,
+                prompt_tokens,
+                reserved: None,
             });
         }
         let admission = self
             .limiter
-            .admit(&tenant, tokens, self.clock.now_ms())
+            .reserve(&tenant, reserved, self.clock.now_ms())
             .await;
         let decision = admission.decision;
         match decision.outcome {
@@ -174,30 +210,34 @@ impl Tenants {
                     tenant,
                     rate: decision.headers,
                     downgraded,
-                    ticket: admission.ticket,
+                    prompt_tokens,
+                    reserved: admission.ticket.map(|ticket| Reserved {
+                        ticket: Some(ticket),
+                        limiter: Arc::clone(&self.limiter),
+                        clock: self.clock.clone(),
+                    }),
                 })
             }
         }
     }
 
-    /// What to run when the answer of `grant` ends, with its input and output tokens and
-    /// cost: the tenant's metrics, and the limiter's correction in a task of its own, so
-    /// neither the client nor the body waits on Redis.
-    pub fn settle(&self, grant: &mut Grant) -> impl FnOnce(u64, u64, f64) + Send + 'static {
+    /// What to run when the answer of `grant` ends, with what it is charged: the tenant's
+    /// metrics, and the limiter's settlement in a task of its own, so neither the client
+    /// nor the body waits on Redis.
+    pub fn settle(&self, grant: &mut Grant) -> impl FnOnce(Charge) + Send + 'static {
         let tenant = Arc::clone(&grant.tenant);
-        let ticket = grant.ticket.take();
-        let limiter = Arc::clone(&self.limiter);
-        let clock = self.clock.clone();
-        move |input, output, cost| {
-            tenant.metrics.usage(input, output, cost);
-            let Some(ticket) = ticket else {
-                return;
-            };
-            let tokens = input.saturating_add(output);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    limiter.settle(ticket, tokens, cost, clock.now_ms()).await;
-                });
+        let reserved = grant.reserved.take();
+        move |charge| {
+            if let Charge::Used {
+                input,
+                output,
+                cost,
+            } = charge
+            {
+                tenant.metrics.usage(input, output, cost);
+            }
+            if let Some(reserved) = reserved {
+                reserved.close(charge);
             }
         }
     }
@@ -207,6 +247,48 @@ impl Drop for Tenants {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+    }
+}
+
+// === impl Reserved ===
+
+impl Reserved {
+    fn close(mut self, charge: Charge) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let limiter = Arc::clone(&self.limiter);
+        let now_ms = self.clock.now_ms();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            match charge {
+                Charge::Used {
+                    input,
+                    output,
+                    cost,
+                } => {
+                    let tokens = input.saturating_add(output);
+                    limiter.settle(ticket, tokens, cost, now_ms).await;
+                }
+                Charge::Reserved => {}
+                Charge::Nothing => limiter.refund(ticket, now_ms).await,
+            }
+        });
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if self.ticket.is_some() {
+            let rest = Reserved {
+                ticket: self.ticket.take(),
+                limiter: Arc::clone(&self.limiter),
+                clock: self.clock.clone(),
+            };
+            rest.close(Charge::Nothing);
         }
     }
 }

@@ -3,17 +3,21 @@
 //! The counters live in Redis, one key per tenant, kind and window under
 //! `<prefix>:tenants:usage:`. A request costs one round trip: [`ADMIT_SCRIPT`] reads the
 //! tenant's four counters, makes the same comparisons as
-//! [`quantrouter_policy::limits::exceeded`] and, when it admits, counts the request and its
-//! estimated tokens, all atomically, so N replicas enforce one limit. When the answer's
-//! `usage` is known, [`Limiter::settle`] corrects the tokens and adds the spend
-//! ([`APPLY_SCRIPT`]), off the request's path.
+//! [`quantrouter_policy::limits::exceeded`] and, when it admits, counts the request and
+//! reserves its worst case (tokens and spend), all atomically, so N replicas enforce one
+//! limit. When the answer ends, [`Limiter::settle`] turns the reservation into what was
+//! used, or [`Limiter::refund`] gives it back when nothing was served ([`APPLY_SCRIPT`]),
+//! off the request's path, in the windows the reservation was made in.
 //!
 //! No request waits on Redis beyond [`LimiterConfig::redis_timeout`]: a failed or slow call
 //! marks Redis out of reach, and from then on requests are decided locally, each replica on
-//! its share of what was left of each limit (the headroom over the counters it last read,
-//! divided by the replicas seen recently). The heartbeat task notices when Redis is back,
-//! adds what was counted locally meanwhile to the shared counters, and only then sends
-//! requests to Redis again. Without Redis at all, each replica enforces the whole limit.
+//! its share of what was left of each limit (the headroom over the cluster's counters as it
+//! last read them, at most a heartbeat old, divided by the replicas seen recently). The
+//! heartbeat task notices when Redis is back. If Redis lost the counters meanwhile (a
+//! restart without persistence: the epoch key [`epoch_key`] is new), each replica first
+//! raises them to what it last read, and requests go to Redis only once every replica has
+//! had a heartbeat to do so. Then what was counted locally is added, and requests go to
+//! Redis again. Without Redis at all, each replica enforces the whole limit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use quantrouter_policy::limits::{
-    admit, to_micros, Counters, LimitDecision, Outcome, WindowedCounters, Windows, MINUTE_MS,
+    admit_on_share, admit_reserving, to_micros, Counters, LimitDecision, Outcome, Reservation,
+    WindowedCounters, Windows, MINUTE_MS,
 };
 use quantrouter_policy::MAX_COUNT_LIMIT;
 use redis::aio::MultiplexedConnection;
@@ -31,8 +36,10 @@ use super::ActiveTenant;
 
 /// Checks a request against the tenant's counters and counts it if admitted, atomically.
 /// Limits are -1 when absent; the comparisons and their order are those of
-/// `quantrouter_policy::limits::exceeded`. Returns the refusing limit (0 none, 1 requests,
-/// 2 tokens, 3 daily budget, 4 monthly budget) and the counters before this request.
+/// `quantrouter_policy::limits::exceeded`. ARGV[5] is the tokens reserved, ARGV[6] the
+/// minute's expiry, ARGV[7] the spend reserved with the day's and month's expiries after it.
+/// Returns the refusing limit (0 none, 1 requests, 2 tokens, 3 daily budget, 4 monthly
+/// budget) and the counters before this request.
 pub const ADMIT_SCRIPT: &str = r#"
 local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -53,6 +60,13 @@ if refused == 0 then
   if estimate > 0 then
     redis.call('INCRBY', KEYS[2], estimate)
     redis.call('PEXPIREAT', KEYS[2], ARGV[6])
+  end
+  local spend = tonumber(ARGV[7] or '0')
+  if spend > 0 then
+    redis.call('INCRBY', KEYS[3], spend)
+    redis.call('PEXPIREAT', KEYS[3], ARGV[8])
+    redis.call('INCRBY', KEYS[4], spend)
+    redis.call('PEXPIREAT', KEYS[4], ARGV[9])
   end
 end
 return {refused, requests, tokens, day, month}
@@ -75,6 +89,38 @@ end
 return 1
 "#;
 
+/// Re-seeds counters a Redis lost with what the replicas last read of them: KEYS are pairs
+/// of a counter and its floor key, ARGV a value and an expiry time per pair. The floor key
+/// keeps the largest value any replica offered, and the counter grows by what that adds, so
+/// the counter ends at the largest last read plus whatever was added to it otherwise (the
+/// replicas' local counts), in whichever order the replicas come.
+pub const RAISE_SCRIPT: &str = r#"
+for i = 1, #KEYS, 2 do
+  local n = (i + 1) / 2
+  local offered = tonumber(ARGV[2 * n - 1])
+  local floor = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+  if offered > floor then
+    redis.call('INCRBY', KEYS[i], offered - floor)
+    redis.call('PEXPIREAT', KEYS[i], ARGV[2 * n])
+    redis.call('SET', KEYS[i + 1], offered, 'PXAT', ARGV[2 * n])
+  end
+end
+return 1
+"#;
+
+/// The counters' epoch: `<id>:<created, Unix ms>`, made by the first replica to find none.
+/// A new one means Redis lost its data (an empty restart). Returns it and Redis's clock.
+pub const EPOCH_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = ARGV[1] .. ':' .. now
+  redis.call('SET', KEYS[1], epoch)
+end
+return {epoch, now}
+"#;
+
 /// Calls outside a request (heartbeat, flush) never wait longer than this.
 const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -95,6 +141,9 @@ pub struct LimiterConfig {
     /// A replica not heard from for this long no longer counts in local shares: five
     /// heartbeats, so one late heartbeat does not change anybody's share.
     pub replica_ttl: Duration,
+    /// The clock of the limit windows the heartbeat reads and re-seeds counters in (the
+    /// router's, which a test may set).
+    pub clock: super::Clock,
 }
 
 /// Counts tenants' usage and decides each request against their limits.
@@ -123,12 +172,24 @@ pub enum CounterSource {
     Local,
 }
 
-/// An admitted request whose tokens are still an estimate.
+/// An admitted request whose reservation is still to be settled.
 #[derive(Debug, Clone)]
 pub struct Ticket {
     tenant: Arc<str>,
-    estimate: u64,
+    reserved: Reservation,
     admitted_ms: u64,
+    /// Admitted by Redis (the reservation is in the cluster's counters as this replica
+    /// read them), or locally (in this replica's own).
+    source: CounterSource,
+}
+
+/// How an admitted request ended, for the correction of its reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settlement {
+    /// Served: it used this many tokens and this spend (millionths).
+    Used { tokens: u64, spend: u64 },
+    /// Nothing was served: the request, its tokens and spend are given back.
+    Unserved,
 }
 
 /// What a limiter has done, for tests and metrics.
@@ -143,20 +204,32 @@ pub struct LimiterStats {
     pub redis_up: bool,
     /// Replicas seen recently (this one included); 1 without Redis.
     pub replicas: u64,
+    /// Heartbeats that read the followed tenants' counters ([`Limiter::follow`]).
+    pub refreshes: u64,
 }
 
-#[derive(Debug)]
 struct Shared {
     redis: Option<RedisCounters>,
     replica_id: String,
     redis_timeout: Duration,
     replica_ttl: Duration,
+    /// How long after a new epoch requests stay local: every replica beats in that time,
+    /// and re-seeds the counters before anybody admits on them.
+    reseed_grace: Duration,
+    clock: super::Clock,
     replicas: AtomicU64,
+    /// The tenants with limits, read every heartbeat so a replica's view of their counters
+    /// is at most a heartbeat old when Redis goes away.
+    followed: Mutex<Option<TenantList>>,
     tenants: Mutex<HashMap<Arc<str>, TenantState>>,
     redis_decisions: AtomicU64,
     local_decisions: AtomicU64,
     redis_failures: AtomicU64,
+    refreshes: AtomicU64,
 }
+
+/// Lists the tenants whose counters a replica keeps an eye on.
+pub type TenantList = Box<dyn Fn() -> Vec<Arc<str>> + Send + Sync>;
 
 #[derive(Debug)]
 struct RedisCounters {
@@ -166,8 +239,19 @@ struct RedisCounters {
     /// Requests go to Redis only while this is set: cleared by any failure, set by the
     /// heartbeat once what was counted locally meanwhile is in Redis.
     up: AtomicBool,
+    /// The counters' epoch as last seen, and whether this replica waits out a new one.
+    epoch: Mutex<EpochState>,
     admit: redis::Script,
     apply: redis::Script,
+    raise: redis::Script,
+    epoch_script: redis::Script,
+}
+
+#[derive(Debug, Default)]
+struct EpochState {
+    seen: Option<String>,
+    /// Redis came back empty: requests stay local until the epoch is older than the grace.
+    waiting: bool,
 }
 
 /// What this replica knows of one tenant.
@@ -208,6 +292,14 @@ enum CounterError {
     Timeout(Duration),
 }
 
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("replica_id", &self.replica_id)
+            .finish_non_exhaustive()
+    }
+}
+
 // === impl LimiterConfig ===
 
 impl LimiterConfig {
@@ -219,6 +311,7 @@ impl LimiterConfig {
             redis_timeout: Duration::from_millis(50),
             heartbeat: Duration::from_secs(2),
             replica_ttl: Duration::from_secs(10),
+            clock: super::Clock::system(),
         }
     }
 }
@@ -259,6 +352,11 @@ pub fn replicas_key(prefix: &str) -> String {
     format!("{prefix}:tenants:replicas")
 }
 
+/// `<prefix>:tenants:epoch`: made once per life of Redis's data ([`EPOCH_SCRIPT`]).
+pub fn epoch_key(prefix: &str) -> String {
+    format!("{prefix}:tenants:epoch")
+}
+
 // === impl Limiter ===
 
 impl Limiter {
@@ -270,19 +368,27 @@ impl Limiter {
             prefix,
             conn: Mutex::new(None),
             up: AtomicBool::new(false),
+            epoch: Mutex::new(EpochState::default()),
             admit: redis::Script::new(ADMIT_SCRIPT),
             apply: redis::Script::new(APPLY_SCRIPT),
+            raise: redis::Script::new(RAISE_SCRIPT),
+            epoch_script: redis::Script::new(EPOCH_SCRIPT),
         });
         let shared = Arc::new(Shared {
             redis,
             replica_id: config.replica_id,
             redis_timeout: config.redis_timeout,
             replica_ttl: config.replica_ttl,
+            // Two heartbeats and a timed-out call: every live replica has beaten by then.
+            reseed_grace: config.heartbeat * 2 + BACKGROUND_TIMEOUT,
+            clock: config.clock,
             replicas: AtomicU64::new(1),
+            followed: Mutex::new(None),
             tenants: Mutex::new(HashMap::new()),
             redis_decisions: AtomicU64::new(0),
             local_decisions: AtomicU64::new(0),
             redis_failures: AtomicU64::new(0),
+            refreshes: AtomicU64::new(0),
         });
         let heartbeat = match shared.redis.is_some() {
             true => {
@@ -307,17 +413,32 @@ impl Limiter {
     /// Decides one request of `tenant` estimated at `tokens` tokens at `now_ms` (Unix ms),
     /// and counts it if admitted.
     pub async fn admit(&self, tenant: &ActiveTenant, tokens: u64, now_ms: u64) -> Admission {
-        let tokens = tokens.min(MAX_COUNT_LIMIT);
+        self.reserve(tenant, Reservation::tokens(tokens), now_ms)
+            .await
+    }
+
+    /// Decides one request of `tenant` that may use up to `reserved` at `now_ms` (Unix ms),
+    /// and if admitted counts it and holds its reservation until it is settled.
+    pub async fn reserve(
+        &self,
+        tenant: &ActiveTenant,
+        reserved: Reservation,
+        now_ms: u64,
+    ) -> Admission {
+        let reserved = tenant.quota.reservable(Reservation {
+            tokens: reserved.tokens.min(MAX_COUNT_LIMIT),
+            spend: reserved.spend.min(MAX_COUNT_LIMIT),
+        });
         let shared = &self.shared;
         if let Some(redis) = shared.redis.as_ref() {
             if let Some(conn) = redis.connection_if_up() {
-                let call = redis.admit_call(conn, tenant, tokens, now_ms);
+                let call = redis.admit_call(conn, tenant, reserved, now_ms);
                 let answer = match tokio::time::timeout(shared.redis_timeout, call).await {
                     Ok(answer) => answer,
                     Err(_) => Err(CounterError::Timeout(shared.redis_timeout)),
                 };
                 match answer {
-                    Ok(before) => return shared.decided_by_redis(tenant, before, tokens, now_ms),
+                    Ok(before) => return shared.decided_by_redis(tenant, before, reserved, now_ms),
                     Err(error) => {
                         shared.redis_failures.fetch_add(1, Ordering::Relaxed);
                         redis.mark_down(&error);
@@ -325,30 +446,59 @@ impl Limiter {
                 }
             }
         }
-        shared.admit_locally(tenant, tokens, now_ms)
+        shared.admit_locally(tenant, reserved, now_ms)
     }
 
-    /// Corrects an admitted request's tokens to what its answer used and adds its `cost`
-    /// (in the profiles' currency) to the tenant's spend, at `now_ms`. Returns once the
-    /// correction is in Redis or, failing that, counted locally for later.
+    /// Turns an admitted request's reservation into what its answer used: `tokens`, and
+    /// `cost` (in the profiles' currency) of spend, at `now_ms`, in the windows it was
+    /// admitted in. Returns once the correction is in Redis or, failing that, counted
+    /// locally for later.
     pub async fn settle(&self, ticket: Ticket, tokens: u64, cost: f64, now_ms: u64) {
+        let used = Settlement::Used {
+            tokens: tokens.min(MAX_COUNT_LIMIT),
+            spend: to_micros(cost).min(MAX_COUNT_LIMIT),
+        };
+        self.close(ticket, used, now_ms).await;
+    }
+
+    /// Gives back everything an admitted request counted (the request, its tokens and
+    /// spend): nothing was served.
+    pub async fn refund(&self, ticket: Ticket, now_ms: u64) {
+        self.close(ticket, Settlement::Unserved, now_ms).await;
+    }
+
+    async fn close(&self, ticket: Ticket, settlement: Settlement, now_ms: u64) {
         let shared = &self.shared;
-        let delta = i64::try_from(tokens.min(MAX_COUNT_LIMIT)).unwrap_or(i64::MAX)
-            - i64::try_from(ticket.estimate).unwrap_or(i64::MAX);
-        // A correction to a minute that is over changes nothing anybody will read.
-        let same_minute = Windows::at(ticket.admitted_ms).minute == Windows::at(now_ms).minute;
-        let delta = if same_minute { delta } else { 0 };
-        let spend = to_micros(cost).min(MAX_COUNT_LIMIT);
-        if delta == 0 && spend == 0 {
+        let (requests, tokens, spend) = match settlement {
+            Settlement::Used { tokens, spend } => {
+                let (tokens, spend) = ticket.reserved.settle(tokens, spend);
+                (0, tokens, spend)
+            }
+            Settlement::Unserved => {
+                let signed = |n: u64| -i64::try_from(n).unwrap_or(i64::MAX);
+                (
+                    -1,
+                    signed(ticket.reserved.tokens),
+                    signed(ticket.reserved.spend),
+                )
+            }
+        };
+        if requests == 0 && tokens == 0 && spend == 0 {
             return;
         }
+        let correction = Correction {
+            admitted_ms: ticket.admitted_ms,
+            requests,
+            tokens,
+            spend,
+        };
         if let Some(redis) = shared.redis.as_ref() {
-            let updates = settle_updates(&redis.prefix, &ticket, delta, spend, now_ms);
+            let updates = correction.updates(&redis.prefix, &ticket.tenant);
             if let Some(conn) = redis.connection_if_up() {
                 let call = redis.apply_call(conn, &updates);
                 match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
                     Ok(Ok(())) => {
-                        shared.note_spend(&ticket.tenant, spend, now_ms);
+                        shared.note_correction(&ticket.tenant, correction);
                         return;
                     }
                     Ok(Err(error)) => redis.mark_down(&error),
@@ -357,7 +507,23 @@ impl Limiter {
             }
             shared.keep_unsynced(&ticket.tenant, &updates);
         }
-        shared.count_locally(&ticket.tenant, 0, delta, spend, now_ms);
+        match ticket.source {
+            // Its reservation is in the cluster's counters as last read, not in this
+            // replica's own: correcting those would free this replica's share.
+            CounterSource::Redis => shared.note_correction(&ticket.tenant, correction),
+            CounterSource::Local => shared.correct_locally(&ticket.tenant, correction, now_ms),
+        }
+    }
+
+    /// Reads the counters of `tenants` (those with limits) every heartbeat, so that when
+    /// Redis goes away this replica's shares start from numbers at most a heartbeat old,
+    /// even for a tenant it never admitted a request of.
+    pub fn follow(&self, tenants: TenantList) {
+        *self
+            .shared
+            .followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tenants);
     }
 
     /// What this limiter has done so far.
@@ -372,6 +538,7 @@ impl Limiter {
                 .as_ref()
                 .is_some_and(|r| r.up.load(Ordering::Acquire)),
             replicas: shared.replicas.load(Ordering::Relaxed),
+            refreshes: shared.refreshes.load(Ordering::Relaxed),
         }
     }
 
@@ -428,45 +595,39 @@ impl Drop for Limiter {
     }
 }
 
-/// A settled request's amounts as counter updates: the token correction in the minute it
-/// was admitted, the spend in today's and this month's windows.
-fn settle_updates(
-    prefix: &str,
-    ticket: &Ticket,
-    delta: i64,
-    spend: u64,
-    now_ms: u64,
-) -> Vec<(String, Pending)> {
-    let admitted = CounterKeys::new(prefix, &ticket.tenant, Windows::at(ticket.admitted_ms));
-    let now = CounterKeys::new(prefix, &ticket.tenant, Windows::at(now_ms));
-    let spend = i64::try_from(spend).unwrap_or(i64::MAX);
-    let mut updates = Vec::with_capacity(3);
-    if delta != 0 {
-        updates.push((
-            admitted.tokens,
-            Pending {
-                delta,
-                expire_at_ms: admitted.minute_expiry_ms,
-            },
-        ));
+/// A settlement or refund of one request: signed amounts in the windows it was admitted in.
+#[derive(Debug, Clone, Copy)]
+struct Correction {
+    admitted_ms: u64,
+    requests: i64,
+    tokens: i64,
+    spend: i64,
+}
+
+impl Correction {
+    /// As counter updates, each in the window the request was counted in: a correction
+    /// that arrives after that minute (or day) ended still reaches it.
+    fn updates(&self, prefix: &str, tenant: &str) -> Vec<(String, Pending)> {
+        let keys = CounterKeys::new(prefix, tenant, Windows::at(self.admitted_ms));
+        [
+            (keys.requests, self.requests, keys.minute_expiry_ms),
+            (keys.tokens, self.tokens, keys.minute_expiry_ms),
+            (keys.spend_day, self.spend, keys.day_expiry_ms),
+            (keys.spend_month, self.spend, keys.month_expiry_ms),
+        ]
+        .into_iter()
+        .filter(|(_, delta, _)| *delta != 0)
+        .map(|(key, delta, expire_at_ms)| {
+            (
+                key,
+                Pending {
+                    delta,
+                    expire_at_ms,
+                },
+            )
+        })
+        .collect()
     }
-    if spend != 0 {
-        updates.push((
-            now.spend_day,
-            Pending {
-                delta: spend,
-                expire_at_ms: now.day_expiry_ms,
-            },
-        ));
-        updates.push((
-            now.spend_month,
-            Pending {
-                delta: spend,
-                expire_at_ms: now.month_expiry_ms,
-            },
-        ));
-    }
-    updates
 }
 
 // === impl Shared ===
@@ -480,14 +641,14 @@ impl Shared {
         &self,
         tenant: &ActiveTenant,
         before: Counters,
-        tokens: u64,
+        reserved: Reservation,
         now_ms: u64,
     ) -> Admission {
         self.redis_decisions.fetch_add(1, Ordering::Relaxed);
-        let decision = admit(&tenant.quota, &before, tokens, now_ms);
+        let decision = admit_reserving(&tenant.quota, &before, reserved, now_ms);
         let admitted = !matches!(decision.outcome, Outcome::Refuse { .. });
         let after = if admitted {
-            before.plus_request(tokens)
+            before.plus(reserved)
         } else {
             before
         };
@@ -503,14 +664,20 @@ impl Shared {
             source: CounterSource::Redis,
             ticket: admitted.then(|| Ticket {
                 tenant: Arc::clone(&tenant.id),
-                estimate: tokens,
+                reserved,
                 admitted_ms: now_ms,
+                source: CounterSource::Redis,
             }),
         }
     }
 
     /// Decides on this replica's share of what the cluster had left when last read.
-    fn admit_locally(&self, tenant: &ActiveTenant, tokens: u64, now_ms: u64) -> Admission {
+    fn admit_locally(
+        &self,
+        tenant: &ActiveTenant,
+        reserved: Reservation,
+        now_ms: u64,
+    ) -> Admission {
         self.local_decisions.fetch_add(1, Ordering::Relaxed);
         let mut states = self.lock_tenants();
         let state = states.entry(Arc::clone(&tenant.id)).or_default();
@@ -526,7 +693,10 @@ impl Shared {
         let own = state
             .own
             .get_or_insert_with(|| WindowedCounters::new(now_ms));
-        let mut decision = admit(&quota, &own.at(now_ms), tokens, now_ms);
+        let mut decision = match &self.redis {
+            Some(_) => admit_on_share(&quota, &own.at(now_ms), reserved, now_ms),
+            None => admit_reserving(&quota, &own.at(now_ms), reserved, now_ms),
+        };
         // Clients see the tenant's limits, not the share: only what remains is this
         // replica's.
         let headers = &mut decision.headers;
@@ -540,17 +710,25 @@ impl Shared {
         }
         let admitted = !matches!(decision.outcome, Outcome::Refuse { .. });
         if admitted {
-            own.charge(now_ms, 1, i64::try_from(tokens).unwrap_or(i64::MAX), 0);
+            let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            own.charge(now_ms, 1, signed(reserved.tokens), reserved.spend);
             if let Some(redis) = &self.redis {
                 let keys = CounterKeys::new(&redis.prefix, &tenant.id, Windows::at(now_ms));
-                add_pending(&mut state.unsynced, keys.requests, 1, keys.minute_expiry_ms);
-                let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
-                add_pending(
-                    &mut state.unsynced,
-                    keys.tokens,
-                    tokens,
-                    keys.minute_expiry_ms,
-                );
+                let counted = [
+                    (keys.requests, 1, keys.minute_expiry_ms),
+                    (keys.tokens, signed(reserved.tokens), keys.minute_expiry_ms),
+                    (keys.spend_day, signed(reserved.spend), keys.day_expiry_ms),
+                    (
+                        keys.spend_month,
+                        signed(reserved.spend),
+                        keys.month_expiry_ms,
+                    ),
+                ];
+                for (key, delta, expire_at_ms) in counted {
+                    if delta != 0 {
+                        add_pending(&mut state.unsynced, key, delta, expire_at_ms);
+                    }
+                }
             }
         }
         Admission {
@@ -558,35 +736,40 @@ impl Shared {
             source: CounterSource::Local,
             ticket: admitted.then(|| Ticket {
                 tenant: Arc::clone(&tenant.id),
-                estimate: tokens,
+                reserved,
                 admitted_ms: now_ms,
+                source: CounterSource::Local,
             }),
         }
     }
 
-    /// Counts a settled request's amounts in this replica's own counters.
-    fn count_locally(
-        &self,
-        tenant: &Arc<str>,
-        requests: u64,
-        tokens: i64,
-        spend: u64,
-        now_ms: u64,
-    ) {
+    /// Applies a settlement or refund to this replica's own counters.
+    fn correct_locally(&self, tenant: &Arc<str>, correction: Correction, now_ms: u64) {
         let mut states = self.lock_tenants();
         let state = states.entry(Arc::clone(tenant)).or_default();
-        state
+        let own = state
             .own
-            .get_or_insert_with(|| WindowedCounters::new(now_ms))
-            .charge(now_ms, requests, tokens, spend);
+            .get_or_insert_with(|| WindowedCounters::new(now_ms));
+        own.roll(now_ms);
+        own.correct(
+            correction.admitted_ms,
+            correction.requests,
+            correction.tokens,
+            correction.spend,
+        );
     }
 
-    /// Keeps a settled request's spend in the last read of the cluster's counters, so the
+    /// Keeps a settlement or refund in the last read of the cluster's counters, so the
     /// local shares after an outage start from it.
-    fn note_spend(&self, tenant: &Arc<str>, spend: u64, now_ms: u64) {
+    fn note_correction(&self, tenant: &Arc<str>, correction: Correction) {
         let mut states = self.lock_tenants();
         if let Some(seen) = states.get_mut(tenant).and_then(|s| s.seen.as_mut()) {
-            seen.charge(now_ms, 0, 0, spend);
+            seen.correct(
+                correction.admitted_ms,
+                correction.requests,
+                correction.tokens,
+                correction.spend,
+            );
         }
     }
 
@@ -603,8 +786,10 @@ impl Shared {
         }
     }
 
-    /// One heartbeat: say this replica is alive and count the replicas seen recently; then
-    /// hand Redis what was counted locally; only then do requests go to Redis again.
+    /// One heartbeat: say this replica is alive and count the replicas seen recently; if
+    /// Redis lost its counters, raise them to what this replica last read; hand Redis what
+    /// was counted locally; only then (and, after a loss, once every replica had the time
+    /// to do the same) do requests go to Redis again.
     async fn beat(&self) {
         let Some(redis) = self.redis.as_ref() else {
             return;
@@ -628,12 +813,37 @@ impl Shared {
                 .ignore()
                 .zcard(&key);
             let (replicas,): (u64,) = pipe.query_async(&mut conn).await?;
-            Ok::<_, CounterError>((conn, replicas))
+            let mut epoch = redis.epoch_script.key(epoch_key(&redis.prefix));
+            let (epoch, redis_now): (String, u64) = epoch
+                .arg(format!("{}-{now_ms}", self.replica_id))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok::<_, CounterError>((conn, replicas, epoch, redis_now))
         };
-        let (conn, replicas) = match tokio::time::timeout(BACKGROUND_TIMEOUT, beat).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(error)) => return redis.mark_down(&error),
-            Err(_) => return redis.mark_down(&CounterError::Timeout(BACKGROUND_TIMEOUT)),
+        let (conn, replicas, epoch, redis_now) =
+            match tokio::time::timeout(BACKGROUND_TIMEOUT, beat).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(error)) => return redis.mark_down(&error),
+                Err(_) => return redis.mark_down(&CounterError::Timeout(BACKGROUND_TIMEOUT)),
+            };
+        let (lost, waiting) = {
+            let mut state = redis.epoch.lock().unwrap_or_else(|e| e.into_inner());
+            let lost = state.seen.as_ref().is_some_and(|seen| *seen != epoch);
+            let created_ms = epoch
+                .rsplit(':')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            let grace = u64::try_from(self.reseed_grace.as_millis()).unwrap_or(u64::MAX);
+            state.waiting = (state.waiting || lost) && redis_now < created_ms.saturating_add(grace);
+            (lost, state.waiting)
+        };
+        // While the others have not beaten since Redis came back empty, fewer replicas are
+        // registered than exist: keep the larger count for the local shares until then.
+        let known = self.replicas.load(Ordering::Relaxed);
+        let replicas = match waiting {
+            true => replicas.max(known),
+            false => replicas,
         };
         self.replicas.store(replicas.max(1), Ordering::Relaxed);
         // A beat that was in flight through an outage answers on the connection it started
@@ -643,13 +853,30 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(|| conn.clone());
-        let pending = self.take_unsynced(now_ms);
+        if lost {
+            let floors = self.last_read(&redis.prefix);
+            let call = redis.raise_call(conn.clone(), &floors);
+            let raised = match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
+                Ok(result) => result,
+                Err(_) => Err(CounterError::Timeout(BACKGROUND_TIMEOUT)),
+            };
+            if let Err(error) = raised {
+                // Seen again as lost at the next beat: the epoch is not taken as known.
+                return redis.mark_down(&error);
+            }
+            tracing::warn!(
+                counters = floors.len(),
+                "redis lost the tenant counters; re-seeded them from what this replica last read"
+            );
+        }
+        redis.epoch.lock().unwrap_or_else(|e| e.into_inner()).seen = Some(epoch);
+        let pending = self.take_unsynced(now_ms.max(self.clock.now_ms()));
         if !pending.is_empty() {
             let updates: Vec<(String, Pending)> = pending
                 .iter()
                 .map(|(_, key, p)| (key.clone(), *p))
                 .collect();
-            let call = redis.apply_call(conn, &updates);
+            let call = redis.apply_call(conn.clone(), &updates);
             let flushed = match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
                 Ok(result) => result,
                 Err(_) => Err(CounterError::Timeout(BACKGROUND_TIMEOUT)),
@@ -663,10 +890,88 @@ impl Shared {
                 "tenant usage counted during the redis outage is in redis"
             );
         }
+        if waiting {
+            return;
+        }
+        self.refresh_seen(redis, conn, self.clock.now_ms()).await;
         if !redis.up.swap(true, Ordering::AcqRel) {
             tracing::info!(replicas, "tenant limits counted in redis");
         }
         crate::telemetry::tenant_limits_local(false);
+    }
+
+    /// The cluster's counters as this replica last read them, in the windows it read them
+    /// in, as floors for a Redis that lost them.
+    fn last_read(&self, prefix: &str) -> Vec<(String, Pending)> {
+        let states = self.lock_tenants();
+        let mut floors = Vec::new();
+        for (tenant, state) in states.iter() {
+            let Some(WindowedCounters {
+                windows,
+                counters: seen,
+            }) = state.seen
+            else {
+                continue;
+            };
+            let keys = CounterKeys::new(prefix, tenant, windows);
+            let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            for (key, value, expire_at_ms) in [
+                (keys.requests, seen.requests, keys.minute_expiry_ms),
+                (keys.tokens, seen.tokens, keys.minute_expiry_ms),
+                (keys.spend_day, seen.spend_day, keys.day_expiry_ms),
+                (keys.spend_month, seen.spend_month, keys.month_expiry_ms),
+            ] {
+                if value > 0 {
+                    let floor = Pending {
+                        delta: signed(value),
+                        expire_at_ms,
+                    };
+                    floors.push((key, floor));
+                }
+            }
+        }
+        floors
+    }
+
+    /// Reads the followed tenants' counters into this replica's last read of them.
+    async fn refresh_seen(
+        &self,
+        redis: &RedisCounters,
+        mut conn: MultiplexedConnection,
+        now_ms: u64,
+    ) {
+        let tenants = match &*self.followed.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(list) => list(),
+            None => return,
+        };
+        if tenants.is_empty() {
+            return;
+        }
+        let ids: Vec<&str> = tenants.iter().map(|t| &**t).collect();
+        let read = super::usage::read_counters(&mut conn, &redis.prefix, &ids, now_ms);
+        let Ok(Ok(counters)) = tokio::time::timeout(BACKGROUND_TIMEOUT, read).await else {
+            return;
+        };
+        let windows = Windows::at(now_ms);
+        let mut states = self.lock_tenants();
+        for (tenant, read) in tenants.into_iter().zip(counters) {
+            let state = states.entry(tenant).or_default();
+            // A decision since the read may have seen more: keep the larger of the two.
+            let merged = match state.seen.map(|s| s.at(now_ms)) {
+                Some(seen) => Counters {
+                    requests: seen.requests.max(read.requests),
+                    tokens: seen.tokens.max(read.tokens),
+                    spend_day: seen.spend_day.max(read.spend_day),
+                    spend_month: seen.spend_month.max(read.spend_month),
+                },
+                None => read,
+            };
+            state.seen = Some(WindowedCounters {
+                windows,
+                counters: merged,
+            });
+        }
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every tenant's unsynced amounts whose windows are not over, taken out.
@@ -725,8 +1030,9 @@ impl RedisCounters {
         let mut conn = self.client.get_multiplexed_async_connection().await?;
         // Loaded now, a script costs requests one round trip even right after a restart of
         // Redis (otherwise the first call finds it missing and loads it on the way).
-        self.admit.load_async(&mut conn).await?;
-        self.apply.load_async(&mut conn).await?;
+        for script in [&self.admit, &self.apply, &self.raise, &self.epoch_script] {
+            script.load_async(&mut conn).await?;
+        }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }
@@ -744,7 +1050,7 @@ impl RedisCounters {
         &self,
         mut conn: MultiplexedConnection,
         tenant: &ActiveTenant,
-        tokens: u64,
+        reserved: Reservation,
         now_ms: u64,
     ) -> Result<Counters, CounterError> {
         let keys = CounterKeys::new(&self.prefix, &tenant.id, Windows::at(now_ms));
@@ -759,8 +1065,11 @@ impl RedisCounters {
             .arg(limit(quota.tokens_per_minute))
             .arg(limit(quota.budget_per_day))
             .arg(limit(quota.budget_per_month))
-            .arg(tokens)
-            .arg(keys.minute_expiry_ms);
+            .arg(reserved.tokens)
+            .arg(keys.minute_expiry_ms)
+            .arg(reserved.spend)
+            .arg(keys.day_expiry_ms)
+            .arg(keys.month_expiry_ms);
         let (_refused, requests, tokens, spend_day, spend_month): (i64, u64, u64, u64, u64) =
             invocation.invoke_async(&mut conn).await?;
         Ok(Counters {
@@ -769,6 +1078,26 @@ impl RedisCounters {
             spend_day,
             spend_month,
         })
+    }
+
+    async fn raise_call(
+        &self,
+        mut conn: MultiplexedConnection,
+        floors: &[(String, Pending)],
+    ) -> Result<(), CounterError> {
+        if floors.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.raise.prepare_invoke();
+        for (key, floor) in floors {
+            invocation
+                .key(key)
+                .key(format!("{key}:floor"))
+                .arg(floor.delta)
+                .arg(floor.expire_at_ms);
+        }
+        let _: i64 = invocation.invoke_async(&mut conn).await?;
+        Ok(())
     }
 
     async fn apply_call(

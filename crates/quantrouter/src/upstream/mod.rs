@@ -97,6 +97,7 @@ pin_project_lite::pin_project! {
                     completed: false,
                     failure: None,
                     usage: None,
+                    data_events: state.data_events(),
                     elapsed: state.started.elapsed(),
                 }));
             }
@@ -158,6 +159,9 @@ pub struct BodyEnd {
     pub failure: Option<BodyError>,
     /// Token counts, when the upstream reported them.
     pub usage: Option<Usage>,
+    /// An SSE stream's events with data that went on ([`sse::EventScan::data_events`]):
+    /// what a stream without `usage` (left by its client, say) delivered.
+    pub data_events: u64,
     pub elapsed: Duration,
 }
 
@@ -404,6 +408,10 @@ impl BodyState {
         self.events.as_ref().is_some_and(EventScan::strips_usage)
     }
 
+    fn data_events(&self) -> u64 {
+        self.events.as_ref().map_or(0, |e| e.data_events)
+    }
+
     fn first_output(&mut self) {
         self.first_output_by = None;
         if let Some(on_event) = &mut self.on_event {
@@ -435,6 +443,7 @@ impl BodyState {
                 completed: failure.is_none(),
                 failure,
                 usage,
+                data_events: self.data_events(),
                 elapsed: self.started.elapsed(),
             }));
         }

@@ -52,7 +52,16 @@ pub struct EventScan {
     oversize: bool,
     /// Token counts from the last event that carried them.
     pub usage: Option<Usage>,
+    /// Events with data passed on (neither `[DONE]` nor a cut usage event): one token each
+    /// in vLLM's streams, plus the role and finish events; what a stream that ends without
+    /// `usage` is charged.
+    pub data_events: u64,
+    /// The first bytes of the event being counted unexamined: enough to tell `[DONE]`.
+    head: Vec<u8>,
 }
+
+/// Bytes of an event's start that tell whether it is data: `data: [DONE]` and one more.
+const HEAD: usize = 13;
 
 /// What became of one piece of a stream.
 #[derive(Debug, Default)]
@@ -135,6 +144,7 @@ impl EventScan {
     /// Takes one piece of the stream.
     pub fn feed(&mut self, data: Bytes) -> Scanned {
         if !self.strip_usage && !self.awaiting_output {
+            self.count_events(&data);
             return Scanned {
                 out: Some(data),
                 first_output: false,
@@ -148,6 +158,7 @@ impl EventScan {
             start = end;
             if self.oversize {
                 self.oversize = false;
+                self.data_events += 1;
                 out.keep(&data, part);
                 continue;
             }
@@ -168,6 +179,9 @@ impl EventScan {
                 self.awaiting_output = false;
                 first_output = true;
             }
+            if keep && counts_as_data(event) {
+                self.data_events += 1;
+            }
             // Held-back bytes were not sent yet; copied ones (not stripping) were.
             match (keep, held && self.strip_usage) {
                 (true, true) => out.push(&data, &self.pending),
@@ -177,6 +191,14 @@ impl EventScan {
             self.pending.clear();
         }
         let rest = start..data.len();
+        if !self.strip_usage && !self.awaiting_output {
+            // From the next piece on, events pass unexamined: the one under way is counted
+            // by its start.
+            self.head.clear();
+            let take = rest.len().min(HEAD);
+            self.head
+                .extend_from_slice(&data[rest.start..rest.start + take]);
+        }
         if !rest.is_empty() {
             if self.oversize {
                 out.keep(&data, rest);
@@ -221,10 +243,33 @@ impl EventScan {
             self.awaiting_output = false;
             scanned.first_output = true;
         }
+        if keep && counts_as_data(&pending) {
+            self.data_events += 1;
+        }
         if self.strip_usage && keep {
             scanned.out = Some(pending.freeze());
         }
         scanned
+    }
+
+    /// Counts the events that end in `data`, passing through unexamined, each judged by
+    /// its first bytes (kept across pieces).
+    fn count_events(&mut self, data: &[u8]) {
+        let mut start = 0;
+        loop {
+            let end = self.ends.next_end(data, start);
+            let stop = end.unwrap_or(data.len());
+            let take = HEAD.saturating_sub(self.head.len()).min(stop - start);
+            self.head.extend_from_slice(&data[start..start + take]);
+            let Some(end) = end else {
+                return;
+            };
+            if counts_as_data(&self.head) {
+                self.data_events += 1;
+            }
+            self.head.clear();
+            start = end;
+        }
     }
 
     /// Whether to pass `event` on, the usage it carries and whether it carries output.
@@ -241,6 +286,16 @@ impl EventScan {
         let output = self.awaiting_output && data_of(event).is_some_and(|d| carries_output(&d));
         (keep, usage, output)
     }
+}
+
+/// Whether an event (or the rest of one) is data worth a token: not a comment, not an
+/// empty line, not the closing `[DONE]`.
+fn counts_as_data(event: &[u8]) -> bool {
+    let event = event.trim_ascii_start();
+    !event.is_empty()
+        && !event.starts_with(b":")
+        && !event.starts_with(b"data: [DONE]")
+        && !event.starts_with(b"data:[DONE]")
 }
 
 /// The data of an event: its `data:` lines joined by LF, without the field name and the

@@ -169,3 +169,23 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Output events are counted the same however the stream is cut, stripped or not; the
+    /// closing `[DONE]` never counts, nor a usage event cut out.
+    #[test]
+    fn data_events_count_the_same_for_every_split(
+        cuts in proptest::collection::vec(0usize..4096, 0..12),
+        strip in any::<bool>(),
+        crlf in any::<bool>(),
+    ) {
+        let mut events = vec![ROLE];
+        events.extend([TOKEN; 5]);
+        events.extend([FINISH, USAGE_ONLY, DONE]);
+        let wire = stream(&events, if crlf { "\r\n" } else { "\n" });
+        let mut scan = EventScan::new(strip);
+        run(&mut scan, wire.as_bytes(), &cuts);
+        // Role, five tokens and finish; the usage event too when it went on.
+        prop_assert_eq!(scan.data_events, if strip { 7 } else { 8 });
+    }
+}
