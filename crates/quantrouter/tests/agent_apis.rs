@@ -1,0 +1,391 @@
+//! Anthropic Messages and OpenAI Responses through the router: routed like chat, forwarded
+//! natively to upstreams that serve them and translated to chat for those that do not,
+//! streamed event by event, with fallbacks, quality checks and stored responses.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use quantrouter_policy::{StreamCheck, Upstream, UpstreamApi};
+use serde_json::{json, Value};
+use support::{client, send, Reply, Tiers, CODE, SIMPLE};
+use vllm_sim::{Faults, SimConfig};
+
+const FP8: usize = 1;
+const INT4: usize = 2;
+
+/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
+/// only chat.
+async fn tiers(native: bool) -> Tiers {
+    Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: !native,
+            ..SimConfig::default()
+        },
+        |set| {
+            for profile in &mut set.profiles {
+                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                    upstream
+                        .apis
+                        .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+                }
+            }
+        },
+        |_| {},
+    )
+    .await
+}
+
+async fn post(t: &Tiers, path: &str, body: &Value) -> Reply {
+    let url = format!("http://{}{path}", t.router.public_addr());
+    let headers = [("content-type", "application/json")];
+    send(&client(), "POST", &url, &body.to_string(), &headers).await
+}
+
+fn message(content: &str, stream: bool) -> Value {
+    json!({"model": "auto", "max_tokens": 512, "stream": stream, "system": "Answer briefly.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": content}]}]})
+}
+
+fn response(content: &str, stream: bool) -> Value {
+    json!({"model": "auto", "stream": stream, "instructions": "Answer briefly.", "input": content})
+}
+
+/// The named events of a stream, each checked to carry its name as `type`.
+fn events(reply: &Reply) -> Vec<Value> {
+    let text = String::from_utf8(reply.body.to_vec()).unwrap();
+    assert!(text.ends_with("\n\n"), "{text}");
+    text.trim_end()
+        .split("\n\n")
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|e| e.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {event:?} in {text}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "{text}");
+            data
+        })
+        .collect()
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+/// The text of a Messages stream.
+fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect()
+}
+
+fn check_messages_stream(events: &[Value]) {
+    let types = types(events);
+    assert_eq!(types[0], "message_start", "{types:?}");
+    assert_eq!(types[1], "content_block_start", "{types:?}");
+    assert_eq!(&types[types.len() - 2..], ["message_delta", "message_stop"]);
+    assert!(types.contains(&"content_block_stop"), "{types:?}");
+    assert!(!streamed_text(events).is_empty());
+    let delta = &events[events.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert!(delta["usage"]["output_tokens"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_go_natively_to_upstreams_that_serve_them() {
+    let t = tiers(true).await;
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, false)).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    let body = reply.json();
+    // The sim's own id: the answer came from its /v1/messages.
+    assert!(body["id"].as_str().unwrap().starts_with("msg-"), "{body}");
+    assert_eq!(body["model"], t.set.profiles[INT4].model);
+    assert_eq!(body["content"][0]["type"], "text");
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let events = events(&reply);
+    check_messages_stream(&events);
+    assert!(events[0]["message"]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("msg-"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_translated_for_chat_only_upstreams() {
+    let t = tiers(false).await;
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, false)).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let body = reply.json();
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"), "{body}");
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["stop_reason"], "end_turn");
+    assert!(!body["content"][0]["text"].as_str().unwrap().is_empty());
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    assert!(reply
+        .headers
+        .get("content-length")
+        .is_none_or(|len| { len.to_str().unwrap() == reply.body.len().to_string() }));
+
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+    let events = events(&reply);
+    check_messages_stream(&events);
+    // The usage the router added for itself arrives as Anthropic's counts, not as a chunk.
+    assert!(
+        events[events.len() - 2]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_use_round_trips_natively_and_translated() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        let tools = json!([{"name": "get_time", "description": "The time now.",
+            "input_schema": {"type": "object", "properties": {}}}]);
+        let mut ask = message("What time is it?", false);
+        ask["tools"] = tools.clone();
+        let reply = post(&t, "/v1/messages", &ask).await.json();
+        assert_eq!(reply["stop_reason"], "tool_use", "native={native}: {reply}");
+        let call = reply["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap()
+            .clone();
+        assert_eq!(call["name"], "get_time");
+        ask["messages"] = json!([
+            {"role": "user", "content": "What time is it?"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "noon"}]},
+        ]);
+        let reply = post(&t, "/v1/messages", &ask).await.json();
+        assert_eq!(reply["stop_reason"], "end_turn", "native={native}: {reply}");
+
+        let mut streamed = message("What time is it?", true);
+        streamed["tools"] = tools;
+        let events = events(&post(&t, "/v1/messages", &streamed).await);
+        let start = events
+            .iter()
+            .find(|e| e["type"] == "content_block_start")
+            .unwrap();
+        assert_eq!(
+            start["content_block"]["type"], "tool_use",
+            "native={native}"
+        );
+        assert_eq!(events[events.len() - 2]["delta"]["stop_reason"], "tool_use");
+
+        let call = json!({"model": "auto", "input": "What time is it?",
+            "tools": [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]});
+        let reply = post(&t, "/v1/responses", &call).await.json();
+        let item = &reply["output"][0];
+        assert_eq!(item["type"], "function_call", "native={native}: {reply}");
+        let result = json!({"model": "auto", "input": [
+            {"role": "user", "content": "What time is it?"},
+            {"type": "function_call", "call_id": item["call_id"], "name": "get_time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": item["call_id"], "output": "noon"},
+        ]});
+        let reply = post(&t, "/v1/responses", &result).await.json();
+        assert_eq!(
+            reply["output"][0]["type"], "message",
+            "native={native}: {reply}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_are_served_natively_and_translated_streamed_and_not() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let body = reply.json();
+        let prefix = if native { "resp-" } else { "resp_" };
+        assert!(body["id"].as_str().unwrap().starts_with(prefix), "{body}");
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["status"], "completed");
+        let text = body["output"][0]["content"][0]["text"].as_str().unwrap();
+        assert!(!text.is_empty());
+        assert!(body["usage"]["output_tokens"].as_u64().unwrap() > 0);
+
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, true)).await;
+        let events = events(&reply);
+        let types = types(&events);
+        assert_eq!(
+            &types[..2],
+            ["response.created", "response.in_progress"],
+            "{types:?}"
+        );
+        assert_eq!(types.last(), Some(&"response.completed"));
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(event["sequence_number"], i as u64, "native={native}");
+        }
+        let deltas: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        let done = &events.last().unwrap()["response"];
+        assert_eq!(done["output"][0]["content"][0]["text"], deltas);
+        assert!(done["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_translated_is_refused_in_each_apis_error_shape() {
+    let t = tiers(false).await;
+    let mut thinking = message(SIMPLE, false);
+    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+    let reply = post(&t, "/v1/messages", &thinking).await;
+    assert_eq!(reply.status, 400);
+    let body = reply.json();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("thinking"),
+        "{body}"
+    );
+
+    let mut search = response(SIMPLE, false);
+    search["tools"] = json!([{"type": "web_search"}]);
+    let reply = post(&t, "/v1/responses", &search).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("web_search"));
+    assert_eq!(t.requests(INT4) + t.requests(FP8), 0, "nothing was sent");
+
+    // The router's own errors on /v1/messages are Anthropic's too.
+    let mut unknown = message(SIMPLE, false);
+    unknown["model"] = json!("no-such-model");
+    let reply = post(&t, "/v1/messages", &unknown).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["type"], "not_found_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_tier_falls_back_across_tiers_for_both_apis() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        t.sims[INT4][0].set_faults(Faults {
+            error_rate: 1.0,
+            error_status: 503,
+            ..Faults::default()
+        });
+        let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-quantrouter-reason"), "fallback_error");
+        check_messages_stream(&events(&reply));
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+        assert_eq!(reply.status, 200);
+        assert_ne!(reply.header("x-quantrouter-tier"), "int4");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degenerate_answers_fail_the_quality_checks_in_every_api() {
+    for native in [true, false] {
+        let t = Tiers::start(
+            [1, 1, 1],
+            |_| SimConfig {
+                chat_only: !native,
+                ..SimConfig::default()
+            },
+            |set| {
+                set.policy.stream_check = Some(StreamCheck {
+                    tokens: 8,
+                    max_hold_ms: 5_000,
+                });
+                for profile in &mut set.profiles {
+                    if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                        upstream
+                            .apis
+                            .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+                    }
+                }
+            },
+            |_| {},
+        )
+        .await;
+        t.sims[INT4][0].set_faults(Faults {
+            degenerate: true,
+            ..Faults::default()
+        });
+        for (path, body) in [
+            ("/v1/messages", message(SIMPLE, false)),
+            ("/v1/messages", message(SIMPLE, true)),
+            ("/v1/responses", response(SIMPLE, false)),
+            ("/v1/responses", response(SIMPLE, true)),
+        ] {
+            let reply = post(&t, path, &body).await;
+            assert_eq!(reply.status, 200);
+            assert_eq!(
+                reply.header("x-quantrouter-reason"),
+                "fallback_quality",
+                "native={native} {path} stream={}",
+                body["stream"]
+            );
+            assert_eq!(reply.header("x-quantrouter-tier"), "fp8");
+        }
+        // A tool call is an answer the text checks pass.
+        let mut call = message("What time is it?", false);
+        call["tools"] = json!([{"name": "get_time", "input_schema": {"type": "object"}}]);
+        let reply = post(&t, "/v1/messages", &call).await;
+        assert_eq!(
+            reply.header("x-quantrouter-tier"),
+            "int4",
+            "native={native}"
+        );
+        assert_eq!(reply.json()["stop_reason"], "tool_use");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_goes_to_the_profile_that_stored_the_response() {
+    let t = tiers(true).await;
+    let first = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+    assert_eq!(first.header("x-quantrouter-tier"), "int4");
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    // Alone, this prompt routes to a better tier; as a follow-up it must reach int4's sim,
+    // the only one that knows the response (any other answers 400).
+    let alone = post(&t, "/v1/responses", &response(CODE, false)).await;
+    assert_ne!(alone.header("x-quantrouter-tier"), "int4");
+    let mut follow = response(CODE, true);
+    follow["previous_response_id"] = json!(id);
+    let reply = post(&t, "/v1/responses", &follow).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    let events = events(&reply);
+    assert_eq!(
+        events.last().unwrap()["response"]["previous_response_id"],
+        id.as_str()
+    );
+
+    let url = format!("http://{}/v1/responses/{id}", t.router.public_addr());
+    let stored = send(&client(), "GET", &url, "", &[]).await;
+    assert_eq!(stored.status, 200);
+    assert_eq!(stored.json()["id"], id.as_str());
+
+    let mut unknown = response(SIMPLE, false);
+    unknown["previous_response_id"] = json!("resp-unknown");
+    let reply = post(&t, "/v1/responses", &unknown).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["code"], "response_not_found");
+
+    let deleted = send(&client(), "DELETE", &url, "", &[]).await;
+    assert_eq!(deleted.json()["deleted"], true);
+    assert_eq!(send(&client(), "GET", &url, "", &[]).await.status, 404);
+}
