@@ -6,9 +6,14 @@
 
 mod support;
 
+use std::time::Duration;
+
+use quantrouter::server::ServerConfig;
 use quantrouter_policy::{StreamCheck, Upstream, UpstreamApi};
+use redis::AsyncCommands;
 use serde_json::{json, Value};
-use support::{client, send, Reply, Tiers, CODE, SIMPLE};
+use support::redis_server::RedisServer;
+use support::{client, eventually, send, start_router, Reply, Tiers, CODE, SIMPLE};
 use vllm_sim::{Faults, SimConfig};
 
 const FP8: usize = 1;
@@ -388,4 +393,152 @@ async fn a_follow_up_goes_to_the_profile_that_stored_the_response() {
     let deleted = send(&client(), "DELETE", &url, "", &[]).await;
     assert_eq!(deleted.json()["deleted"], true);
     assert_eq!(send(&client(), "GET", &url, "", &[]).await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
+    let redis = RedisServer::start(None);
+    let shared = |c: &mut ServerConfig| {
+        c.stored_responses.redis = Some((redis.client(), "qr".into()));
+    };
+    let native = |set: &mut quantrouter_policy::ProfileSet| {
+        for profile in &mut set.profiles {
+            if let Upstream::Static(upstream) = &mut profile.upstream {
+                upstream
+                    .apis
+                    .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+            }
+        }
+    };
+    let t = Tiers::start([1, 1, 1], |_| SimConfig::default(), native, shared).await;
+    let other = start_router(t.set.clone(), shared).await;
+    let alone = start_router(t.set.clone(), |_| {}).await;
+
+    let first = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let key = format!("qr:responses:{id}");
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stored = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move { conn.exists::<_, bool>(&key).await.unwrap() }
+    })
+    .await;
+    assert!(stored, "the placement reached redis");
+    assert_eq!(
+        conn.get::<_, String>(&key).await.unwrap(),
+        t.set.profiles[INT4].id
+    );
+    assert!(conn.ttl::<_, i64>(&key).await.unwrap() > 0);
+
+    let mut follow = response(CODE, false);
+    follow["previous_response_id"] = json!(id);
+    let headers = [("content-type", "application/json")];
+    let via = |server: &quantrouter::server::Server| {
+        format!("http://{}/v1/responses", server.public_addr())
+    };
+    let reply = send(
+        &client(),
+        "POST",
+        &via(&other),
+        &follow.to_string(),
+        &headers,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    // A replica without the shared store cannot place it, and says so.
+    let reply = send(
+        &client(),
+        "POST",
+        &via(&alone),
+        &follow.to_string(),
+        &headers,
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["code"], "response_not_found");
+}
+
+/// The official `anthropic` and `openai` Python clients against the router
+/// (`scripts/install-tools openai anthropic`; `QUANTROUTER_PYTHON` points at the venv).
+async fn official_clients(t: &Tiers, extra: &[&str]) {
+    let python = std::env::var_os("QUANTROUTER_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "{} not found: run `scripts/install-tools openai anthropic` or set QUANTROUTER_PYTHON",
+        python.display()
+    );
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agents_compat.py");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}", t.router.public_addr()))
+        .args(extra)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains("checks passed"),
+        "agent clients failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_work_against_native_upstreams() {
+    let t = tiers(true).await;
+    official_clients(&t, &["--stateful"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_work_against_chat_only_upstreams() {
+    let t = tiers(false).await;
+    official_clients(&t, &["--translated"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_clients_authenticate_with_x_api_key() {
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |_| {},
+        |c| c.api_keys = support::keys(&["test-key"]),
+    )
+    .await;
+    let url = format!("http://{}/v1/messages", t.router.public_addr());
+    let body = message(SIMPLE, false).to_string();
+    let json = ("content-type", "application/json");
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &body,
+        &[json, ("x-api-key", "test-key")],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &body,
+        &[json, ("x-api-key", "wrong")],
+    )
+    .await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.json()["error"]["type"], "authentication_error");
+    let bearer = ("authorization", "Bearer test-key");
+    let reply = send(&client(), "POST", &url, &body, &[json, bearer]).await;
+    assert_eq!(reply.status, 200);
 }
