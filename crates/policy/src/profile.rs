@@ -246,7 +246,7 @@ pub struct ServiceUpstream {
 }
 
 /// Fixed base URLs.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StaticUpstream {
     pub urls: Vec<String>,
@@ -293,8 +293,21 @@ impl StaticUpstream {
     pub fn new(urls: Vec<String>) -> Self {
         Self {
             urls,
-            apis: default_apis(),
             ..Self::default()
+        }
+    }
+}
+
+impl Default for StaticUpstream {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            api_key_env: None,
+            api_key_file: None,
+            metrics: None,
+            ca_file: None,
+            http2: false,
+            apis: default_apis(),
         }
     }
 }
@@ -764,6 +777,12 @@ impl Upstream {
                     }
                 }
             }
+        }
+        if !self.serves(UpstreamApi::Chat) {
+            err(
+                format!("{path}.apis"),
+                "must include \"chat\": chat requests, and agent requests translated to chat, go to every profile",
+            );
         }
         let (key_env, key_file, metrics) = self.access();
         if let Some(var) = key_env {
