@@ -542,3 +542,48 @@ async fn anthropic_clients_authenticate_with_x_api_key() {
     let reply = send(&client(), "POST", &url, &body, &[json, bearer]).await;
     assert_eq!(reply.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_stream_is_relayed_as_it_comes_not_when_it_ends() {
+    use http_body_util::{BodyExt, Full};
+    // The first token comes a minute after the role chunk: a translation that held the
+    // stream would send nothing for a minute.
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: true,
+            itl: Duration::from_secs(60),
+            ..SimConfig::default()
+        },
+        |_| {},
+        |_| {},
+    )
+    .await;
+    for (path, body) in [
+        ("/v1/messages", message(SIMPLE, true)),
+        ("/v1/responses", response(SIMPLE, true)),
+    ] {
+        let url = format!("http://{}{path}", t.router.public_addr());
+        let request = http::Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body.to_string())))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        let first = tokio::time::timeout(Duration::from_secs(20), body.frame())
+            .await
+            .expect("the stream's start within 20 s, long before its end")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        let first = String::from_utf8_lossy(&first);
+        let opening = if path == "/v1/messages" {
+            "event: message_start"
+        } else {
+            "event: response.created"
+        };
+        assert!(first.starts_with(opening), "{first}");
+    }
+}
