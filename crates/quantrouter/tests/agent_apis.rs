@@ -587,3 +587,29 @@ async fn a_translated_stream_is_relayed_as_it_comes_not_when_it_ends() {
         assert!(first.starts_with(opening), "{first}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_short_ends_with_the_apis_error_event() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        for sim in t.sims.iter().flatten() {
+            sim.set_faults(Faults {
+                reset_after_chunks: Some(6),
+                ..Faults::default()
+            });
+        }
+        let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+        let seen = events(&reply);
+        let last = seen.last().unwrap();
+        assert_eq!(last["type"], "error", "native={native}: {seen:?}");
+        assert_eq!(last["error"]["type"], "api_error");
+        assert!(!last["error"]["message"].as_str().unwrap().is_empty());
+        assert_eq!(seen[0]["type"], "message_start");
+
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, true)).await;
+        let seen = events(&reply);
+        let last = seen.last().unwrap();
+        assert_eq!(last["type"], "error", "native={native}: {seen:?}");
+        assert!(!last["message"].as_str().unwrap().is_empty());
+    }
+}
