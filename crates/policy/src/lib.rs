@@ -47,7 +47,7 @@ pub use profile::{
     ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile,
     ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
     RequiredQuality, ServiceUpstream, StaticUpstream, StreamCheck, Transport, Upstream,
-    ValidationErrors, Weights, MAX_VERSION,
+    UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_start, repetition_ratio, AnswerChoice, AnswerProblem,

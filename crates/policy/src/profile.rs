@@ -240,10 +240,13 @@ pub struct ServiceUpstream {
     /// `https://`. Off by default: vLLM's server speaks HTTP/1.1 only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub http2: bool,
+    /// The APIs the upstream serves natively; the router translates the others to chat.
+    #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
+    pub apis: Vec<UpstreamApi>,
 }
 
 /// Fixed base URLs.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StaticUpstream {
     pub urls: Vec<String>,
@@ -264,6 +267,23 @@ pub struct StaticUpstream {
     /// `https://`. Off by default: vLLM's server speaks HTTP/1.1 only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub http2: bool,
+    /// The APIs the upstream serves natively; the router translates the others to chat.
+    #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
+    pub apis: Vec<UpstreamApi>,
+}
+
+/// An API an upstream may serve (`upstream.apis`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamApi {
+    /// OpenAI Chat Completions, `/v1/chat/completions`.
+    Chat,
+    /// OpenAI Completions, `/v1/completions`.
+    Completions,
+    /// Anthropic Messages, `/v1/messages`.
+    Messages,
+    /// OpenAI Responses, `/v1/responses`.
+    Responses,
 }
 
 // === impl StaticUpstream ===
@@ -274,6 +294,20 @@ impl StaticUpstream {
         Self {
             urls,
             ..Self::default()
+        }
+    }
+}
+
+impl Default for StaticUpstream {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            api_key_env: None,
+            api_key_file: None,
+            metrics: None,
+            ca_file: None,
+            http2: false,
+            apis: default_apis(),
         }
     }
 }
@@ -744,6 +778,12 @@ impl Upstream {
                 }
             }
         }
+        if !self.serves(UpstreamApi::Chat) {
+            err(
+                format!("{path}.apis"),
+                "must include \"chat\": chat requests, and agent requests translated to chat, go to every profile",
+            );
+        }
         let (key_env, key_file, metrics) = self.access();
         if let Some(var) = key_env {
             if !is_env_name(var) {
@@ -824,6 +864,15 @@ impl Upstream {
         Transport { ca_file, http2 }
     }
 
+    /// Whether the upstream serves `api` natively (`upstream.apis`).
+    pub fn serves(&self, api: UpstreamApi) -> bool {
+        let apis = match self {
+            Upstream::Service(s) => &s.apis,
+            Upstream::Static(s) => &s.apis,
+        };
+        apis.contains(&api)
+    }
+
     /// Base URLs to reach this upstream without discovery: the static list, or the
     /// service's cluster DNS name.
     pub fn base_urls(&self) -> Vec<String> {
@@ -835,6 +884,16 @@ impl Upstream {
             Upstream::Static(s) => s.urls.clone(),
         }
     }
+}
+
+/// What every OpenAI-compatible server serves (vLLM, SGLang, llama.cpp, TGI); the agent
+/// APIs are declared where a server has them, so nothing is sent where it would 404.
+fn default_apis() -> Vec<UpstreamApi> {
+    vec![UpstreamApi::Chat, UpstreamApi::Completions]
+}
+
+fn is_default_apis(apis: &Vec<UpstreamApi>) -> bool {
+    *apis == default_apis()
 }
 
 fn is_false(value: &bool) -> bool {

@@ -170,7 +170,8 @@ fn schema_property_names_match_the_rust_fields() {
     };
     set.profiles[1].upstream = serde_json::from_str(
         r#"{"urls": ["https://127.0.0.1:1"], "api_key_file": "/k",
-            "metrics": {"waiting": "w", "running": "r"}, "ca_file": "/ca.pem", "http2": true}"#,
+            "metrics": {"waiting": "w", "running": "r"}, "ca_file": "/ca.pem", "http2": true,
+            "apis": ["chat", "completions", "messages", "responses"]}"#,
     )
     .unwrap();
     set.profiles[2].upstream = serde_json::from_str(

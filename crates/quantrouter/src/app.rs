@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderValue};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
+use crate::apis::stored::{ResponseStore, StoreConfig};
 use crate::calibration::Calibrator;
 use crate::classifier::ClassifierStore;
 use crate::keda::{Keda, KedaConfig};
@@ -70,6 +71,8 @@ pub struct ServerConfig {
     pub classifier: Arc<ClassifierStore>,
     /// Cluster-wide tier numbers and scale-from-zero signals for KEDA.
     pub keda: KedaConfig,
+    /// Where stored Responses live (per replica, or shared through Redis).
+    pub stored_responses: StoreConfig,
 }
 
 /// Shared state of one router.
@@ -85,6 +88,8 @@ pub struct App {
     pub tenants: Option<Arc<Tenants>>,
     /// Live agreement sampling (`policy.calibration`): budget, limits and counts.
     pub calibrator: Arc<Calibrator>,
+    /// Which profile stored each Responses answer.
+    pub responses: Arc<ResponseStore>,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -107,6 +112,7 @@ impl App {
             keda,
             tenants,
             calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
+            responses: Arc::new(ResponseStore::new(config.stored_responses.clone())),
             store,
             client,
             metrics: telemetry::metrics_handle(),
@@ -165,6 +171,7 @@ impl Default for ServerConfig {
             log_prompts: false,
             classifier: Arc::new(ClassifierStore::default()),
             keda: KedaConfig::default(),
+            stored_responses: StoreConfig::default(),
         }
     }
 }

@@ -331,7 +331,6 @@ impl Sample {
             pinned: true,
             stream: false,
             wants_json: self.wants_json,
-            path: self.path,
             headers: &self.headers,
             started,
             deadline,
@@ -340,7 +339,10 @@ impl Sample {
             // Extra load the router chose to add: every client request goes first.
             priority: i32::MIN,
         };
-        let body_for = |_: ProfileIndex| self.body.clone();
+        let body_for = |_: ProfileIndex| retry::Outgoing {
+            path: self.path,
+            body: self.body.clone(),
+        };
         let answer = retry::forward(&self.client, &self.config, &plan, &body_for)
             .await
             .map_err(|e| e.to_string())?;

@@ -878,6 +878,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let resilience = resilience_config(&args);
     let keda = keda_config(&args)?;
     let tenants = start_tenants(&args, &keda.replica_id).await?;
+    let stored_responses = stored_responses(&args)?;
     let config = ServerConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -907,6 +908,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         log_prompts: args.log_prompts,
         classifier,
         keda,
+        stored_responses,
     };
     let server = Server::start(config, store)
         .await
@@ -1026,6 +1028,22 @@ async fn start_tenants(
         .await
         .map_err(|e| CliError::Invalid(format!("--tenants: {e}")))?;
     Ok(Some(Arc::new(tenants)))
+}
+
+/// Stored Responses' placement: shared through the router's Redis when it has one.
+fn stored_responses(args: &ServeArgs) -> Result<crate::apis::stored::StoreConfig, CliError> {
+    let redis = match &args.redis_url {
+        Some(url) => Some((
+            crate::documents::client(url, args.redis_ca_file.as_deref())
+                .map_err(|e| CliError::Invalid(e.to_string()))?,
+            args.redis_prefix.clone(),
+        )),
+        None => None,
+    };
+    Ok(crate::apis::stored::StoreConfig {
+        redis,
+        ..Default::default()
+    })
 }
 
 async fn start_classifier(args: &ServeArgs) -> Result<Arc<ClassifierStore>, CliError> {

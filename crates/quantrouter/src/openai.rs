@@ -14,11 +14,15 @@ use quantrouter_policy::{AnswerChoice, Prompt, Role, Segment};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The two generation endpoints.
+/// The generation endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Chat,
     Completions,
+    /// Anthropic Messages (see [`crate::apis`]).
+    Messages,
+    /// OpenAI Responses (see [`crate::apis`]).
+    Responses,
 }
 
 impl Endpoint {
@@ -27,6 +31,8 @@ impl Endpoint {
         match path {
             "/v1/chat/completions" => Some(Endpoint::Chat),
             "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/responses" => Some(Endpoint::Responses),
             _ => None,
         }
     }
@@ -36,6 +42,8 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::Responses => "/v1/responses",
         }
     }
 }
@@ -56,6 +64,10 @@ pub struct ParsedRequest<'a> {
     pub user: Option<Cow<'a, str>>,
     /// The client sent `stream_options` (so the router leaves it alone).
     pub has_stream_options: bool,
+    /// The API the request came through.
+    pub endpoint: Endpoint,
+    /// Responses: the stored response this request continues.
+    pub previous_response_id: Option<Cow<'a, str>>,
 }
 
 /// A request the router answers itself, with an OpenAI-shaped error.
@@ -74,6 +86,10 @@ pub enum ApiError {
     RouteNotFound(String),
     #[error("Method not allowed.")]
     MethodNotAllowed,
+    /// A stored Responses answer the router cannot place (unknown, expired, or stored
+    /// through another replica without shared Redis).
+    #[error("No stored response with id `{0}` is known to this router.")]
+    ResponseNotFound(String),
     #[error("Request body is larger than the limit of {limit} bytes.")]
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json.")]
@@ -130,6 +146,49 @@ struct WireRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(default)]
     stream_options: Option<serde::de::IgnoredAny>,
+    /// Messages: the system prompt, a string or text blocks.
+    #[serde(borrow, default)]
+    system: Option<WireContent<'a>>,
+    /// Responses: the system prompt.
+    #[serde(borrow, default)]
+    instructions: Option<Cow<'a, str>>,
+    /// Responses: a string or input items.
+    #[serde(borrow, default)]
+    input: Option<TextOr<'a, WireItem<'a>>>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
+    /// Responses: `text.format` is its `response_format`.
+    #[serde(borrow, default)]
+    text: Option<WireTextConfig<'a>>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<Cow<'a, str>>,
+}
+
+/// A Responses input item: a message (`role`, `content`) or another item, of which a tool's
+/// result (`function_call_output`, with `output`) is context.
+#[derive(Deserialize)]
+struct WireItem<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<WireContent<'a>>,
+    #[serde(borrow, default)]
+    output: Option<TextOr<'a, WireText<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct WireTextConfig<'a> {
+    #[serde(borrow, default)]
+    format: Option<WireResponseFormat<'a>>,
+}
+
+/// A block with text, if any.
+#[derive(Deserialize)]
+struct WireText<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
 }
 
 /// A field only counted on, never checked: a number, or anything else (left to the upstream
@@ -152,11 +211,16 @@ struct WireMessage<'a> {
 /// A message's `content`: a string or an array of content parts.
 type WireContent<'a> = TextOr<'a, WirePart<'a>>;
 
-/// A content part; images and audio carry no `text` and are ignored for scoring.
+/// A content part; images and audio carry no `text` and are ignored for scoring. An
+/// Anthropic `tool_result` block carries its text in `content`.
 #[derive(Deserialize)]
 struct WirePart<'a> {
     #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<TextOr<'a, WireText<'a>>>,
 }
 
 /// A completion `prompt`: a string or an array of strings.
@@ -266,12 +330,18 @@ impl<'a> ParsedRequest<'a> {
         let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
         let model_span = start..start + raw_model.get().len();
 
-        let max_tokens = match wire.max_completion_tokens.or(wire.max_tokens) {
+        let limit = wire
+            .max_completion_tokens
+            .or(wire.max_tokens)
+            .or(wire.max_output_tokens);
+        let max_tokens = match limit {
             Some(n) if n < 1 => {
                 let param = if wire.max_completion_tokens.is_some() {
                     "max_completion_tokens"
-                } else {
+                } else if wire.max_tokens.is_some() {
                     "max_tokens"
+                } else {
+                    "max_output_tokens"
                 };
                 return Err(invalid(
                     &format!("{param} must be at least 1, got {n}"),
@@ -294,13 +364,21 @@ impl<'a> ParsedRequest<'a> {
                 return Err(invalid("top_p must be in (0, 1]", "top_p"));
             }
         }
-        let wants_json = wire
+        let format = wire
             .response_format
             .as_ref()
-            .is_some_and(|f| f.kind == "json_object" || f.kind == "json_schema");
+            .or(wire.text.as_ref().and_then(|t| t.format.as_ref()));
+        let wants_json = format.is_some_and(|f| f.kind == "json_object" || f.kind == "json_schema");
         let texts = match endpoint {
             Endpoint::Chat => chat_texts(wire.messages)?,
             Endpoint::Completions => prompt_texts(wire.prompt)?,
+            Endpoint::Messages => {
+                let mut texts = Vec::new();
+                push_content(&mut texts, Role::System, wire.system);
+                texts.extend(chat_texts(wire.messages)?);
+                texts
+            }
+            Endpoint::Responses => input_texts(wire.instructions, wire.input)?,
         };
         Ok(Self {
             model,
@@ -316,6 +394,8 @@ impl<'a> ParsedRequest<'a> {
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),
+            endpoint,
+            previous_response_id: wire.previous_response_id,
         })
     }
 
@@ -334,7 +414,9 @@ impl<'a> ParsedRequest<'a> {
     /// The router asks upstream for a usage chunk the client did not ask for (and strips
     /// it from the stream): a stream without `stream_options`.
     pub fn adds_usage(&self) -> bool {
-        self.stream && !self.has_stream_options
+        // Messages and Responses streams always report usage.
+        let chat_api = matches!(self.endpoint, Endpoint::Chat | Endpoint::Completions);
+        chat_api && self.stream && !self.has_stream_options
     }
 
     /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
@@ -385,18 +467,70 @@ fn chat_texts<'a>(messages: Option<Vec<WireMessage<'a>>>) -> Result<Texts<'a>, A
             "assistant" => Role::Assistant,
             _ => Role::Other,
         };
-        match m.content {
-            Some(TextOr::Text(text)) => segments.push((role, text)),
-            Some(TextOr::Items(parts)) => {
-                for text in parts.into_iter().filter_map(|p| p.text) {
-                    segments.push((role, text));
-                }
-            }
-            None => {}
-        }
+        push_content(&mut segments, role, m.content);
     }
     // Messages without text (an image, audio, a tool call) are valid: routing scores what
     // text there is, none included.
+    Ok(segments)
+}
+
+/// The text of a message's content; a tool's result (Anthropic's `tool_result` block) is
+/// context, as a chat `tool` message is.
+fn push_content<'a>(segments: &mut Texts<'a>, role: Role, content: Option<WireContent<'a>>) {
+    match content {
+        Some(TextOr::Text(text)) => segments.push((role, text)),
+        Some(TextOr::Items(parts)) => {
+            for part in parts {
+                if let Some(text) = part.text {
+                    segments.push((role, text));
+                } else if part.kind.as_deref() == Some("tool_result") {
+                    push_texts(segments, Role::Other, part.content);
+                }
+            }
+        }
+        None => {}
+    }
+}
+
+fn push_texts<'a>(segments: &mut Texts<'a>, role: Role, texts: Option<TextOr<'a, WireText<'a>>>) {
+    match texts {
+        Some(TextOr::Text(text)) => segments.push((role, text)),
+        Some(TextOr::Items(items)) => {
+            segments.extend(items.into_iter().filter_map(|t| t.text).map(|t| (role, t)));
+        }
+        None => {}
+    }
+}
+
+/// Responses: `instructions`, then `input` (a string, or items whose messages are scored by
+/// role and whose tool results are context).
+fn input_texts<'a>(
+    instructions: Option<Cow<'a, str>>,
+    input: Option<TextOr<'a, WireItem<'a>>>,
+) -> Result<Texts<'a>, ApiError> {
+    let mut segments: Texts<'a> = instructions
+        .map(|i| (Role::System, i))
+        .into_iter()
+        .collect();
+    match input.ok_or_else(|| invalid("input is required", "input"))? {
+        TextOr::Text(text) => segments.push((Role::User, text)),
+        TextOr::Items(items) => {
+            for item in items {
+                let role = match item.role.as_deref() {
+                    Some("system" | "developer") => Role::System,
+                    Some("user") => Role::User,
+                    Some("assistant") => Role::Assistant,
+                    _ => Role::Other,
+                };
+                match item.kind.as_deref() {
+                    Some("function_call_output" | "custom_tool_call_output") => {
+                        push_texts(&mut segments, Role::Other, item.output);
+                    }
+                    _ => push_content(&mut segments, role, item.content),
+                }
+            }
+        }
+    }
     Ok(segments)
 }
 
@@ -468,7 +602,9 @@ pub fn answer_choices(body: &[u8]) -> Option<Vec<AnswerChoice<'_>>> {
         #[serde(default)]
         function_call: Option<serde::de::IgnoredAny>,
     }
-    let completion: Completion<'_> = serde_json::from_slice(body).ok()?;
+    let Ok(completion) = serde_json::from_slice::<Completion<'_>>(body) else {
+        return agent_answer(body).map(|choice| vec![choice]);
+    };
     let choices = completion
         .choices
         .into_iter()
@@ -484,6 +620,40 @@ pub fn answer_choices(body: &[u8]) -> Option<Vec<AnswerChoice<'_>>> {
             None => AnswerChoice::Text(choice.text.unwrap_or_default()),
         });
     Some(choices.collect())
+}
+
+/// A whole Anthropic Message or Responses answer as the answer checks see it: its text, or
+/// [`AnswerChoice::NotText`] when it calls a tool or refuses.
+fn agent_answer(body: &[u8]) -> Option<AnswerChoice<'static>> {
+    let answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let (parts, text_kind) = match (answer["type"].as_str(), answer["object"].as_str()) {
+        (Some("message"), _) => (answer["content"].as_array()?.clone(), "text"),
+        (_, Some("response")) => {
+            let mut parts = Vec::new();
+            for item in answer["output"].as_array()? {
+                match item["type"].as_str() {
+                    Some("message") => parts.extend(item["content"].as_array()?.iter().cloned()),
+                    _ => parts.push(item.clone()),
+                }
+            }
+            (parts, "output_text")
+        }
+        _ => return None,
+    };
+    let mut text = String::new();
+    for part in &parts {
+        match part["type"].as_str() {
+            Some(kind) if kind == text_kind => text.push_str(part["text"].as_str()?),
+            // Reasoning is not the answer; anything else (a tool call, a refusal) is one no
+            // text check applies to.
+            Some("thinking" | "redacted_thinking" | "reasoning") => {}
+            _ => return Some(AnswerChoice::NotText),
+        }
+    }
+    if answer["stop_reason"] == "refusal" {
+        return Some(AnswerChoice::NotText);
+    }
+    Some(AnswerChoice::Text(Cow::Owned(text)))
 }
 
 /// A streamed chunk (an SSE event's data) that carries generated output: text, reasoning,
@@ -511,6 +681,15 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     struct Chunk<'a> {
         #[serde(borrow, default)]
         choices: Vec<ChunkChoice<'a>>,
+        /// An Anthropic or Responses event.
+        #[serde(rename = "type", borrow, default)]
+        kind: Option<Cow<'a, str>>,
+        #[serde(default)]
+        delta: Option<serde_json::Value>,
+        #[serde(default)]
+        content_block: Option<serde_json::Value>,
+        #[serde(default)]
+        item: Option<serde_json::Value>,
     }
     #[derive(Deserialize)]
     struct ChunkChoice<'a> {
@@ -539,6 +718,16 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(chunk) else {
         return output;
     };
+    if let Some(kind) = chunk.kind.as_deref() {
+        agent_event_output(
+            kind,
+            &chunk.delta,
+            &chunk.content_block,
+            &chunk.item,
+            &mut output,
+        );
+        return output;
+    }
     for choice in &chunk.choices {
         if let Some(text) = &choice.text {
             output.text.push_str(text);
@@ -558,12 +747,57 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     output
 }
 
+/// The output of an Anthropic Messages or Responses stream event.
+fn agent_event_output(
+    kind: &str,
+    delta: &Option<serde_json::Value>,
+    content_block: &Option<serde_json::Value>,
+    item: &Option<serde_json::Value>,
+    output: &mut ChunkOutput,
+) {
+    let type_of = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .and_then(|v| v.get("type"))
+            .and_then(|t| t.as_str())
+            .map(str::to_owned)
+    };
+    match kind {
+        "content_block_delta" => match type_of(delta).as_deref() {
+            Some("text_delta") => {
+                let text = delta.as_ref().and_then(|d| d["text"].as_str());
+                output.text.push_str(text.unwrap_or_default());
+            }
+            Some("input_json_delta") => output.call = true,
+            _ => output.other = true,
+        },
+        "content_block_start" if type_of(content_block).as_deref() == Some("tool_use") => {
+            output.call = true;
+        }
+        "response.output_text.delta" => {
+            output
+                .text
+                .push_str(delta.as_ref().and_then(|d| d.as_str()).unwrap_or_default());
+        }
+        "response.function_call_arguments.delta" => output.call = true,
+        "response.output_item.added" if type_of(item).as_deref() == Some("function_call") => {
+            output.call = true;
+        }
+        "response.refusal.delta"
+        | "response.reasoning_text.delta"
+        | "response.reasoning_summary_text.delta" => output.other = true,
+        _ => {}
+    }
+    output.other |= output.call;
+}
+
 /// Token counts from an upstream `usage` object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
-    #[serde(default)]
+    /// Anthropic's and Responses' `input_tokens` too.
+    #[serde(default, alias = "input_tokens")]
     pub prompt_tokens: u64,
-    #[serde(default)]
+    /// Anthropic's and Responses' `output_tokens` too.
+    #[serde(default, alias = "output_tokens")]
     pub completion_tokens: u64,
 }
 
@@ -603,7 +837,9 @@ impl ApiError {
             }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NoAllowedProfile(_) => StatusCode::FORBIDDEN,
-            ApiError::ModelNotFound(_) | ApiError::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -625,6 +861,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::RouteNotFound(_) => ("invalid_request_error", "unknown_url"),
             ApiError::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
+            ApiError::ResponseNotFound(_) => ("invalid_request_error", "response_not_found"),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", "request_too_large"),
             ApiError::UnsupportedMediaType => ("invalid_request_error", "unsupported_media_type"),
             ApiError::ContextLengthExceeded(_) => {

@@ -34,8 +34,9 @@ use crate::upstream::{health, scrape, UpstreamClient};
 
 pub use crate::app::{App, ServerConfig};
 
+mod agents;
 mod connections;
-mod delivery;
+pub(crate) mod delivery;
 mod proxy;
 mod stack;
 

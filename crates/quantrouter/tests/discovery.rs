@@ -17,7 +17,7 @@ use quantrouter::discovery::{Discovery, DiscoveryConfig};
 use quantrouter::profiles::{ProfileStore, SourceKind};
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter_policy::{
-    ProfileSet, ServiceUpstream, StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
+    ProfileSet, ServiceUpstream, StaticUpstream, Upstream, UpstreamApi, DEFAULT_PROFILE_SET,
 };
 use support::kube_api::{KubeApi, PodState};
 use support::{chat, client, eventually, loopback, SIMPLE};
@@ -458,6 +458,7 @@ async fn profile_reloads_start_and_stop_watches() {
         metrics: None,
         ca_file: None,
         http2: false,
+        apis: vec![UpstreamApi::Chat, UpstreamApi::Completions],
     });
     v2.profiles[2].upstream =
         Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));

@@ -103,3 +103,99 @@ async fn usage_is_counted_and_the_extra_usage_chunk_never_reaches_the_client() {
     let unique: std::collections::HashSet<&str> = series.iter().copied().collect();
     assert_eq!(unique.len(), series.len(), "duplicate series on /metrics");
 }
+
+/// Messages natively (its `message_delta` usage) and Responses translated (chat's usage chunk,
+/// which the client sees as Responses counts): both counted, exactly what the client saw.
+/// Pinned to a profile no other test here uses, so the counts are this test's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_api_usage_is_counted_from_each_apis_own_counts() {
+    use quantrouter_policy::{Upstream, UpstreamApi};
+    use serde_json::{json, Value};
+    let t = support::Tiers::start(
+        [1, 1, 1],
+        |_| vllm_sim::SimConfig::default(),
+        |set| {
+            for profile in &mut set.profiles {
+                if let Upstream::Static(upstream) = &mut profile.upstream {
+                    upstream.apis.push(UpstreamApi::Messages);
+                }
+            }
+        },
+        |_| {},
+    )
+    .await;
+    let profile = "profile=\"llama8b-fp16\"";
+    let page = || async {
+        let url = format!("http://{}/metrics", t.router.admin_addr());
+        let reply = support::send(&support::client(), "GET", &url, "", &[]).await;
+        String::from_utf8_lossy(&reply.body).into_owned()
+    };
+    let tokens = |page: &str, direction: &str| {
+        let d = format!("direction=\"{direction}\"");
+        metric(page, "quantrouter_tokens_total{", &[profile, &d])
+    };
+    let before = page().await;
+    let post = |path: &'static str, body: Value| {
+        let url = format!("http://{}{path}", t.router.public_addr());
+        async move {
+            let headers = [("content-type", "application/json")];
+            support::send(
+                &support::client(),
+                "POST",
+                &url,
+                &body.to_string(),
+                &headers,
+            )
+            .await
+        }
+    };
+    let data = |reply: &support::Reply| -> Vec<Value> {
+        events(&reply.body)
+            .iter()
+            .map(|e| serde_json::from_str(e.split_once("data: ").unwrap().1).unwrap())
+            .collect()
+    };
+    let messages = post(
+        "/v1/messages",
+        json!({"model": "llama8b-fp16", "max_tokens": 7,
+        "stream": true, "messages": [{"role": "user", "content": SIMPLE}]}),
+    )
+    .await;
+    assert_eq!(messages.header("x-quantrouter-profile"), "llama8b-fp16");
+    let events = data(&messages);
+    assert!(
+        events[0]["message"]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("msg-"),
+        "native"
+    );
+    let native = &events[events.len() - 2]["usage"];
+    let responses = post(
+        "/v1/responses",
+        json!({"model": "llama8b-fp16",
+        "max_output_tokens": 5, "stream": true, "input": SIMPLE}),
+    )
+    .await;
+    let events = data(&responses);
+    let translated = &events.last().unwrap()["response"]["usage"];
+    assert!(
+        events[0]["response"]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("resp_"),
+        "translated"
+    );
+
+    let after = page().await;
+    let seen = |field: &str| native[field].as_f64().unwrap() + translated[field].as_f64().unwrap();
+    assert_eq!(
+        tokens(&after, "output") - tokens(&before, "output"),
+        seen("output_tokens")
+    );
+    assert_eq!(
+        tokens(&after, "input") - tokens(&before, "input"),
+        seen("input_tokens")
+    );
+    assert!(seen("input_tokens") > 0.0 && seen("output_tokens") == 12.0);
+}

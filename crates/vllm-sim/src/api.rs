@@ -16,6 +16,10 @@ pub(crate) const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 pub(crate) enum Endpoint {
     Chat,
     Completion,
+    /// Anthropic's Messages API.
+    Messages,
+    /// OpenAI's Responses API.
+    Responses,
 }
 
 /// The parts of a completion request that shape the simulated answer.
@@ -30,6 +34,10 @@ pub(crate) struct CompletionRequest {
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// The tool the answer calls instead of text (see [`crate::agent_api`]).
+    pub(crate) tool: Option<String>,
+    /// Responses: the stored response this one continues.
+    pub(crate) previous_response_id: Option<String>,
 }
 
 /// Token counts, as in every OpenAI `usage` object.
@@ -47,6 +55,9 @@ pub(crate) struct ResponseMeta<'a> {
     pub(crate) id: &'a str,
     pub(crate) created: u64,
     pub(crate) model: &'a str,
+    /// The tool the answer calls, if it calls one.
+    pub(crate) tool: Option<&'a str>,
+    pub(crate) previous_response_id: Option<&'a str>,
 }
 
 /// Everything the simulator answers with an error status.
@@ -151,7 +162,26 @@ struct ChatChoiceWire<'a> {
 #[derive(Serialize)]
 struct AssistantMessageWire<'a> {
     role: &'static str,
-    content: &'a str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ToolCallWire<'a>; 1]>,
+}
+
+/// A chat tool call, whole or as a stream delta (which adds `index`).
+#[derive(Serialize)]
+struct ToolCallWire<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u32>,
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionWire<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionWire<'a> {
+    name: &'a str,
+    arguments: &'static str,
 }
 
 #[derive(Serialize)]
@@ -198,6 +228,8 @@ struct DeltaWire<'a> {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ToolCallWire<'a>; 1]>,
 }
 
 #[derive(Serialize)]
@@ -237,6 +269,8 @@ impl Endpoint {
         match self {
             Self::Chat => "chatcmpl",
             Self::Completion => "cmpl",
+            Self::Messages => "msg",
+            Self::Responses => "resp",
         }
     }
 }
@@ -249,6 +283,8 @@ impl CompletionRequest {
         match endpoint {
             Endpoint::Chat => Self::parse_chat(body),
             Endpoint::Completion => Self::parse_completion(body),
+            Endpoint::Messages => crate::agent_api::parse_messages(body),
+            Endpoint::Responses => crate::agent_api::parse_responses(body),
         }
     }
 
@@ -299,6 +335,8 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            tool: crate::agent_api::chat_tool(body),
+            previous_response_id: None,
         })
     }
 
@@ -333,6 +371,8 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            tool: None,
+            previous_response_id: None,
         })
     }
 }
@@ -382,6 +422,9 @@ impl ResponseMeta<'_> {
         usage: Usage,
     ) -> Result<Vec<u8>, serde_json::Error> {
         match self.endpoint {
+            Endpoint::Messages | Endpoint::Responses => serde_json::to_vec(
+                &crate::agent_api::whole_body(self, text, finish_reason, usage),
+            ),
             Endpoint::Chat => serde_json::to_vec(&ChatCompletionWire {
                 id: self.id,
                 object: "chat.completion",
@@ -391,7 +434,8 @@ impl ResponseMeta<'_> {
                     index: 0,
                     message: AssistantMessageWire {
                         role: "assistant",
-                        content: text,
+                        content: self.tool.is_none().then_some(text),
+                        tool_calls: self.tool_call(None),
                     },
                     logprobs: None,
                     finish_reason,
@@ -420,6 +464,7 @@ impl ResponseMeta<'_> {
         let delta = DeltaWire {
             role: Some("assistant"),
             content: Some(""),
+            tool_calls: None,
         };
         (self.endpoint == Endpoint::Chat).then(|| self.choice_event(delta, "", None))
     }
@@ -429,8 +474,33 @@ impl ResponseMeta<'_> {
         let delta = DeltaWire {
             role: None,
             content: Some(piece),
+            tool_calls: None,
         };
         self.choice_event(delta, piece, None)
+    }
+
+    /// A chat stream's whole tool call, in one delta.
+    pub(crate) fn tool_event(&self) -> Result<Bytes, serde_json::Error> {
+        let delta = DeltaWire {
+            role: None,
+            content: None,
+            tool_calls: self.tool_call(Some(0)),
+        };
+        self.choice_event(delta, "", None)
+    }
+
+    fn tool_call(&self, index: Option<u32>) -> Option<[ToolCallWire<'_>; 1]> {
+        let name = self.tool?;
+        let hex = self.id.rsplit('-').next().unwrap_or(self.id);
+        Some([ToolCallWire {
+            index,
+            id: format!("call_{hex}"),
+            kind: "function",
+            function: FunctionWire {
+                name,
+                arguments: crate::agent_api::TOOL_ARGUMENTS,
+            },
+        }])
     }
 
     /// The event closing the choice, with an empty delta and the finish reason.
@@ -441,6 +511,7 @@ impl ResponseMeta<'_> {
         let delta = DeltaWire {
             role: None,
             content: None,
+            tool_calls: None,
         };
         self.choice_event(delta, "", Some(finish_reason))
     }
@@ -449,7 +520,9 @@ impl ResponseMeta<'_> {
     pub(crate) fn usage_event(&self, usage: Usage) -> Result<Bytes, serde_json::Error> {
         match self.endpoint {
             Endpoint::Chat => self.event::<ChatChunkChoiceWire<'_>>(&[], Some(usage)),
-            Endpoint::Completion => self.event::<TextChoiceWire<'_>>(&[], Some(usage)),
+            Endpoint::Completion | Endpoint::Messages | Endpoint::Responses => {
+                self.event::<TextChoiceWire<'_>>(&[], Some(usage))
+            }
         }
     }
 
@@ -469,7 +542,7 @@ impl ResponseMeta<'_> {
                 }],
                 None,
             ),
-            Endpoint::Completion => self.event(
+            Endpoint::Completion | Endpoint::Messages | Endpoint::Responses => self.event(
                 &[TextChoiceWire {
                     index: 0,
                     text,
@@ -490,7 +563,9 @@ impl ResponseMeta<'_> {
             id: self.id,
             object: match self.endpoint {
                 Endpoint::Chat => "chat.completion.chunk",
-                Endpoint::Completion => "text_completion",
+                Endpoint::Completion | Endpoint::Messages | Endpoint::Responses => {
+                    "text_completion"
+                }
             },
             created: self.created,
             model: self.model,
@@ -598,6 +673,8 @@ mod tests {
             id: "x-1",
             created: 5,
             model: "m",
+            tool: None,
+            previous_response_id: None,
         }
     }
 

@@ -10,13 +10,14 @@ use hyper::body::Incoming;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, sleep_until, Instant};
 
+use crate::agent_api::{AgentStream, TOOL_ARGUMENTS};
 use crate::answers;
 use crate::api::{
     json_response, ApiError, CompletionRequest, Endpoint, ResponseMeta, Usage, DONE_EVENT,
 };
 use crate::body::{BodyError, SimBody, StreamItem};
 use crate::faults::FaultPlan;
-use crate::generate::Generation;
+use crate::generate::{FinishReason, Generation};
 use crate::routes::read_body;
 use crate::state::{unix_now, CancelGuard, SimState};
 use crate::tier_eval::TaskClass;
@@ -122,6 +123,13 @@ async fn prepare(
             return Err(ApiError::ModelNotFound(model.to_owned()));
         }
     }
+    if let Some(previous) = request.previous_response_id.as_deref() {
+        if !state.has_response(previous) {
+            return Err(ApiError::BadRequest(format!(
+                "Previous response with id '{previous}' not found."
+            )));
+        }
+    }
     let plan = state.faults.plan().unwrap_or_default();
     let known = answers::lookup(request.user_text.as_deref());
     let class = known.map_or(TaskClass::General, |k| k.class());
@@ -187,7 +195,7 @@ async fn answer_whole(
         return Ok(ApiError::Internal("admission queue closed".to_owned()).into_response());
     };
     let prompt_tokens = job.request.digest.prompt_tokens();
-    let tokens = job.generation.tokens();
+    let tokens = job.tokens();
     state
         .metrics
         .prompt_tokens
@@ -206,18 +214,16 @@ async fn answer_whole(
         return Err(InjectedAbort);
     }
     let id = state.next_id(job.endpoint);
-    let meta = ResponseMeta {
-        endpoint: job.endpoint,
-        id: &id,
-        created: unix_now(),
-        model: &state.config.model,
-    };
+    let meta = job.meta(&id, &state.config.model);
     let usage = Usage::new(prompt_tokens, u64::from(tokens));
-    let body = meta.completion_body(
-        &job.generation.text(),
-        job.generation.finish_reason(),
-        usage,
-    );
+    let text = match meta.tool {
+        Some(_) => String::new(),
+        None => job.generation.text(),
+    };
+    let body = meta.completion_body(&text, job.finish_reason(), usage);
+    if let (Endpoint::Responses, Ok(body)) = (job.endpoint, &body) {
+        state.store_response(&id, Bytes::from(body.clone()));
+    }
     state
         .metrics
         .generation_tokens
@@ -275,25 +281,48 @@ async fn stream_events(
     let started = Instant::now();
     let (ttft, itl) = (state.config.ttft, state.config.itl);
     let id = state.next_id(job.endpoint);
-    let meta = ResponseMeta {
-        endpoint: job.endpoint,
-        id: &id,
-        created: unix_now(),
-        model: &state.config.model,
-    };
+    let meta = job.meta(&id, &state.config.model);
+    let agent_api = matches!(job.endpoint, Endpoint::Messages | Endpoint::Responses);
+    let mut agent = AgentStream::default();
     sink.pace(started + ttft).await?;
-    if let Some(event) = meta.role_event() {
+    if agent_api {
+        for event in agent.opening(&meta, prompt_tokens) {
+            sink.send(event).await?;
+        }
+    } else if let Some(event) = meta.role_event() {
         sink.send(event?).await?;
     }
+    // The answer so far, for the Responses events that repeat it whole.
+    let mut text = String::new();
     let mut piece = String::with_capacity(16);
     let mut deadline = started + ttft;
-    for (i, token) in job.generation.words().enumerate() {
+    // A tool call is one piece, its arguments; text is a piece per token.
+    let text_tokens = match meta.tool {
+        Some(_) => 0,
+        None => usize::MAX,
+    };
+    let tool_call = meta.tool.map(|_| ("", TOOL_ARGUMENTS));
+    let words = tool_call.into_iter().chain(
+        job.generation
+            .words()
+            .take(text_tokens)
+            .map(|t| (t.sep, t.word)),
+    );
+    for (i, (sep, word)) in words.enumerate() {
         deadline += itl;
         sink.pace(deadline).await?;
         piece.clear();
-        piece.push_str(token.sep);
-        piece.push_str(token.word);
-        sink.send(meta.token_event(&piece)?).await?;
+        piece.push_str(sep);
+        piece.push_str(word);
+        let event = match (agent_api, meta.tool) {
+            (true, _) => agent.delta(&meta, &piece),
+            (false, Some(_)) => meta.tool_event()?,
+            (false, None) => meta.token_event(&piece)?,
+        };
+        sink.send(event).await?;
+        if job.endpoint == Endpoint::Responses && meta.tool.is_none() {
+            text.push_str(&piece);
+        }
         state
             .metrics
             .generation_tokens
@@ -302,15 +331,56 @@ async fn stream_events(
             state.metrics.ttft.observe(job.arrived.elapsed());
         }
     }
-    sink.send(meta.finish_event(job.generation.finish_reason())?)
-        .await?;
+    let usage = Usage::new(prompt_tokens, u64::from(job.tokens()));
+    if agent_api {
+        for event in agent.closing(&meta, &text, job.finish_reason(), usage) {
+            sink.send(event).await?;
+        }
+        if job.endpoint == Endpoint::Responses {
+            let whole = meta.completion_body(&text, job.finish_reason(), usage)?;
+            state.store_response(&id, Bytes::from(whole));
+        }
+        state.metrics.e2e.observe(job.arrived.elapsed());
+        return Ok(());
+    }
+    sink.send(meta.finish_event(job.finish_reason())?).await?;
     if job.request.include_usage {
-        let usage = Usage::new(prompt_tokens, u64::from(job.generation.tokens()));
         sink.send(meta.usage_event(usage)?).await?;
     }
     sink.send(Bytes::from_static(DONE_EVENT)).await?;
     state.metrics.e2e.observe(job.arrived.elapsed());
     Ok(())
+}
+
+// === impl Job ===
+
+impl Job {
+    /// What every body and event of the answer repeats.
+    fn meta<'a>(&'a self, id: &'a str, model: &'a str) -> ResponseMeta<'a> {
+        ResponseMeta {
+            endpoint: self.endpoint,
+            id,
+            created: unix_now(),
+            model,
+            tool: self.request.tool.as_deref(),
+            previous_response_id: self.request.previous_response_id.as_deref(),
+        }
+    }
+
+    /// Generated tokens: the text's, or one for a tool call.
+    fn tokens(&self) -> u32 {
+        match self.request.tool {
+            Some(_) => 1,
+            None => self.generation.tokens(),
+        }
+    }
+
+    fn finish_reason(&self) -> FinishReason {
+        match self.request.tool {
+            Some(_) => FinishReason::ToolCalls,
+            None => self.generation.finish_reason(),
+        }
+    }
 }
 
 // === impl EventSink ===

@@ -20,6 +20,9 @@ pub struct SimConfig {
     /// Bearer token every route but `/health` and `/sim/*` requires (vLLM's and
     /// llama.cpp's `--api-key`); `None` accepts anyone.
     pub api_key: Option<String>,
+    /// Serve only the OpenAI APIs (`/v1/chat/completions`, `/v1/completions`): Anthropic's
+    /// `/v1/messages` and OpenAI's `/v1/responses` answer 404, as on a server without them.
+    pub chat_only: bool,
 }
 
 /// An OpenAI-compatible server the simulator imitates on the wire, beyond the OpenAI API.
@@ -57,6 +60,8 @@ impl Default for SimConfig {
             seed: 0,
             metrics_flavor: MetricsFlavor::Vllm,
             api_key: None,
+            // vLLM serves both agent APIs next to chat.
+            chat_only: false,
         }
     }
 }

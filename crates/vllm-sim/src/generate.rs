@@ -103,6 +103,9 @@ pub(crate) enum FinishReason {
     Stop,
     /// `max_tokens` cut the answer short.
     Length,
+    /// The answer is a tool call.
+    #[serde(rename = "tool_calls")]
+    ToolCalls,
 }
 
 /// The plan for one answer: how many tokens, why it ends, and where its words come from.

@@ -2,7 +2,7 @@
 //! tests.
 //!
 //! The simulator speaks vLLM's wire shapes (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`, `/health`, `/metrics` with vLLM's metric names), produces deterministic text
+//! Anthropic's `/v1/messages` and OpenAI's `/v1/responses` unless `chat_only`, `/v1/models`, `/health`, `/metrics` with vLLM's metric names), produces deterministic text
 //! derived from the prompt and a seed, follows a simple latency model (time to first token,
 //! then a fixed inter-token latency, at most `max_num_seqs` requests running at once) and lets
 //! tests inject faults at run time (`POST /sim/faults`). It can also wear the metric names of
@@ -24,6 +24,7 @@
 //! # }
 //! ```
 
+mod agent_api;
 mod answers;
 mod api;
 mod body;

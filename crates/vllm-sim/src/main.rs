@@ -40,6 +40,10 @@ struct Args {
     /// Require `Authorization: Bearer KEY` on every route but `/health` and `/sim/*`.
     #[arg(long, env = "VLLM_SIM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve only chat and completions: `/v1/messages` and `/v1/responses` answer 404, as on
+    /// a server that lacks them (a router must translate).
+    #[arg(long, env = "VLLM_SIM_CHAT_ONLY")]
+    chat_only: bool,
     /// Serve HTTPS with this PEM certificate chain (leaf first); needs `--tls-key`.
     #[arg(long, env = "VLLM_SIM_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -66,6 +70,7 @@ async fn main() -> ExitCode {
         seed: args.seed,
         metrics_flavor: args.metrics_flavor,
         api_key: args.api_key,
+        chat_only: args.chat_only,
     };
     let model = config.model.clone();
     let tls = match (&args.tls_cert, &args.tls_key) {

@@ -22,6 +22,10 @@ const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Completion(Endpoint),
+    /// `GET /v1/responses/{id}`.
+    GetResponse,
+    /// `DELETE /v1/responses/{id}`.
+    DeleteResponse,
     Models,
     Health,
     Metrics,
@@ -38,7 +42,16 @@ pub(crate) async fn dispatch(
     state: Arc<SimState>,
     request: Request<Incoming>,
 ) -> Result<Response<SimBody>, InjectedAbort> {
-    let route = route(request.method(), request.uri().path());
+    let route = match route(request.method(), request.uri().path()) {
+        Route::Completion(Endpoint::Messages | Endpoint::Responses)
+        | Route::GetResponse
+        | Route::DeleteResponse
+            if state.config.chat_only =>
+        {
+            Route::NotFound
+        }
+        route => route,
+    };
     if let (Route::Completion(_), http::Version::HTTP_2) = (route, request.version()) {
         state.metrics.http2_requests.fetch_add(1, Ordering::Relaxed);
     }
@@ -52,6 +65,9 @@ pub(crate) async fn dispatch(
     let response = match route {
         Route::Completion(endpoint) => {
             return completion::serve(state, endpoint, request.into_body()).await
+        }
+        Route::GetResponse | Route::DeleteResponse => {
+            stored_response(&state, route, request.uri().path())
         }
         Route::Models => api::model_list(&state.config.model, unix_now())
             .map(json_response)
@@ -77,9 +93,16 @@ fn route(method: &Method, path: &str) -> Route {
     let endpoint = match path {
         "/v1/chat/completions" => Some(Endpoint::Chat),
         "/v1/completions" => Some(Endpoint::Completion),
+        "/v1/messages" => Some(Endpoint::Messages),
+        "/v1/responses" => Some(Endpoint::Responses),
         _ => None,
     };
+    let stored = path
+        .strip_prefix("/v1/responses/")
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'));
     match (method, path, endpoint) {
+        (&Method::GET, _, None) if stored => Route::GetResponse,
+        (&Method::DELETE, _, None) if stored => Route::DeleteResponse,
         (&Method::POST, _, Some(endpoint)) => Route::Completion(endpoint),
         (&Method::GET, "/v1/models", _) => Route::Models,
         (&Method::GET, "/health", _) => Route::Health,
@@ -110,6 +133,26 @@ fn authorized(state: &SimState, route: Route, headers: &http::HeaderMap) -> bool
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|token| token.trim() == key)
+}
+
+/// `GET` or `DELETE /v1/responses/{id}`: a stored Responses answer.
+fn stored_response(
+    state: &SimState,
+    route: Route,
+    path: &str,
+) -> Result<Response<SimBody>, ApiError> {
+    let id = path.trim_start_matches("/v1/responses/");
+    let missing = || ApiError::RouteNotFound(format!("response {id}"));
+    match route {
+        Route::DeleteResponse if state.delete_response(id) => Ok(json_response(
+            serde_json::json!({"id": id, "object": "response", "deleted": true}).to_string(),
+        )),
+        Route::GetResponse => state
+            .stored_response(id)
+            .map(json_response)
+            .ok_or_else(missing),
+        _ => Err(missing()),
+    }
 }
 
 /// Reads a whole request body, refusing oversized ones.

@@ -2,6 +2,10 @@
 //! counters honest when a request future is dropped half-way.
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,7 +33,12 @@ pub(crate) struct SimState {
     ids: AtomicU64,
     /// Random per instance so several simulators in one process hand out distinct ids.
     id_salt: u64,
+    /// Responses API answers by id, for `previous_response_id` and `GET /v1/responses/{id}`.
+    responses: Mutex<HashMap<String, Bytes>>,
 }
+
+/// Stored responses kept at most: plenty for tests and demos, bounded for load tests.
+const MAX_STORED_RESPONSES: usize = 10_000;
 
 /// Counts a request as cancelled unless it is disarmed: dropping it armed means the future or
 /// stream holding it was dropped because the client went away.
@@ -77,10 +86,37 @@ impl SimState {
             paced,
             ids: AtomicU64::new(0),
             id_salt: RandomState::new().build_hasher().finish(),
+            responses: Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
             faults: FaultState::default(),
             config,
         }
+    }
+
+    /// Keeps a Responses answer; the oldest are not tracked, so a full store starts over.
+    pub(crate) fn store_response(&self, id: &str, body: Bytes) {
+        if let Ok(mut stored) = self.responses.lock() {
+            if stored.len() >= MAX_STORED_RESPONSES {
+                stored.clear();
+            }
+            stored.insert(id.to_owned(), body);
+        }
+    }
+
+    /// A stored Responses answer.
+    pub(crate) fn stored_response(&self, id: &str) -> Option<Bytes> {
+        self.responses.lock().ok()?.get(id).cloned()
+    }
+
+    pub(crate) fn has_response(&self, id: &str) -> bool {
+        self.stored_response(id).is_some()
+    }
+
+    /// Forgets a stored answer; whether there was one.
+    pub(crate) fn delete_response(&self, id: &str) -> bool {
+        self.responses
+            .lock()
+            .is_ok_and(|mut stored| stored.remove(id).is_some())
     }
 
     pub(crate) fn max_num_seqs(&self) -> usize {

@@ -319,3 +319,35 @@ fn stream_check_and_calibration_are_optional_and_checked() {
         ]
     );
 }
+
+#[test]
+fn upstream_apis_default_to_chat_and_completions_and_must_include_chat() {
+    let mut set = default_set();
+    let upstream = &set.profiles[0].upstream;
+    assert!(upstream.serves(UpstreamApi::Chat) && upstream.serves(UpstreamApi::Completions));
+    assert!(!upstream.serves(UpstreamApi::Messages));
+    let written = serde_json::to_value(upstream).unwrap();
+    assert!(
+        written.get("apis").is_none(),
+        "the default stays out of the document"
+    );
+
+    set.profiles[0].upstream = serde_json::from_str(
+        r#"{"service": "vllm-int4", "apis": ["chat", "completions", "messages", "responses"]}"#,
+    )
+    .unwrap();
+    assert!(set.profiles[0].upstream.serves(UpstreamApi::Responses));
+    assert!(errors_of(&set).is_empty(), "{:#?}", errors_of(&set));
+
+    set.profiles[1].upstream =
+        serde_json::from_str(r#"{"urls": ["http://127.0.0.1:1"], "apis": ["messages"]}"#).unwrap();
+    let errors = errors_of(&set);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("profiles[1].upstream.apis")),
+        "{errors:#?}"
+    );
+    let unknown = serde_json::from_str::<Upstream>(r#"{"service": "s", "apis": ["embeddings"]}"#);
+    assert!(unknown.is_err());
+}

@@ -139,6 +139,100 @@ fn error_responses_have_the_openai_shape() {
     assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
 }
 
+#[test]
+fn agent_requests_score_system_text_and_tool_results_as_context() {
+    let body = br#"{"model":"auto","max_tokens":9,"system":[{"type":"text","text":"be brief"}],
+        "messages":[{"role":"user","content":[{"type":"text","text":"hi"},
+          {"type":"tool_result","tool_use_id":"t","content":"noon"},{"type":"image","source":{}}]}]}"#;
+    let p = ParsedRequest::parse(body, Endpoint::Messages).unwrap();
+    let segments: Vec<(Role, &str)> = p
+        .prompt()
+        .segments
+        .iter()
+        .map(|s| (s.role, s.text))
+        .collect();
+    assert_eq!(
+        segments,
+        [
+            (Role::System, "be brief"),
+            (Role::User, "hi"),
+            (Role::Other, "noon")
+        ]
+    );
+    assert_eq!(p.max_tokens, Some(9));
+    assert!(!p.stream && !p.adds_usage());
+
+    let body = br#"{"model":"auto","instructions":"be brief","max_output_tokens":5,"stream":true,
+        "text":{"format":{"type":"json_object"}},"previous_response_id":"resp_1",
+        "input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},
+          {"type":"function_call_output","call_id":"c","output":"noon"}]}"#;
+    let p = ParsedRequest::parse(body, Endpoint::Responses).unwrap();
+    let segments: Vec<(Role, &str)> = p
+        .prompt()
+        .segments
+        .iter()
+        .map(|s| (s.role, s.text))
+        .collect();
+    assert_eq!(
+        segments,
+        [
+            (Role::System, "be brief"),
+            (Role::User, "hi"),
+            (Role::Other, "noon")
+        ]
+    );
+    assert!(p.wants_json);
+    assert_eq!(p.max_tokens, Some(5));
+    assert_eq!(p.previous_response_id.as_deref(), Some("resp_1"));
+    // Responses streams report usage themselves: nothing is added.
+    assert!(!p.adds_usage());
+    let missing = ParsedRequest::parse(br#"{"model":"auto"}"#, Endpoint::Responses).unwrap_err();
+    assert_eq!(param_of(missing).as_deref(), Some("input"));
+}
+
+#[test]
+fn agent_answers_are_checked_by_their_text_and_tool_calls_pass() {
+    let text = br#"{"type":"message","content":[{"type":"text","text":"hello"}],"stop_reason":"end_turn"}"#;
+    assert!(matches!(&answer_choices(text).unwrap()[..], [AnswerChoice::Text(t)] if t == "hello"));
+    let tool =
+        br#"{"type":"message","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}"#;
+    assert!(matches!(
+        answer_choices(tool).unwrap()[..],
+        [AnswerChoice::NotText]
+    ));
+    let empty = br#"{"object":"response","output":[{"type":"message","content":[{"type":"output_text","text":""}]}]}"#;
+    assert!(matches!(&answer_choices(empty).unwrap()[..], [AnswerChoice::Text(t)] if t.is_empty()));
+    let call =
+        br#"{"object":"response","output":[{"type":"function_call","name":"f","arguments":"{}"}]}"#;
+    assert!(matches!(
+        answer_choices(call).unwrap()[..],
+        [AnswerChoice::NotText]
+    ));
+}
+
+#[test]
+fn agent_stream_events_carry_text_or_calls() {
+    let text = chunk_output(
+        br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+    );
+    assert_eq!((text.text.as_str(), text.call), ("hi", false));
+    let call = chunk_output(br#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#);
+    assert!(call.call);
+    let delta =
+        chunk_output(br#"{"type":"response.output_text.delta","delta":"yo","sequence_number":4}"#);
+    assert_eq!(delta.text, "yo");
+    let added =
+        chunk_output(br#"{"type":"response.output_item.added","item":{"type":"function_call"}}"#);
+    assert!(added.call);
+    assert!(!carries_output(
+        br#"{"type":"message_start","message":{"usage":{"input_tokens":3}}}"#
+    ));
+    let usage =
+        find_usage(br#"{"type":"message_delta","usage":{"input_tokens":3,"output_tokens":7}}"#)
+            .unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 7));
+}
+
 // === The parser under arbitrary input ===
 //
 // Properties run by `cargo test` (a few hundred cases each, so CI runs them for a bounded

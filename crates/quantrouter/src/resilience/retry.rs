@@ -102,8 +102,6 @@ pub struct Plan<'a> {
     /// The client asked for JSON output (`response_format`), which the quality check holds
     /// the answer to.
     pub wants_json: bool,
-    /// `/v1/chat/completions` or `/v1/completions`.
-    pub path: &'static str,
     /// Headers for the upstream (content type, forwarded client headers, request id).
     pub headers: &'a HeaderMap,
     /// When the request arrived.
@@ -152,8 +150,17 @@ pub enum FallbackReason {
     Quality,
 }
 
-/// The body of a request for a profile: the client's body with that profile's model name.
-pub type BodyFor<'a> = &'a (dyn Fn(ProfileIndex) -> Bytes + Sync);
+/// The request for a profile: the client's body with that profile's model name, on the API
+/// path the profile's upstream serves (the client's, or chat for a translated request).
+pub type BodyFor<'a> = &'a (dyn Fn(ProfileIndex) -> Outgoing + Sync);
+
+/// What an attempt on a profile sends.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The API path, e.g. `/v1/chat/completions`.
+    pub path: &'static str,
+    pub body: Bytes,
+}
 
 /// The last thing that went wrong, to answer the client with. The details (which
 /// endpoint, what error) are for logs and traces: clients learn the profile, never the
@@ -523,9 +530,10 @@ async fn attempt(
     profile: &str,
     pick: &Pick,
     attempt: u32,
-    body: Bytes,
+    outgoing: Outgoing,
 ) -> Result<(Result<Response<UpstreamIncoming>, UpstreamError>, Instant), ApiError> {
-    let mut request = build(plan, profile, &pick.endpoint, body.clone())?;
+    let Outgoing { path, body } = outgoing;
+    let mut request = build(plan, profile, &pick.endpoint, path, body.clone())?;
     if let Some(auth) = pool.authorization() {
         request.headers_mut().insert(header::AUTHORIZATION, auth);
     }
@@ -551,7 +559,7 @@ async fn attempt(
     if let Err(error) = &result {
         if is_retryable(Outcome::Failed(error)) == Verdict::Resend {
             tracing::debug!(request_id = plan.request_id, %error, "sending the request again");
-            let mut again = build(plan, profile, &pick.endpoint, body)?;
+            let mut again = build(plan, profile, &pick.endpoint, path, body)?;
             *again.headers_mut() = headers;
             sent_at = Instant::now();
             result = client
@@ -858,13 +866,14 @@ fn build(
     plan: &Plan<'_>,
     profile: &str,
     endpoint: &Endpoint,
+    path: &str,
     body: Bytes,
 ) -> Result<Request<Bytes>, ApiError> {
     let invalid = |error: &dyn std::fmt::Display| {
         tracing::warn!(request_id = plan.request_id, %error, profile, "invalid upstream request");
         ApiError::BadGateway(format!("profile {profile} has an invalid upstream URL"))
     };
-    let uri = endpoint.uri(plan.path).map_err(|e| invalid(&e))?;
+    let uri = endpoint.uri(path).map_err(|e| invalid(&e))?;
     let mut request = Request::post(uri).body(body).map_err(|e| invalid(&e))?;
     *request.headers_mut() = plan.headers.clone();
     Ok(request)

@@ -77,6 +77,8 @@ pub enum Relayed {
         body: KeepAlive<ColdAnswer, UpstreamBody>,
         deadline: Instant,
     },
+    /// An answer to an agent-API request, in that API (translated where it is chat).
+    Agent(Box<crate::apis::AgentBody>),
 }
 
 /// What a cold-start stream waits for: the upstream's body, or the error event it ends with.
@@ -264,6 +266,7 @@ impl Relayed {
         match self {
             Relayed::Upstream(body) => body.deadline(),
             Relayed::ColdStart { deadline, .. } => *deadline,
+            Relayed::Agent(body) => body.inner().deadline(),
         }
     }
 }
@@ -285,6 +288,7 @@ impl Body for Relayed {
         match self.get_mut() {
             Relayed::Upstream(body) => Pin::new(body).poll_frame(cx),
             Relayed::ColdStart { body, .. } => Pin::new(body).poll_frame(cx),
+            Relayed::Agent(body) => Pin::new(body.as_mut()).poll_frame(cx),
         }
     }
 
@@ -292,6 +296,7 @@ impl Body for Relayed {
         match self {
             Relayed::Upstream(body) => body.is_end_stream(),
             Relayed::ColdStart { body, .. } => body.is_end_stream(),
+            Relayed::Agent(body) => body.is_end_stream(),
         }
     }
 
@@ -299,6 +304,7 @@ impl Body for Relayed {
         match self {
             Relayed::Upstream(body) => body.size_hint(),
             Relayed::ColdStart { body, .. } => body.size_hint(),
+            Relayed::Agent(body) => body.size_hint(),
         }
     }
 }

@@ -15,13 +15,15 @@ use quantrouter_policy::{ProfileIndex, Reason, RoutingDecision};
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use super::agents;
 use super::delivery::{ColdAnswer, Relayed};
 use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
+use crate::apis::{AgentApi, Translation};
 use crate::calibration::{self, Sample};
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
-use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Plan};
+use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Outgoing, Plan};
 use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::gate::Charge;
@@ -38,17 +40,28 @@ pub async fn endpoints(
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => proxy(&app, req, Endpoint::Completions).await,
+        (&Method::POST, "/v1/messages") => agents::create(&app, req, AgentApi::Messages).await,
+        (&Method::POST, "/v1/responses") => agents::create(&app, req, AgentApi::Responses).await,
+        (&Method::GET | &Method::DELETE, path) if agents::stored_id(path).is_some() => {
+            agents::stored(&app, req).await
+        }
         (&Method::GET, "/v1/models") => models(&app, req.headers()),
         (&Method::POST, "/v1/route") => dry_run(&app, req).await,
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/v1/route") => {
-            Err(ApiError::MethodNotAllowed)
-        }
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/messages"
+            | "/v1/responses"
+            | "/v1/models"
+            | "/v1/route",
+        ) => Err(ApiError::MethodNotAllowed),
         (_, path) => Err(ApiError::RouteNotFound(path.to_owned())),
     }
 }
 
 /// A generation request, phase by phase.
-async fn proxy(
+pub(super) async fn proxy(
     app: &Arc<App>,
     req: Request<Incoming>,
     endpoint: Endpoint,
@@ -61,13 +74,17 @@ async fn proxy(
     let tenant = app.authenticate(&parts.headers)?;
     // Body limit and parse: read what routing needs, refuse what no upstream would take.
     let body = read_json_body(app, body, &parts.headers).await?;
-    let received = Received {
+    let mut received = Received {
         parts,
         body,
         endpoint,
         started,
     };
     let parsed = ParsedRequest::parse(&received.body, endpoint)?;
+    // A Responses follow-up goes where the response it continues is stored.
+    if let Some(previous) = &parsed.previous_response_id {
+        agents::place_follow_up(app, &mut received.parts.headers, previous).await?;
+    }
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
     let snapshot = app.store.load();
     let grant = admit_tenant(app, tenant, &parsed, &snapshot).await?;
@@ -122,13 +139,15 @@ async fn forward_and_respond(
     record_decision(app, snapshot, &routed.decision, parsed, trace, key);
     let decision = &routed.decision;
     let headers = upstream_headers(&parts.headers, &id);
+    // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
+    let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
+    let native_only = translation.as_ref().is_some_and(Translation::native_only);
     let plan = Plan {
         snapshot,
         decision,
-        pinned: decision.reason == Reason::Pinned,
+        pinned: decision.reason == Reason::Pinned || native_only,
         stream: parsed.stream,
         wants_json: parsed.wants_json,
-        path: endpoint.path(),
         headers: &headers,
         started,
         deadline,
@@ -136,8 +155,22 @@ async fn forward_and_respond(
         request_id: key,
         priority: grant.as_ref().map_or(0, |g| g.tenant.priority),
     };
-    let body_for =
-        |profile: ProfileIndex| parsed.upstream_body(body, &snapshot.runtime[profile].model_json);
+    let body_for = |profile: ProfileIndex| {
+        let model_json = &snapshot.runtime[profile].model_json;
+        let chat = translation
+            .as_ref()
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
+        match chat {
+            Some(body) => Outgoing {
+                path: Endpoint::Chat.path(),
+                body,
+            },
+            None => Outgoing {
+                path: endpoint.path(),
+                body: parsed.upstream_body(body, model_json),
+            },
+        }
+    };
     telemetry::routed(decision.complexity, started.elapsed());
     let resilience = &app.config.resilience;
     let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
@@ -206,7 +239,8 @@ fn sample_for_calibration(
 ) -> Option<Sample> {
     let policy = snapshot.set.policy.calibration.as_ref()?;
     let reference = snapshot.set.index_of(&policy.reference_profile)?;
-    if parsed.stream || served == reference {
+    // An agent API's answer is not a chat answer to compare.
+    if parsed.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
         return None;
     }
     let id = RequestId::of(&received.parts);

@@ -143,6 +143,8 @@ where
 {
     // An HTTP/1.1 request whose body an early rejection may leave unread.
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
+    // Anthropic's clients read errors in Anthropic's shape.
+    let anthropic = req.uri().path() == "/v1/messages";
     let error = match next.oneshot(req).await {
         Ok(response) => return Ok(response),
         Err(error) => error,
@@ -155,7 +157,11 @@ where
         false => tracing::debug!(%error, code, "request rejected"),
     }
     let close = unread_body && error.before_body();
-    let mut response = error.into_response().map(Either::Left);
+    let response = match anthropic {
+        true => crate::apis::anthropic_error_response(error),
+        false => error.into_response(),
+    };
+    let mut response = response.map(Either::Left);
     if close {
         // The body was not read, so the connection cannot carry another request. Say so:
         // left to hyper, the close can come after the head went out without it, and a

@@ -1,0 +1,267 @@
+//! The APIs agents speak — Anthropic's Messages (`/v1/messages`) and OpenAI's Responses
+//! (`/v1/responses`) — next to chat: which profiles serve them natively, the translation to
+//! and from Chat Completions for those that do not ([`messages`], [`responses`]), each API's
+//! error shape, and the body that carries an answer back in the client's API ([`relay`]).
+//!
+//! Translation is pure: JSON in, JSON out. What cannot be carried over faithfully is refused
+//! before anything is sent ([`Untranslatable`], a 400), never dropped on the quiet.
+
+pub mod messages;
+pub mod relay;
+pub mod responses;
+pub mod stored;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use quantrouter_policy::{ProfileIndex, ProfileSet, UpstreamApi};
+use serde_json::{json, Value};
+
+use crate::openai::{ApiError, Endpoint};
+
+pub use relay::AgentBody;
+
+/// An agent API the router serves on its public port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentApi {
+    Messages,
+    Responses,
+}
+
+/// An agent-API request, ready for profiles that serve its API and for those that do not.
+#[derive(Debug)]
+pub struct Translation {
+    api: AgentApi,
+    /// The request as chat (`model` to be set), when some profile needs it and it has one.
+    chat: Option<Value>,
+    /// Some profile lacks the API but the request has no chat form: only native profiles
+    /// may serve it.
+    native_only: bool,
+}
+
+/// A request that has no faithful Chat Completions form; the message names what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} cannot be translated to Chat Completions for an upstream without this API")]
+pub struct Untranslatable(pub String);
+
+// === impl AgentApi ===
+
+impl AgentApi {
+    /// The agent API of an endpoint, if it is one.
+    pub fn of(endpoint: Endpoint) -> Option<Self> {
+        match endpoint {
+            Endpoint::Messages => Some(Self::Messages),
+            Endpoint::Responses => Some(Self::Responses),
+            Endpoint::Chat | Endpoint::Completions => None,
+        }
+    }
+
+    /// The `upstream.apis` entry that says a profile serves this API.
+    pub fn upstream(self) -> UpstreamApi {
+        match self {
+            Self::Messages => UpstreamApi::Messages,
+            Self::Responses => UpstreamApi::Responses,
+        }
+    }
+
+    pub fn endpoint(self) -> Endpoint {
+        match self {
+            Self::Messages => Endpoint::Messages,
+            Self::Responses => Endpoint::Responses,
+        }
+    }
+
+    /// The request as Chat Completions, for `model` (a JSON-encoded string); streams ask for
+    /// usage, which the answer's translation reports.
+    pub fn to_chat(self, request: &Value, model_json: &str) -> Result<Value, Untranslatable> {
+        let mut chat = match self {
+            Self::Messages => messages::to_chat(request)?,
+            Self::Responses => responses::to_chat(request)?,
+        };
+        chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
+        if chat.get("stream").and_then(Value::as_bool) == Some(true) {
+            chat["stream_options"] = json!({"include_usage": true});
+        }
+        Ok(chat)
+    }
+
+    /// The error body of this API for an OpenAI-shaped error `message` of `kind` (OpenAI's
+    /// `type`) and `status`.
+    pub fn error_body(
+        self,
+        status: StatusCode,
+        kind: &str,
+        code: Option<&str>,
+        message: &str,
+    ) -> Value {
+        match self {
+            Self::Messages => json!({"type": "error", "error": {
+                "type": anthropic_error_type(status, kind),
+                "message": message,
+            }}),
+            Self::Responses => json!({"error": {
+                "message": message,
+                "type": kind,
+                "param": null,
+                "code": code,
+            }}),
+        }
+    }
+}
+
+// === impl Translation ===
+
+impl Translation {
+    /// The translation of a request to `endpoint` for the profiles of `set`; `None` for chat
+    /// and completions. A request the chosen profile cannot take natively and that has no
+    /// chat form is refused here, before anything is sent.
+    pub fn prepare(
+        endpoint: Endpoint,
+        body: &[u8],
+        set: &ProfileSet,
+        chosen: ProfileIndex,
+    ) -> Result<Option<Self>, ApiError> {
+        let Some(api) = AgentApi::of(endpoint) else {
+            return Ok(None);
+        };
+        let lacking = |p: &quantrouter_policy::Profile| !p.upstream.serves(api.upstream());
+        if !set.profiles.iter().any(|p| p.enabled && lacking(p)) {
+            return Ok(Some(Self {
+                api,
+                chat: None,
+                native_only: false,
+            }));
+        }
+        let request: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest {
+                message: format!("request body is not valid JSON: {e}"),
+                param: None,
+            })?;
+        let chat = api.to_chat(&request, "null");
+        match chat {
+            Ok(chat) => Ok(Some(Self {
+                api,
+                chat: Some(chat),
+                native_only: false,
+            })),
+            Err(refused) if lacking(&set.profiles[chosen]) => Err(ApiError::InvalidRequest {
+                message: format!("{refused} (profile {})", set.profiles[chosen].id),
+                param: None,
+            }),
+            Err(_) => Ok(Some(Self {
+                api,
+                chat: None,
+                native_only: true,
+            })),
+        }
+    }
+
+    /// Only profiles serving the API natively may take the request: no fallback elsewhere.
+    pub fn native_only(&self) -> bool {
+        self.native_only
+    }
+
+    /// The chat body for a profile without the API, with `model_json` (a JSON-encoded
+    /// string); `None` for a profile that serves the API.
+    pub fn chat_body(
+        &self,
+        set: &ProfileSet,
+        profile: ProfileIndex,
+        model_json: &str,
+    ) -> Option<Bytes> {
+        if set.profiles[profile].upstream.serves(self.api.upstream()) {
+            return None;
+        }
+        let mut chat = self.chat.clone()?;
+        chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
+        Some(Bytes::from(chat.to_string()))
+    }
+}
+
+/// Anthropic's error `type` for a status (its documented list); the OpenAI `type` decides
+/// where the status does not.
+fn anthropic_error_type(status: StatusCode, kind: &str) -> &'static str {
+    match status.as_u16() {
+        400 | 405 | 415 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        _ if kind == "invalid_request_error" => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// The router's own error on `/v1/messages`, in Anthropic's shape: the same status and
+/// headers as the OpenAI-shaped one ([`ApiError::into_response`]), another body.
+pub fn anthropic_error_response(error: ApiError) -> Response<Full<Bytes>> {
+    let status = error.status();
+    let (kind, _) = error.kind();
+    let body = AgentApi::Messages.error_body(status, kind, None, &error.to_string());
+    let mut response = error.into_response();
+    *response.body_mut() = Full::new(Bytes::from(body.to_string()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Text of chat `content` or of blocks with `text` (tool results, system prompts).
+pub(crate) fn joined_text(content: &Value) -> Option<String> {
+    match content {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(blocks) => {
+            let mut joined = String::new();
+            for block in blocks {
+                joined.push_str(block.get("text").and_then(Value::as_str)?);
+            }
+            Some(joined)
+        }
+        Value::Null => Some(String::new()),
+        _ => None,
+    }
+}
+
+/// The keys of `request` outside `known`: what the translation would otherwise drop.
+pub(crate) fn check_keys(request: &Value, known: &[&str]) -> Result<(), Untranslatable> {
+    let Some(object) = request.as_object() else {
+        return Err(Untranslatable("a body that is not a JSON object".into()));
+    };
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(key) => Err(Untranslatable(format!("`{key}`"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_errors_name_anthropics_types() {
+        let body = AgentApi::Messages.error_body(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            None,
+            "slow down",
+        );
+        assert_eq!(
+            body,
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
+        );
+        let unknown = ApiError::RouteNotFound("/v1/nothing".into());
+        let response = anthropic_error_response(unknown);
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let request = json!({"model": "m", "container": "c"});
+        let error = check_keys(&request, &["model"]).unwrap_err();
+        assert_eq!(error, Untranslatable("`container`".into()));
+    }
+}

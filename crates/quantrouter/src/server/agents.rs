@@ -1,0 +1,138 @@
+//! The agent APIs' endpoints: `POST /v1/messages` and `POST /v1/responses` (routed like
+//! chat by [`super::proxy::proxy`], their answers relayed in their API by
+//! [`crate::apis::relay`]), and `GET`/`DELETE /v1/responses/{id}` on the profile that
+//! stored the response.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::proxy::proxy;
+use super::stack::RequestId;
+use super::{App, ResponseBody, REQUEST_ID};
+use crate::apis::relay::{relay, OnStored};
+use crate::apis::AgentApi;
+use crate::openai::ApiError;
+use crate::routing::PROFILE_HEADER;
+
+/// `POST /v1/messages` or `POST /v1/responses`.
+pub(super) async fn create(
+    app: &Arc<App>,
+    mut req: Request<Incoming>,
+    api: AgentApi,
+) -> Result<Response<ResponseBody>, ApiError> {
+    // Anthropic's clients send their key as `x-api-key`.
+    if !req.headers().contains_key(header::AUTHORIZATION) {
+        if let Some(key) = req.headers().get("x-api-key").cloned() {
+            let bearer = [b"Bearer ".as_slice(), key.as_bytes()].concat();
+            if let Ok(value) = HeaderValue::from_bytes(&bearer) {
+                req.headers_mut().insert(header::AUTHORIZATION, value);
+            }
+        }
+    }
+    let response = proxy(app, req, api.endpoint()).await?;
+    let on_stored = match api {
+        AgentApi::Responses => on_stored(app, response.headers()),
+        AgentApi::Messages => None,
+    };
+    Ok(relay(response, api, on_stored))
+}
+
+/// Remembers which profile stored a native Responses answer.
+fn on_stored(app: &Arc<App>, headers: &HeaderMap) -> Option<OnStored> {
+    let profile = headers.get(PROFILE_HEADER)?.to_str().ok()?.to_owned();
+    let store = Arc::clone(&app.responses);
+    Some(Box::new(move |id| store.remember(id, profile)))
+}
+
+/// The id in `/v1/responses/{id}`.
+pub(super) fn stored_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/responses/")
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// A follow-up (`previous_response_id`) is pinned to the profile that stored the response
+/// it continues; one the router cannot place is refused, not sent where it would fail.
+pub(super) async fn place_follow_up(
+    app: &App,
+    headers: &mut HeaderMap,
+    previous: &str,
+) -> Result<(), ApiError> {
+    let profile = app
+        .responses
+        .profile_of(previous)
+        .await
+        .ok_or_else(|| ApiError::ResponseNotFound(previous.to_owned()))?;
+    let value = HeaderValue::from_str(&profile)
+        .map_err(|_| ApiError::ResponseNotFound(previous.to_owned()))?;
+    headers.insert(PROFILE_HEADER, value);
+    Ok(())
+}
+
+/// `GET` or `DELETE /v1/responses/{id}`: asked of the profile that stored the response.
+pub(super) async fn stored(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    /// A stored response is one answer; far above any.
+    const LIMIT: usize = 16 * 1024 * 1024;
+    let (parts, _) = req.into_parts();
+    app.authenticate(&parts.headers)?;
+    let path = parts.uri.path().to_owned();
+    let id = stored_id(&path).unwrap_or_default().to_owned();
+    let method = parts.method.clone();
+    let request_id = RequestId::of(&parts);
+    let unknown = || ApiError::ResponseNotFound(id.clone());
+    let profile = app.responses.profile_of(&id).await.ok_or_else(unknown)?;
+    let snapshot = app.store.load();
+    let index = snapshot.set.index_of(&profile).ok_or_else(unknown)?;
+    let pool = &snapshot.runtime[index].pool;
+    let pick = pool
+        .pick(&[], Instant::now())
+        .ok_or_else(|| ApiError::Unavailable(format!("profile {profile} has no endpoint now")))?;
+    let uri = pick
+        .endpoint
+        .uri(&path)
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    let mut upstream = Request::builder()
+        .method(method.clone())
+        .uri(uri)
+        .body(Bytes::new())
+        .map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    upstream.headers_mut().insert(REQUEST_ID, request_id);
+    if let Some(auth) = pool.authorization() {
+        upstream.headers_mut().insert(header::AUTHORIZATION, auth);
+    }
+    let timeout = app.client.header_timeout;
+    let sent = Instant::now();
+    let answer = match app
+        .client
+        .send(pool.transport(), &pick.endpoint, upstream, timeout)
+        .await
+    {
+        Ok(answer) => {
+            pick.succeeded(sent.elapsed());
+            answer
+        }
+        Err(error) => {
+            pick.failed();
+            return Err(ApiError::Unavailable(format!("profile {profile}: {error}")));
+        }
+    };
+    let (mut head, body) = answer.into_parts();
+    let bytes = Limited::new(body, LIMIT)
+        .collect()
+        .await
+        .map_err(|e| ApiError::BadGateway(format!("reading the stored response: {e}")))?
+        .to_bytes();
+    if method == Method::DELETE && head.status.is_success() {
+        app.responses.forget(&id).await;
+    }
+    head.headers.remove(header::TRANSFER_ENCODING);
+    head.headers.remove(header::CONNECTION);
+    Ok(Response::from_parts(head, Either::Left(Full::new(bytes))))
+}

@@ -1,0 +1,615 @@
+//! Anthropic Messages and OpenAI Responses through the router: routed like chat, forwarded
+//! natively to upstreams that serve them and translated to chat for those that do not,
+//! streamed event by event, with fallbacks, quality checks and stored responses.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use quantrouter::server::ServerConfig;
+use quantrouter_policy::{StreamCheck, Upstream, UpstreamApi};
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+use support::redis_server::RedisServer;
+use support::{client, eventually, send, start_router, Reply, Tiers, CODE, SIMPLE};
+use vllm_sim::{Faults, SimConfig};
+
+const FP8: usize = 1;
+const INT4: usize = 2;
+
+/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
+/// only chat.
+async fn tiers(native: bool) -> Tiers {
+    Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: !native,
+            ..SimConfig::default()
+        },
+        |set| {
+            for profile in &mut set.profiles {
+                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                    upstream
+                        .apis
+                        .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+                }
+            }
+        },
+        |_| {},
+    )
+    .await
+}
+
+async fn post(t: &Tiers, path: &str, body: &Value) -> Reply {
+    let url = format!("http://{}{path}", t.router.public_addr());
+    let headers = [("content-type", "application/json")];
+    send(&client(), "POST", &url, &body.to_string(), &headers).await
+}
+
+fn message(content: &str, stream: bool) -> Value {
+    json!({"model": "auto", "max_tokens": 512, "stream": stream, "system": "Answer briefly.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": content}]}]})
+}
+
+fn response(content: &str, stream: bool) -> Value {
+    json!({"model": "auto", "stream": stream, "instructions": "Answer briefly.", "input": content})
+}
+
+/// The named events of a stream, each checked to carry its name as `type`.
+fn events(reply: &Reply) -> Vec<Value> {
+    let text = String::from_utf8(reply.body.to_vec()).unwrap();
+    assert!(text.ends_with("\n\n"), "{text}");
+    text.trim_end()
+        .split("\n\n")
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|e| e.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {event:?} in {text}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "{text}");
+            data
+        })
+        .collect()
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+/// The text of a Messages stream.
+fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect()
+}
+
+fn check_messages_stream(events: &[Value]) {
+    let types = types(events);
+    assert_eq!(types[0], "message_start", "{types:?}");
+    assert_eq!(types[1], "content_block_start", "{types:?}");
+    assert_eq!(&types[types.len() - 2..], ["message_delta", "message_stop"]);
+    assert!(types.contains(&"content_block_stop"), "{types:?}");
+    assert!(!streamed_text(events).is_empty());
+    let delta = &events[events.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert!(delta["usage"]["output_tokens"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_go_natively_to_upstreams_that_serve_them() {
+    let t = tiers(true).await;
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, false)).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    let body = reply.json();
+    // The sim's own id: the answer came from its /v1/messages.
+    assert!(body["id"].as_str().unwrap().starts_with("msg-"), "{body}");
+    assert_eq!(body["model"], t.set.profiles[INT4].model);
+    assert_eq!(body["content"][0]["type"], "text");
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    let events = events(&reply);
+    check_messages_stream(&events);
+    assert!(events[0]["message"]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("msg-"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_translated_for_chat_only_upstreams() {
+    let t = tiers(false).await;
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, false)).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let body = reply.json();
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"), "{body}");
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["stop_reason"], "end_turn");
+    assert!(!body["content"][0]["text"].as_str().unwrap().is_empty());
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    assert!(reply
+        .headers
+        .get("content-length")
+        .is_none_or(|len| { len.to_str().unwrap() == reply.body.len().to_string() }));
+
+    let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+    let events = events(&reply);
+    check_messages_stream(&events);
+    // The usage the router added for itself arrives as Anthropic's counts, not as a chunk.
+    assert!(
+        events[events.len() - 2]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_use_round_trips_natively_and_translated() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        let tools = json!([{"name": "get_time", "description": "The time now.",
+            "input_schema": {"type": "object", "properties": {}}}]);
+        let mut ask = message("What time is it?", false);
+        ask["tools"] = tools.clone();
+        let reply = post(&t, "/v1/messages", &ask).await.json();
+        assert_eq!(reply["stop_reason"], "tool_use", "native={native}: {reply}");
+        let call = reply["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap()
+            .clone();
+        assert_eq!(call["name"], "get_time");
+        ask["messages"] = json!([
+            {"role": "user", "content": "What time is it?"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "noon"}]},
+        ]);
+        let reply = post(&t, "/v1/messages", &ask).await.json();
+        assert_eq!(reply["stop_reason"], "end_turn", "native={native}: {reply}");
+
+        let mut streamed = message("What time is it?", true);
+        streamed["tools"] = tools;
+        let events = events(&post(&t, "/v1/messages", &streamed).await);
+        let start = events
+            .iter()
+            .find(|e| e["type"] == "content_block_start")
+            .unwrap();
+        assert_eq!(
+            start["content_block"]["type"], "tool_use",
+            "native={native}"
+        );
+        assert_eq!(events[events.len() - 2]["delta"]["stop_reason"], "tool_use");
+
+        let call = json!({"model": "auto", "input": "What time is it?",
+            "tools": [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]});
+        let reply = post(&t, "/v1/responses", &call).await.json();
+        let item = &reply["output"][0];
+        assert_eq!(item["type"], "function_call", "native={native}: {reply}");
+        let result = json!({"model": "auto", "input": [
+            {"role": "user", "content": "What time is it?"},
+            {"type": "function_call", "call_id": item["call_id"], "name": "get_time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": item["call_id"], "output": "noon"},
+        ]});
+        let reply = post(&t, "/v1/responses", &result).await.json();
+        assert_eq!(
+            reply["output"][0]["type"], "message",
+            "native={native}: {reply}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_are_served_natively_and_translated_streamed_and_not() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        let body = reply.json();
+        let prefix = if native { "resp-" } else { "resp_" };
+        assert!(body["id"].as_str().unwrap().starts_with(prefix), "{body}");
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["status"], "completed");
+        let text = body["output"][0]["content"][0]["text"].as_str().unwrap();
+        assert!(!text.is_empty());
+        assert!(body["usage"]["output_tokens"].as_u64().unwrap() > 0);
+
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, true)).await;
+        let events = events(&reply);
+        let types = types(&events);
+        assert_eq!(
+            &types[..2],
+            ["response.created", "response.in_progress"],
+            "{types:?}"
+        );
+        assert_eq!(types.last(), Some(&"response.completed"));
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(event["sequence_number"], i as u64, "native={native}");
+        }
+        let deltas: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        let done = &events.last().unwrap()["response"];
+        assert_eq!(done["output"][0]["content"][0]["text"], deltas);
+        assert!(done["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_translated_is_refused_in_each_apis_error_shape() {
+    let t = tiers(false).await;
+    let mut thinking = message(SIMPLE, false);
+    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+    let reply = post(&t, "/v1/messages", &thinking).await;
+    assert_eq!(reply.status, 400);
+    let body = reply.json();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("thinking"),
+        "{body}"
+    );
+
+    let mut search = response(SIMPLE, false);
+    search["tools"] = json!([{"type": "web_search"}]);
+    let reply = post(&t, "/v1/responses", &search).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("web_search"));
+    assert_eq!(t.requests(INT4) + t.requests(FP8), 0, "nothing was sent");
+
+    // The router's own errors on /v1/messages are Anthropic's too.
+    let mut unknown = message(SIMPLE, false);
+    unknown["model"] = json!("no-such-model");
+    let reply = post(&t, "/v1/messages", &unknown).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["type"], "not_found_error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_tier_falls_back_across_tiers_for_both_apis() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        t.sims[INT4][0].set_faults(Faults {
+            error_rate: 1.0,
+            error_status: 503,
+            ..Faults::default()
+        });
+        let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-quantrouter-reason"), "fallback_error");
+        check_messages_stream(&events(&reply));
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+        assert_eq!(reply.status, 200);
+        assert_ne!(reply.header("x-quantrouter-tier"), "int4");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degenerate_answers_fail_the_quality_checks_in_every_api() {
+    for native in [true, false] {
+        let t = Tiers::start(
+            [1, 1, 1],
+            |_| SimConfig {
+                chat_only: !native,
+                ..SimConfig::default()
+            },
+            |set| {
+                set.policy.stream_check = Some(StreamCheck {
+                    tokens: 8,
+                    max_hold_ms: 5_000,
+                });
+                for profile in &mut set.profiles {
+                    if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                        upstream
+                            .apis
+                            .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+                    }
+                }
+            },
+            |_| {},
+        )
+        .await;
+        t.sims[INT4][0].set_faults(Faults {
+            degenerate: true,
+            ..Faults::default()
+        });
+        for (path, body) in [
+            ("/v1/messages", message(SIMPLE, false)),
+            ("/v1/messages", message(SIMPLE, true)),
+            ("/v1/responses", response(SIMPLE, false)),
+            ("/v1/responses", response(SIMPLE, true)),
+        ] {
+            let reply = post(&t, path, &body).await;
+            assert_eq!(reply.status, 200);
+            assert_eq!(
+                reply.header("x-quantrouter-reason"),
+                "fallback_quality",
+                "native={native} {path} stream={}",
+                body["stream"]
+            );
+            assert_eq!(reply.header("x-quantrouter-tier"), "fp8");
+        }
+        // A tool call is an answer the text checks pass.
+        let mut call = message("What time is it?", false);
+        call["tools"] = json!([{"name": "get_time", "input_schema": {"type": "object"}}]);
+        let reply = post(&t, "/v1/messages", &call).await;
+        assert_eq!(
+            reply.header("x-quantrouter-tier"),
+            "int4",
+            "native={native}"
+        );
+        assert_eq!(reply.json()["stop_reason"], "tool_use");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_goes_to_the_profile_that_stored_the_response() {
+    let t = tiers(true).await;
+    let first = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+    assert_eq!(first.header("x-quantrouter-tier"), "int4");
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    // Alone, this prompt routes to a better tier; as a follow-up it must reach int4's sim,
+    // the only one that knows the response (any other answers 400).
+    let alone = post(&t, "/v1/responses", &response(CODE, false)).await;
+    assert_ne!(alone.header("x-quantrouter-tier"), "int4");
+    let mut follow = response(CODE, true);
+    follow["previous_response_id"] = json!(id);
+    let reply = post(&t, "/v1/responses", &follow).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    let events = events(&reply);
+    assert_eq!(
+        events.last().unwrap()["response"]["previous_response_id"],
+        id.as_str()
+    );
+
+    let url = format!("http://{}/v1/responses/{id}", t.router.public_addr());
+    let stored = send(&client(), "GET", &url, "", &[]).await;
+    assert_eq!(stored.status, 200);
+    assert_eq!(stored.json()["id"], id.as_str());
+
+    let mut unknown = response(SIMPLE, false);
+    unknown["previous_response_id"] = json!("resp-unknown");
+    let reply = post(&t, "/v1/responses", &unknown).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["code"], "response_not_found");
+
+    let deleted = send(&client(), "DELETE", &url, "", &[]).await;
+    assert_eq!(deleted.json()["deleted"], true);
+    assert_eq!(send(&client(), "GET", &url, "", &[]).await.status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
+    let redis = RedisServer::start(None);
+    let shared = |c: &mut ServerConfig| {
+        c.stored_responses.redis = Some((redis.client(), "qr".into()));
+    };
+    let native = |set: &mut quantrouter_policy::ProfileSet| {
+        for profile in &mut set.profiles {
+            if let Upstream::Static(upstream) = &mut profile.upstream {
+                upstream
+                    .apis
+                    .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
+            }
+        }
+    };
+    let t = Tiers::start([1, 1, 1], |_| SimConfig::default(), native, shared).await;
+    let other = start_router(t.set.clone(), shared).await;
+    let alone = start_router(t.set.clone(), |_| {}).await;
+
+    let first = post(&t, "/v1/responses", &response(SIMPLE, false)).await;
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let key = format!("qr:responses:{id}");
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stored = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move { conn.exists::<_, bool>(&key).await.unwrap() }
+    })
+    .await;
+    assert!(stored, "the placement reached redis");
+    assert_eq!(
+        conn.get::<_, String>(&key).await.unwrap(),
+        t.set.profiles[INT4].id
+    );
+    assert!(conn.ttl::<_, i64>(&key).await.unwrap() > 0);
+
+    let mut follow = response(CODE, false);
+    follow["previous_response_id"] = json!(id);
+    let headers = [("content-type", "application/json")];
+    let via = |server: &quantrouter::server::Server| {
+        format!("http://{}/v1/responses", server.public_addr())
+    };
+    let reply = send(
+        &client(),
+        "POST",
+        &via(&other),
+        &follow.to_string(),
+        &headers,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+    // A replica without the shared store cannot place it, and says so.
+    let reply = send(
+        &client(),
+        "POST",
+        &via(&alone),
+        &follow.to_string(),
+        &headers,
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["code"], "response_not_found");
+}
+
+/// The official `anthropic` and `openai` Python clients against the router
+/// (`scripts/install-tools openai anthropic`; `QUANTROUTER_PYTHON` points at the venv).
+async fn official_clients(t: &Tiers, extra: &[&str]) {
+    let python = std::env::var_os("QUANTROUTER_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "{} not found: run `scripts/install-tools openai anthropic` or set QUANTROUTER_PYTHON",
+        python.display()
+    );
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agents_compat.py");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}", t.router.public_addr()))
+        .args(extra)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains("checks passed"),
+        "agent clients failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_work_against_native_upstreams() {
+    let t = tiers(true).await;
+    official_clients(&t, &["--stateful"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_work_against_chat_only_upstreams() {
+    let t = tiers(false).await;
+    official_clients(&t, &["--translated"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_clients_authenticate_with_x_api_key() {
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |_| {},
+        |c| c.api_keys = support::keys(&["test-key"]),
+    )
+    .await;
+    let url = format!("http://{}/v1/messages", t.router.public_addr());
+    let body = message(SIMPLE, false).to_string();
+    let json = ("content-type", "application/json");
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &body,
+        &[json, ("x-api-key", "test-key")],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        &body,
+        &[json, ("x-api-key", "wrong")],
+    )
+    .await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.json()["error"]["type"], "authentication_error");
+    let bearer = ("authorization", "Bearer test-key");
+    let reply = send(&client(), "POST", &url, &body, &[json, bearer]).await;
+    assert_eq!(reply.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_stream_is_relayed_as_it_comes_not_when_it_ends() {
+    use http_body_util::{BodyExt, Full};
+    // The first token comes a minute after the role chunk: a translation that held the
+    // stream would send nothing for a minute.
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: true,
+            itl: Duration::from_secs(60),
+            ..SimConfig::default()
+        },
+        |_| {},
+        |_| {},
+    )
+    .await;
+    for (path, body) in [
+        ("/v1/messages", message(SIMPLE, true)),
+        ("/v1/responses", response(SIMPLE, true)),
+    ] {
+        let url = format!("http://{}{path}", t.router.public_addr());
+        let request = http::Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body.to_string())))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        let first = tokio::time::timeout(Duration::from_secs(20), body.frame())
+            .await
+            .expect("the stream's start within 20 s, long before its end")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        let first = String::from_utf8_lossy(&first);
+        let opening = if path == "/v1/messages" {
+            "event: message_start"
+        } else {
+            "event: response.created"
+        };
+        assert!(first.starts_with(opening), "{first}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_short_ends_with_the_apis_error_event() {
+    for native in [true, false] {
+        let t = tiers(native).await;
+        for sim in t.sims.iter().flatten() {
+            sim.set_faults(Faults {
+                reset_after_chunks: Some(6),
+                ..Faults::default()
+            });
+        }
+        let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
+        let seen = events(&reply);
+        let last = seen.last().unwrap();
+        assert_eq!(last["type"], "error", "native={native}: {seen:?}");
+        assert_eq!(last["error"]["type"], "api_error");
+        assert!(!last["error"]["message"].as_str().unwrap().is_empty());
+        assert_eq!(seen[0]["type"], "message_start");
+
+        let reply = post(&t, "/v1/responses", &response(SIMPLE, true)).await;
+        let seen = events(&reply);
+        let last = seen.last().unwrap();
+        assert_eq!(last["type"], "error", "native={native}: {seen:?}");
+        assert!(!last["message"].as_str().unwrap().is_empty());
+    }
+}
