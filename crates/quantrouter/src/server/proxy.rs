@@ -236,7 +236,7 @@ fn sample_for_calibration(
 
 /// The tenant's limits, before routing: one counter round trip at most. The token estimate
 /// (a quarter of the prompt's bytes) is corrected from `usage` when the answer ends.
-async fn admit_tenant(
+pub(crate) async fn admit_tenant(
     app: &App,
     tenant: Option<Arc<ActiveTenant>>,
     parsed: &ParsedRequest<'_>,
@@ -268,7 +268,7 @@ fn on_answer_end(
 }
 
 /// The policy's decision for a parsed request; KEDA hears of the tiers it wants.
-fn decide(
+pub(crate) fn decide(
     app: &App,
     snapshot: &Snapshot,
     parsed: &ParsedRequest<'_>,
@@ -434,7 +434,7 @@ fn sse_event(data: &[u8]) -> Bytes {
 }
 
 /// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
-fn record_decision(
+pub(crate) fn record_decision(
     app: &App,
     snapshot: &Snapshot,
     decision: &RoutingDecision,
@@ -619,13 +619,13 @@ fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
 
 /// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
 #[derive(Debug, Clone, Copy)]
-struct Prices {
+pub(crate) struct Prices {
     actual: (f64, f64),
     counterfactual: (f64, f64),
 }
 
 impl Prices {
-    fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
+    pub(crate) fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
         let per_token = |p: &quantrouter_policy::Profile| {
             (
                 p.cost_per_1m_input_tokens / 1e6,
@@ -644,12 +644,12 @@ impl Prices {
     }
 
     /// What `usage` cost on the serving profile.
-    fn cost(&self, usage: Usage) -> f64 {
+    pub(crate) fn cost(&self, usage: Usage) -> f64 {
         let (input, output) = self.actual;
         usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
     }
 
-    fn record(&self, labels: &RequestLabels, usage: Usage) {
+    pub(crate) fn record(&self, labels: &RequestLabels, usage: Usage) {
         let cost = |(input, output): (f64, f64)| {
             usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
         };
@@ -768,7 +768,7 @@ fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     headers
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
