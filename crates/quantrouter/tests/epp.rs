@@ -89,11 +89,34 @@ async fn metrics(router: &Server) -> String {
     String::from_utf8_lossy(&send(&client(), "GET", &url, "", &[]).await.body).into_owned()
 }
 
+/// Envoy sending request and response bodies whole instead of streaming them.
+const BUFFERED: [(&str, &str); 2] = [
+    (
+        "request_body_mode: FULL_DUPLEX_STREAMED",
+        "request_body_mode: BUFFERED",
+    ),
+    (
+        "response_body_mode: FULL_DUPLEX_STREAMED",
+        "response_body_mode: BUFFERED",
+    ),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stream_and_completion_are_routed_by_the_picker_through_envoy() {
+    routed_by_the_picker(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_envoy_buffers_are_routed_alike() {
+    routed_by_the_picker(&BUFFERED).await;
+}
+
+/// Chat, a streamed chat and a completion through Envoy reach the tier the HTTP port's
+/// policy picks, with `model` rewritten to that tier's.
+async fn routed_by_the_picker(edits: &[(&str, &str)]) {
     let (set, sims) = sim_tiers(Duration::ZERO).await;
     let router = picker(set.clone(), |_| {}).await;
-    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let envoy = Envoy::start_with(router.epp_addr().unwrap(), edits).await;
     for (kind, prompt) in [("chat", SIMPLE), ("stream", CODE), ("completion", SIMPLE)] {
         let body = match kind {
             "completion" => serde_json::json!({"model": "auto", "prompt": prompt, "max_tokens": 8}),
@@ -239,4 +262,47 @@ async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {
     let unknown = through(&envoy, "sk-nobody", "chat", SIMPLE).await;
     assert_eq!(unknown["status"], 401, "{unknown}");
     assert_eq!(unknown["error"]["code"], "invalid_api_key", "{unknown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_limits_the_endpoints_the_picker_chooses_from() {
+    let (set, sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set.clone(), |_| {}).await;
+    // The hint allows one endpoint only, of the tier the policy would not pick for this
+    // prompt: the request goes there all the same.
+    let body = serde_json::json!({"model": "auto", "max_tokens": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let preferred = policy_pick(&router, &body.to_string()).await;
+    let other = set.profiles.iter().position(|p| p.id != preferred).unwrap();
+    let allowed = sims[other].url().trim_start_matches("http://").to_owned();
+    let hint = |address: &str| {
+        format!(
+            "                http_filters:
+                  - name: envoy.filters.http.set_metadata
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+                      metadata:
+                        - metadata_namespace: envoy.lb.subset_hint
+                          value: {{ x-gateway-destination-endpoint-subset: [\"{address}\"] }}
+"
+        )
+    };
+    let filters = "                http_filters:\n";
+    let envoy = Envoy::start_with(router.epp_addr().unwrap(), &[(filters, &hint(&allowed))]).await;
+    let seen = through(&envoy, "unused", "chat", SIMPLE).await;
+    assert_eq!(seen["status"], 200, "{seen}");
+    assert_eq!(
+        seen["headers"]["x-quantrouter-profile"], set.profiles[other].id,
+        "{seen}"
+    );
+    assert_eq!(sims[other].stats().requests, 1);
+    // No endpoint of the hint can serve: 503, as the protocol asks.
+    let nowhere = Envoy::start_with(
+        router.epp_addr().unwrap(),
+        &[(filters, &hint("10.255.255.1:1"))],
+    )
+    .await;
+    let refused = through(&nowhere, "unused", "chat", SIMPLE).await;
+    assert_eq!(refused["status"], 503, "{refused}");
+    assert_eq!(refused["error"]["type"], "server_error", "{refused}");
 }

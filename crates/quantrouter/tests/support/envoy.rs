@@ -37,6 +37,11 @@ fn binary() -> PathBuf {
 impl Envoy {
     /// Envoy from the example configuration, its picker at `epp`.
     pub async fn start(epp: SocketAddr) -> Self {
+        Self::start_with(epp, &[]).await
+    }
+
+    /// Envoy from the example configuration with each `(from, to)` of `edits` replaced.
+    pub async fn start_with(epp: SocketAddr, edits: &[(&str, &str)]) -> Self {
         let example =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../manifests/envoy/envoy.yaml");
         let config = std::fs::read_to_string(example).unwrap();
@@ -46,10 +51,14 @@ impl Envoy {
             ("address: 0.0.0.0", "address: 127.0.0.1".to_owned()),
             ("port_value: 9002", format!("port_value: {}", epp.port())),
         ];
-        let config = ports.iter().fold(config, |config, (from, to)| {
-            assert!(config.contains(from), "the example config has no `{from}`");
-            config.replace(from, to)
-        });
+        let edits = edits.iter().map(|(from, to)| (*from, (*to).to_owned()));
+        let config = ports
+            .into_iter()
+            .chain(edits)
+            .fold(config, |config, (from, to)| {
+                assert!(config.contains(from), "the example config has no `{from}`");
+                config.replace(from, &to)
+            });
         let dir = tempfile::Builder::new()
             .prefix("qr-envoy-")
             .tempdir()
