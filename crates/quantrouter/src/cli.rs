@@ -174,7 +174,7 @@ pub struct ServeArgs {
     )]
     pub keda_scaler_listen: OptionalListen,
     /// Endpoint picker (Gateway API Inference Extension, Envoy ext_proc gRPC) address;
-    /// `off` (the default) serves none. See docs/routing.md, "Endpoint picker".
+    /// `off` (the default) serves none. See docs/operations.md, "Endpoint picker".
     #[arg(
         long,
         env = "QUANTROUTER_EPP_LISTEN",

@@ -9,7 +9,7 @@
 //! `x-gateway-destination-endpoint-fallback`. Envoy then sends the request to that endpoint
 //! itself and streams the answer back through here, where usage, cost, tenant spend and
 //! metrics are counted as in proxy mode. What a picker cannot do that the proxy does is in
-//! `docs/routing.md` ("Endpoint picker").
+//! `docs/operations.md` ("Endpoint picker").
 
 mod exchange;
 
