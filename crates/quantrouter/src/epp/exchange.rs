@@ -820,7 +820,33 @@ pub(crate) fn address(base: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::address;
+    use super::*;
+
+    fn list(values: &[&str]) -> Value {
+        Value {
+            kind: Some(Kind::ListValue(prost_types::ListValue {
+                values: values.iter().map(|v| string_value(v)).collect(),
+            })),
+        }
+    }
+
+    #[test]
+    fn the_subset_hint_is_read_as_a_list_or_a_comma_list() {
+        let hint = |value: Value| {
+            let inner = Struct {
+                fields: BTreeMap::from([(DESTINATION_SUBSET.to_owned(), value)]),
+            };
+            std::collections::HashMap::from([(SUBSET_NAMESPACE.to_owned(), inner)])
+        };
+        let both = vec!["10.0.0.1:8000".to_owned(), "10.0.0.2:8000".to_owned()];
+        let from_list = subset_hint(&hint(list(&["10.0.0.1:8000", "10.0.0.2:8000"])));
+        assert_eq!(from_list, Some(both.clone()));
+        let from_text = subset_hint(&hint(string_value("10.0.0.1:8000, 10.0.0.2:8000")));
+        assert_eq!(from_text, Some(both));
+        // Present but empty: nothing may be chosen (a 503), unlike no hint at all.
+        assert_eq!(subset_hint(&hint(list(&[]))), Some(Vec::new()));
+        assert_eq!(subset_hint(&std::collections::HashMap::new()), None);
+    }
 
     #[test]
     fn an_endpoint_is_named_by_host_and_port() {
