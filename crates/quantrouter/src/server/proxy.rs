@@ -268,7 +268,7 @@ fn on_answer_end(
 }
 
 /// The policy's decision for a parsed request; KEDA hears of the tiers it wants.
-pub(crate) fn decide(
+fn decide(
     app: &App,
     snapshot: &Snapshot,
     parsed: &ParsedRequest<'_>,
