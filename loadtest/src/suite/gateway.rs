@@ -198,7 +198,13 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         .output()
         .await?;
     let mut facts = GatewayFacts {
-        envoy: String::from_utf8_lossy(&version.stdout).trim().to_owned(),
+        // `<path>  version: <commit>/<version>/<status>/<build>/<TLS>`: the part after the path.
+        envoy: String::from_utf8_lossy(&version.stdout)
+            .rsplit("version: ")
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
         paired_rounds: suite.options.paired_rounds,
         ..GatewayFacts::default()
     };
