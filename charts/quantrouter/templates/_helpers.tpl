@@ -196,6 +196,11 @@ env:
     {{- else }}
     value: "off"
     {{- end }}
+  {{- if eq $v.mode "epp" }}
+  # The endpoint picker the InferencePool's endpointPickerRef names (Envoy ext_proc, h2c).
+  - name: QUANTROUTER_EPP_LISTEN
+    value: "0.0.0.0:{{ $v.epp.port }}"
+  {{- end }}
   {{- with $v.router.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -209,6 +214,11 @@ ports:
   {{- if include "quantrouter.externalScaler" $ }}
   - name: keda
     containerPort: {{ $v.keda.external.port }}
+    protocol: TCP
+  {{- end }}
+  {{- if eq $v.mode "epp" }}
+  - name: epp
+    containerPort: {{ $v.epp.port }}
     protocol: TCP
   {{- end }}
 startupProbe:
@@ -283,7 +293,7 @@ volumeMounts:
 
 {{/* "true" when some managed tier is scaled through the router's external scaler. */}}
 {{- define "quantrouter.externalScaler" -}}
-{{- if and .Values.keda.enabled (eq .Values.keda.trigger "external") (eq .Values.mode "gateway") }}true{{ end }}
+{{- if and .Values.keda.enabled (eq .Values.keda.trigger "external") (ne .Values.mode "sidecar") }}true{{ end }}
 {{- end }}
 
 {{/* One tier's settings: tierDefaults overridden by the tier. (dict "ctx" $ "tier" $tier) */}}

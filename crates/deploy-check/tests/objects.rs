@@ -543,12 +543,23 @@ fn discovery_rbac_grants_only_endpointslice_reads_to_the_router() {
     let Some(renders) = all_renders() else { return };
     for render in &renders {
         for role in render.of_kind("Role") {
+            // mode=epp: what a Gateway's inference extension expects its picker may read.
+            let epp = role["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("-epp"));
+            let expected = match epp {
+                true => json!([
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]}
+                ]),
+                false => {
+                    json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}])
+                }
+            };
             assert_eq!(
-                role["rules"],
-                json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]),
+                role["rules"], expected,
                 "{}: {}",
-                render.source,
-                role["metadata"]["name"]
+                render.source, role["metadata"]["name"]
             );
             let bindings: Vec<&Value> = render
                 .of_kind("RoleBinding")
@@ -892,5 +903,169 @@ fn vllm_tiers_get_gpus_shared_memory_and_health_probes() {
             let model = flag(&args(vllm), "--model").unwrap_or_else(|| panic!("{src}: no --model"));
             assert!(!model.is_empty(), "{src}");
         }
+    }
+}
+
+// --- mode=epp: the Gateway API Inference Extension objects ----------------------------------
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
+}
+
+#[test]
+fn epp_mode_renders_a_pool_of_the_tiers_whose_picker_is_the_router_and_a_route_to_it() {
+    let Some(helm) = require(Tool::Helm) else {
+        return;
+    };
+    let render = helm_template(&helm, Some("charts/quantrouter/ci/epp-values.yaml"));
+    let pools: Vec<&Value> = render.of_kind("InferencePool").collect();
+    assert_eq!(pools.len(), 1, "one InferencePool");
+    let pool: support::gateway_api::InferencePool = support::strict(pools[0]).unwrap();
+    pool.validate().unwrap();
+    // The pool holds every vLLM tier's pods, on the port their containers serve.
+    let selector = serde_json::to_value(&pool.spec.selector.match_labels).unwrap();
+    let target = pool.spec.target_ports[0].number;
+    let tiers: Vec<&Value> = workloads(&render)
+        .filter(|w| w["metadata"]["labels"]["app.kubernetes.io/component"] == "vllm")
+        .collect();
+    assert!(!tiers.is_empty());
+    for tier in &tiers {
+        let labels = &tier["spec"]["template"]["metadata"]["labels"];
+        assert!(
+            selector_matches(&selector, labels),
+            "{} is not in the pool",
+            tier["metadata"]["name"]
+        );
+        let serves = all_containers(pod_spec(tier))
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .any(|p| p["containerPort"] == target);
+        assert!(
+            serves,
+            "{} serves no port {target}",
+            tier["metadata"]["name"]
+        );
+    }
+    let selected = workloads(&render)
+        .filter(|w| selector_matches(&selector, &w["spec"]["template"]["metadata"]["labels"]))
+        .count();
+    assert_eq!(selected, tiers.len(), "the pool selects only vLLM pods");
+    // Its picker is the router's Service port, which reaches the port the router serves the
+    // picker on.
+    let picker = pool.spec.endpoint_picker_ref.as_ref().unwrap();
+    let service = render.named("Service", &picker.name);
+    let port = picker.port.as_ref().unwrap().number;
+    let service_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == port)
+        .unwrap_or_else(|| panic!("Service {} has no port {port}", picker.name));
+    assert_eq!(service_port["appProtocol"], "kubernetes.io/h2c");
+    let (_, router) = router_containers(&render).remove(0);
+    let container_port = router["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == service_port["targetPort"])
+        .unwrap()["containerPort"]
+        .as_i64()
+        .unwrap();
+    let listen = env_value(&router, "QUANTROUTER_EPP_LISTEN").unwrap();
+    assert_eq!(listen, format!("0.0.0.0:{container_port}"));
+    // The example route sends the Gateway's path to the pool.
+    let route: support::gateway_api::HttpRoute =
+        support::strict(render.named("HTTPRoute", "quantrouter")).unwrap();
+    route.validate().unwrap();
+    let backend = &route.spec.rules[0].backend_refs[0];
+    assert_eq!(
+        backend.group.as_deref(),
+        Some("inference.networking.k8s.io")
+    );
+    assert_eq!(backend.kind.as_deref(), Some("InferencePool"));
+    assert_eq!(backend.name, pool.metadata.name.clone().unwrap());
+    assert_eq!(route.spec.parent_refs[0].name, "inference-gateway");
+    // Without mode=epp there is no picker and none of these objects.
+    let default = helm_template(&helm, None);
+    assert_eq!(default.of_kind("InferencePool").count(), 0);
+    assert_eq!(default.of_kind("HTTPRoute").count(), 0);
+    let (_, router) = router_containers(&default).remove(0);
+    assert_eq!(env_value(&router, "QUANTROUTER_EPP_LISTEN"), None);
+}
+
+#[test]
+fn gateway_api_checks_reject_what_the_published_crds_reject() {
+    let pool = json!({
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "FailClose"}
+        }
+    });
+    let crds = CrdSchemas::load();
+    check_object(&pool, &crds).unwrap();
+    let edits = [
+        ("/spec/endpointPickerRef/port", Value::Null),
+        ("/spec/endpointPickerRef/failureMode", json!("FailSoft")),
+        (
+            "/spec/targetPorts",
+            json!([{"number": 8000}, {"number": 8000}]),
+        ),
+        ("/spec/targetPorts", json!([])),
+        ("/spec/selector/matchLabels", json!({})),
+        ("/spec/selector/matchExpressions", json!([])),
+    ];
+    for (path, value) in edits {
+        let mut bad = pool.clone();
+        match value {
+            Value::Null => {
+                let (parent, key) = path.rsplit_once('/').unwrap();
+                bad.pointer_mut(parent)
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove(key);
+            }
+            value => {
+                let (parent, key) = path.rsplit_once('/').unwrap();
+                bad.pointer_mut(parent).unwrap()[key] = value;
+            }
+        }
+        assert!(check_object(&bad, &crds).is_err(), "{path} accepted");
+    }
+    let route = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "r"},
+        "spec": {
+            "parentRefs": [{"name": "gw"}],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "p"}],
+                "timeouts": {"request": "300s"}
+            }]
+        }
+    });
+    check_object(&route, &crds).unwrap();
+    for (pointer, value) in [
+        ("/spec/rules/0/timeouts/request", json!("5 minutes")),
+        ("/spec/rules/0/matches/0/path/value", json!("v1")),
+        ("/spec/rules/0/backendRefs/0", json!({"name": "svc"})),
+        ("/spec/rules/0/backendRefs/0/weight", json!(-1)),
+    ] {
+        let mut bad = route.clone();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        let parent = bad.pointer_mut(parent).unwrap();
+        match key.parse::<usize>() {
+            Ok(i) => parent[i] = value,
+            Err(_) => parent[key] = value,
+        }
+        assert!(check_object(&bad, &crds).is_err(), "{pointer} accepted");
     }
 }

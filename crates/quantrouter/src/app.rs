@@ -36,6 +36,8 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// KEDA's external scaler (gRPC); `None` serves none.
     pub scaler_listen: Option<SocketAddr>,
+    /// The endpoint picker for a Gateway (Envoy ext_proc, gRPC); `None` serves none.
+    pub epp_listen: Option<SocketAddr>,
     /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
     pub body_limit: usize,
     /// Accepted bearer keys, the implicit tenant's when `tenants` is `None`; with neither,
@@ -156,6 +158,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             scaler_listen: None,
+            epp_listen: None,
             body_limit: 4 * 1024 * 1024,
             api_keys: None,
             tenants: None,

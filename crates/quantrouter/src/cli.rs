@@ -173,6 +173,15 @@ pub struct ServeArgs {
         value_parser = parse_optional_listen
     )]
     pub keda_scaler_listen: OptionalListen,
+    /// Endpoint picker (Gateway API Inference Extension, Envoy ext_proc gRPC) address;
+    /// `off` (the default) serves none. See docs/operations.md, "Endpoint picker".
+    #[arg(
+        long,
+        env = "QUANTROUTER_EPP_LISTEN",
+        default_value = "off",
+        value_parser = parse_optional_listen
+    )]
+    pub epp_listen: OptionalListen,
     /// This replica's name in the tier numbers shared through Redis (default: $HOSTNAME,
     /// the pod name in Kubernetes; else a random id).
     #[arg(long, env = "QUANTROUTER_REPLICA_ID")]
@@ -883,6 +892,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         listen: args.listen,
         admin_listen: args.admin_listen,
         scaler_listen: args.keda_scaler_listen.0,
+        epp_listen: args.epp_listen.0,
         body_limit: args.body_limit_bytes,
         api_keys: None,
         tenants,
@@ -1361,6 +1371,18 @@ mod tests {
             OptionalListen(Some("127.0.0.1:7".parse().unwrap()))
         );
         assert!(parse_with_config(argv(&["serve", "--keda-scaler-listen", "nope"])).is_err());
+    }
+
+    #[test]
+    fn the_endpoint_picker_is_off_unless_given_an_address() {
+        let args = serve_args(parse_with_config(argv(&["serve"])).unwrap());
+        assert_eq!(args.epp_listen, OptionalListen(None));
+        let cli = parse_with_config(argv(&["serve", "--epp-listen", "127.0.0.1:9002"]));
+        assert_eq!(
+            serve_args(cli.unwrap()).epp_listen,
+            OptionalListen(Some("127.0.0.1:9002".parse().unwrap()))
+        );
+        assert!(parse_with_config(argv(&["serve", "--epp-listen", "nope"])).is_err());
     }
 
     #[test]

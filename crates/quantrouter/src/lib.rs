@@ -13,6 +13,7 @@ pub mod cli;
 pub mod descriptors;
 pub mod discovery;
 pub mod documents;
+pub mod epp;
 pub mod keda;
 pub mod openai;
 pub mod profiles;

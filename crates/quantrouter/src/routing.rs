@@ -71,6 +71,31 @@ pub fn route(
     request_key: &str,
     tenant: Option<(&ActiveTenant, bool)>,
 ) -> Result<Routed, ApiError> {
+    route_among(
+        snapshot,
+        classifier,
+        parsed,
+        headers,
+        aliases,
+        request_key,
+        tenant,
+        None,
+    )
+}
+
+/// [`route`], with the profiles `among` allows (by index) the only ones available: the
+/// endpoint picker's subset hint leaves some tiers without an endpoint it may choose.
+#[allow(clippy::too_many_arguments)]
+pub fn route_among(
+    snapshot: &Snapshot,
+    classifier: Option<&Classifier>,
+    parsed: &ParsedRequest<'_>,
+    headers: &HeaderMap,
+    aliases: &[String],
+    request_key: &str,
+    tenant: Option<(&ActiveTenant, bool)>,
+    among: Option<&[bool]>,
+) -> Result<Routed, ApiError> {
     let set = &snapshot.set;
     let pinned = match header_str(headers, PROFILE_HEADER)? {
         Some(id) => Some(id),
@@ -94,7 +119,12 @@ pub fn route(
     let prompt = parsed.prompt();
     // A request with no text (an image-only message) is valid and routes as the simplest.
     let (features, classification) = score(&prompt, &set.policy.complexity, classifier);
-    let load = live_load(snapshot);
+    let mut load = live_load(snapshot);
+    if let Some(among) = among {
+        for (load, allowed) in load.iter_mut().zip(among) {
+            load.available &= *allowed;
+        }
+    }
     let request = RouteRequest {
         features: &features,
         max_tokens: parsed.max_tokens,

@@ -1,4 +1,5 @@
-//! The HTTP servers: the public OpenAI-compatible port, the admin port and the KEDA scaler.
+//! The HTTP servers: the public OpenAI-compatible port, the admin port, the KEDA scaler and
+//! the endpoint picker.
 //!
 //! The public port's request path is one tower stack, built and documented in
 //! [`stack::public_service`]; its leaf, a generation request in named phases, is
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::epp::Picker;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
 use crate::keda::Keda;
@@ -37,7 +39,7 @@ pub use crate::app::{App, ServerConfig};
 mod agents;
 mod connections;
 pub(crate) mod delivery;
-mod proxy;
+pub(crate) mod proxy;
 mod stack;
 
 use connections::{Conn, Connections, Limits};
@@ -63,6 +65,7 @@ pub struct Server {
     public_addr: SocketAddr,
     admin_addr: SocketAddr,
     scaler_addr: Option<SocketAddr>,
+    epp_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     scraper: JoinHandle<()>,
@@ -84,6 +87,13 @@ impl Server {
         let (scaler, scaler_addr) = match config.scaler_listen {
             Some(addr) => {
                 let (listener, addr) = listen("--keda-scaler-listen", addr)?;
+                (Some(listener), Some(addr))
+            }
+            None => (None, None),
+        };
+        let (epp, epp_addr) = match config.epp_listen {
+            Some(addr) => {
+                let (listener, addr) = listen("--epp-listen", addr)?;
                 (Some(listener), Some(addr))
             }
             None => (None, None),
@@ -135,6 +145,19 @@ impl Server {
             Connections::new(side_port),
             move |stream, conn, watcher| serve_admin(Arc::clone(&admin_app), stream, conn, watcher),
         )));
+        if let Some(listener) = epp {
+            let picker = Picker::new(Arc::clone(&app));
+            // Envoy multiplexes every request's stream over a few connections: the public
+            // port's limits, not the side ports' small cap.
+            tasks.push(tokio::spawn(accept_loop(
+                listener,
+                stopped.clone(),
+                Connections::new(limits),
+                move |stream, conn, watcher| {
+                    serve_grpc(picker.clone().into_service(), stream, conn, watcher)
+                },
+            )));
+        }
         if let Some(listener) = scaler {
             let scaler = Scaler::new(
                 Arc::clone(&app.store),
@@ -145,15 +168,18 @@ impl Server {
                 listener,
                 stopped,
                 Connections::new(side_port),
-                move |stream, conn, watcher| serve_scaler(scaler.clone(), stream, conn, watcher),
+                move |stream, conn, watcher| {
+                    serve_grpc(scaler.clone().into_service(), stream, conn, watcher)
+                },
             )));
         }
-        tracing::info!(%public_addr, %admin_addr, ?scaler_addr, "quantrouter listening");
+        tracing::info!(%public_addr, %admin_addr, ?scaler_addr, ?epp_addr, "quantrouter listening");
         Ok(Self {
             app,
             public_addr,
             admin_addr,
             scaler_addr,
+            epp_addr,
             stop,
             tasks,
             scraper,
@@ -174,6 +200,11 @@ impl Server {
     /// The KEDA external scaler's address, when it is served.
     pub fn scaler_addr(&self) -> Option<SocketAddr> {
         self.scaler_addr
+    }
+
+    /// The endpoint picker's address, when it is served.
+    pub fn epp_addr(&self) -> Option<SocketAddr> {
+        self.epp_addr
     }
 
     /// Graceful stop: readiness turns false at once; connections are still accepted for
@@ -339,14 +370,20 @@ fn serve_admin(app: Arc<App>, stream: TcpStream, conn: Arc<Conn>, watcher: Watch
     })
 }
 
-fn serve_scaler(
-    scaler: Scaler,
-    stream: TcpStream,
-    conn: Arc<Conn>,
-    watcher: Watcher,
-) -> ServeFuture {
+/// A gRPC service (KEDA's scaler, the endpoint picker) on one connection: HTTP/2 with prior
+/// knowledge, as KEDA and Envoy dial it (no TLS here).
+fn serve_grpc<S>(grpc: S, stream: TcpStream, conn: Arc<Conn>, watcher: Watcher) -> ServeFuture
+where
+    S: tower::Service<
+            Request<Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     use tower::ServiceExt as _;
-    let grpc = scaler.into_service();
     let requests = Arc::clone(&conn);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let request = requests.request(req.version());
@@ -357,11 +394,10 @@ fn serve_scaler(
         }
     });
     Box::pin(async move {
-        // gRPC is HTTP/2 only; KEDA connects with prior knowledge (no TLS here).
         let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .serve_connection(TokioIo::new(conn.track(stream)), service);
         if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
-            tracing::debug!(%error, "scaler connection ended with an error");
+            tracing::debug!(%error, "gRPC connection ended with an error");
         }
     })
 }

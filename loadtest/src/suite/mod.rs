@@ -12,6 +12,7 @@ mod ab;
 mod burst;
 mod chaos;
 mod doc;
+mod gateway;
 mod http;
 mod inspect;
 mod mixed;
@@ -58,6 +59,9 @@ pub enum Selection {
     /// The router's own cost against a zero-latency simulator, beside direct, socat,
     /// vllm-router and LiteLLM.
     Overhead,
+    /// The router as a real Envoy's endpoint picker, beside the router as the proxy and a
+    /// plain Envoy relay (needs Envoy: scripts/install-tools envoy).
+    Gateway,
     /// Three tiers and the prompt mix: latency and cost.
     Mixed,
     /// Five times a tier's capacity: admission control.
@@ -189,7 +193,7 @@ pub struct Suite {
 }
 
 /// The scenarios with a generated block in the document.
-const DOC_SCENARIOS: [&str; 5] = ["overhead", "mixed", "overload", "chaos", "soak"];
+const DOC_SCENARIOS: [&str; 6] = ["overhead", "mixed", "overload", "chaos", "soak", "gateway"];
 
 /// Runs `loadtest suite`.
 pub async fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
@@ -234,6 +238,7 @@ fn selection_name(selection: Selection) -> &'static str {
     match selection {
         Selection::All => "all",
         Selection::Overhead => "overhead",
+        Selection::Gateway => "gateway",
         Selection::Mixed => "mixed",
         Selection::Overload => "overload",
         Selection::Chaos => "chaos",
@@ -302,6 +307,7 @@ impl Suite {
         match selection {
             Selection::All => Ok(String::new()),
             Selection::Overhead => overhead::run(self).await,
+            Selection::Gateway => gateway::run(self).await,
             Selection::Mixed => mixed::run(self).await,
             Selection::Overload => overload::run(self).await,
             Selection::Chaos => chaos::run(self).await,

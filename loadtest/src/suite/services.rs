@@ -289,7 +289,7 @@ impl Suite {
     }
 
     /// Starts a target (a router or an alternative), on `--target-cpus` when given.
-    fn spawn_target(
+    pub(super) fn spawn_target(
         &self,
         name: &str,
         program: &Path,

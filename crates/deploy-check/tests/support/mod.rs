@@ -1,6 +1,8 @@
 //! Shared by the deploy-check tests: finding (or installing) helm, kubectl and promtool,
 //! rendering the chart and the kustomize overlays, and parsing every object strictly.
 
+pub mod gateway_api;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -390,6 +392,12 @@ pub fn check_object(object: &Value, crds: &CrdSchemas) -> Result<(), String> {
         ("policy/v1", "PodDisruptionBudget") => strict::<PodDisruptionBudget>(object).map(drop),
         ("rbac.authorization.k8s.io/v1", "Role") => strict::<Role>(object).map(drop),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(object).map(drop),
+        ("inference.networking.k8s.io/v1", "InferencePool") => {
+            strict::<gateway_api::InferencePool>(object)?.validate()
+        }
+        ("gateway.networking.k8s.io/v1", "HTTPRoute") => {
+            strict::<gateway_api::HttpRoute>(object)?.validate()
+        }
         ("keda.sh/v1alpha1", "ScaledObject")
         | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PodMonitor" | "PrometheusRule") => {
             strict::<ObjectMeta>(&object["metadata"]).map_err(|e| format!("metadata: {e}"))?;

@@ -271,7 +271,7 @@ fn sample_for_calibration(
 /// reserves its worst case — the prompt's estimate (a quarter of its bytes) plus
 /// `max_tokens` for each of its `n` choices, at the dearest profile the tenant may be served
 /// by — settled to what it used when the answer ends.
-async fn admit_tenant(
+pub(crate) async fn admit_tenant(
     app: &App,
     tenant: Option<Arc<ActiveTenant>>,
     parsed: &ParsedRequest<'_>,
@@ -304,7 +304,13 @@ async fn admit_tenant(
 /// client left, or the upstream sends none) the prompt's estimate and a token per event it
 /// delivered; an error answer nothing; a whole answer left before its usage, what it
 /// reserved.
-fn charge(end: &BodyEnd, served: bool, stream: bool, prompt_tokens: u64, prices: Prices) -> Charge {
+pub(crate) fn charge(
+    end: &BodyEnd,
+    served: bool,
+    stream: bool,
+    prompt_tokens: u64,
+    prices: Prices,
+) -> Charge {
     let used = |usage: Usage| Charge::Used {
         input: usage.prompt_tokens,
         output: usage.completion_tokens,
@@ -506,7 +512,7 @@ fn sse_event(data: &[u8]) -> Bytes {
 }
 
 /// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
-fn record_decision(
+pub(crate) fn record_decision(
     app: &App,
     snapshot: &Snapshot,
     decision: &RoutingDecision,
@@ -691,13 +697,13 @@ fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
 
 /// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
 #[derive(Debug, Clone, Copy)]
-struct Prices {
+pub(crate) struct Prices {
     actual: (f64, f64),
     counterfactual: (f64, f64),
 }
 
 impl Prices {
-    fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
+    pub(crate) fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
         let per_token = |p: &quantrouter_policy::Profile| {
             (
                 p.cost_per_1m_input_tokens / 1e6,
@@ -716,12 +722,12 @@ impl Prices {
     }
 
     /// What `usage` cost on the serving profile.
-    fn cost(&self, usage: Usage) -> f64 {
+    pub(crate) fn cost(&self, usage: Usage) -> f64 {
         let (input, output) = self.actual;
         usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
     }
 
-    fn record(&self, labels: &RequestLabels, usage: Usage) {
+    pub(crate) fn record(&self, labels: &RequestLabels, usage: Usage) {
         let cost = |(input, output): (f64, f64)| {
             usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
         };
@@ -840,7 +846,7 @@ fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     headers
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };

@@ -29,8 +29,8 @@ pub use client::{ClientConfig, Sent, Transport, UpstreamClient, UpstreamIncoming
 pub use pool::{Endpoint, InflightGuard, Pick, Pool};
 
 use crate::openai::{find_usage, Usage};
-pub use sse::is_event_stream;
-use sse::{EventScan, Scanned};
+use sse::Scanned;
+pub use sse::{is_event_stream, EventScan};
 
 /// The cause of a failed exchange, as the client library reported it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

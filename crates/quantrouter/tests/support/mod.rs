@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod envoy;
 pub mod kube_api;
 pub mod redis_server;
 

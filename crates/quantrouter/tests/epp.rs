@@ -1,0 +1,308 @@
+//! The endpoint picker behind a real Envoy (`scripts/install-tools envoy`), started from the
+//! repository's example configuration (`manifests/envoy/envoy.yaml`), in front of simulated
+//! tiers; requests come from the official `openai` Python client (`QUANTROUTER_PYTHON`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quantrouter::server::Server;
+use quantrouter::tenants::limiter::LimiterConfig;
+use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+use quantrouter_policy::{hash_key, ProfileSet, StaticUpstream, Upstream};
+use support::envoy::Envoy;
+use support::{client, loopback, send, sim_tiers, start_router, CODE, SIMPLE};
+use vllm_sim::{Faults, SimConfig, SimServer};
+
+fn python() -> PathBuf {
+    let path = std::env::var_os("QUANTROUTER_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        path.exists(),
+        "{} not found: run `scripts/install-tools openai` (scripts/test does) or set QUANTROUTER_PYTHON",
+        path.display()
+    );
+    path
+}
+
+/// What the client saw of one request through the gateway (`through_gateway.py`).
+async fn through(envoy: &Envoy, key: &str, kind: &str, prompt: &str) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/through_gateway.py");
+    let output = tokio::process::Command::new(python())
+        .arg(script)
+        .args([&envoy.base_url(), key, kind, prompt])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "openai client failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The router with its endpoint picker on, over `set`.
+async fn picker(
+    set: ProfileSet,
+    tweak: impl FnOnce(&mut quantrouter::server::ServerConfig),
+) -> Server {
+    start_router(set, |c| {
+        c.epp_listen = Some(loopback());
+        tweak(c);
+    })
+    .await
+}
+
+/// The profile the HTTP port's dry run picks for `body`: what the picker must pick too.
+async fn policy_pick(router: &Server, body: &str) -> String {
+    let url = format!("http://{}/v1/route", router.public_addr());
+    let reply = send(
+        &client(),
+        "POST",
+        &url,
+        body,
+        &[("content-type", "application/json")],
+    )
+    .await;
+    reply.json()["profile"].as_str().unwrap().to_owned()
+}
+
+fn counter(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.split(',').all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn metrics(router: &Server) -> String {
+    let url = format!("http://{}/metrics", router.admin_addr());
+    String::from_utf8_lossy(&send(&client(), "GET", &url, "", &[]).await.body).into_owned()
+}
+
+/// Envoy sending request and response bodies whole instead of streaming them.
+const BUFFERED: [(&str, &str); 2] = [
+    (
+        "request_body_mode: FULL_DUPLEX_STREAMED",
+        "request_body_mode: BUFFERED",
+    ),
+    (
+        "response_body_mode: FULL_DUPLEX_STREAMED",
+        "response_body_mode: BUFFERED",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stream_and_completion_are_routed_by_the_picker_through_envoy() {
+    routed_by_the_picker(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_envoy_buffers_are_routed_alike() {
+    routed_by_the_picker(&BUFFERED).await;
+}
+
+/// Chat, a streamed chat and a completion through Envoy reach the tier the HTTP port's
+/// policy picks, with `model` rewritten to that tier's.
+async fn routed_by_the_picker(edits: &[(&str, &str)]) {
+    let (set, sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set.clone(), |_| {}).await;
+    let envoy = Envoy::start_with(router.epp_addr().unwrap(), edits).await;
+    for (kind, prompt) in [("chat", SIMPLE), ("stream", CODE), ("completion", SIMPLE)] {
+        let body = match kind {
+            "completion" => serde_json::json!({"model": "auto", "prompt": prompt, "max_tokens": 8}),
+            _ => serde_json::json!({"model": "auto", "max_tokens": 8,
+                "messages": [{"role": "user", "content": prompt}]}),
+        };
+        let expected = policy_pick(&router, &body.to_string()).await;
+        let i = set.profiles.iter().position(|p| p.id == expected).unwrap();
+        let before = sims[i].stats().requests;
+        let seen = through(&envoy, "unused", kind, prompt).await;
+        assert_eq!(seen["status"], 200, "{kind}: {seen}");
+        assert_eq!(
+            seen["headers"]["x-quantrouter-profile"], expected,
+            "{kind}: {seen}"
+        );
+        // `auto` rewritten to the tier's model: the simulator answers only its own name.
+        assert_eq!(seen["model"], set.profiles[i].model, "{kind}: {seen}");
+        assert!(!seen["text"].as_str().unwrap().is_empty(), "{kind}: {seen}");
+        assert_eq!(
+            sims[i].stats().requests,
+            before + 1,
+            "{kind}: the picked tier served it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_counted_from_the_streamed_answer_and_hidden_from_the_client() {
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set.clone(), |_| {}).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let seen = through(&envoy, "unused", "stream", SIMPLE).await;
+    assert_eq!(seen["status"], 200, "{seen}");
+    // The picker asked the tier for a usage chunk the client did not ask for, and cut it.
+    assert_eq!(seen["usage_chunks"], 0, "{seen}");
+    let profile = seen["headers"]["x-quantrouter-profile"].as_str().unwrap();
+    let label = format!("profile=\"{profile}\"");
+    let counted = support::eventually(Duration::from_secs(5), || async {
+        let text = metrics(&router).await;
+        counter(
+            &text,
+            "quantrouter_tokens_total",
+            &format!("{label},direction=\"output\""),
+        ) > 0.0
+            && counter(&text, "quantrouter_cost_usd_total", &label) > 0.0
+    })
+    .await;
+    assert!(counted, "no usage counted:\n{}", metrics(&router).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_endpoint_is_retried_on_the_fallback_tier() {
+    // Quantizations of one model, served under one name: the body Envoy replays on the
+    // fallback tier names the model that tier serves too.
+    let (mut set, _) = sim_tiers(Duration::ZERO).await;
+    let mut sims: Vec<SimServer> = Vec::new();
+    for profile in &mut set.profiles {
+        profile.model = "shared-model".to_owned();
+        let config = SimConfig {
+            model: profile.model.clone(),
+            ..SimConfig::default()
+        };
+        let sim = SimServer::bind(loopback(), config).await.unwrap();
+        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
+        sims.push(sim);
+    }
+    let router = picker(set.clone(), |_| {}).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let body = serde_json::json!({"model": "auto", "max_tokens": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let first = policy_pick(&router, &body.to_string()).await;
+    let i = set.profiles.iter().position(|p| p.id == first).unwrap();
+    sims[i].set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 503,
+        ..Faults::default()
+    });
+    let seen = through(&envoy, "unused", "chat", SIMPLE).await;
+    assert_eq!(seen["status"], 200, "{seen}");
+    assert_ne!(seen["headers"]["x-quantrouter-profile"], first, "{seen}");
+    assert_eq!(
+        seen["headers"]["x-quantrouter-reason"], "fallback_error",
+        "{seen}"
+    );
+    assert_eq!(
+        sims[i].stats().requests,
+        1,
+        "the picked tier was tried first"
+    );
+    assert_eq!(
+        envoy.stat("cluster.inference_pool.upstream_rq_retry").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_picker_down_envoy_fails_closed_with_503() {
+    let (socket, refusing) = support::refusing_address();
+    let envoy = Envoy::start(refusing).await;
+    let seen = through(&envoy, "unused", "chat", SIMPLE).await;
+    assert_eq!(seen["status"], 503, "{seen}");
+    drop(socket);
+}
+
+const KEY: &str = "sk-gateway-team-7Hq2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {
+    let dir = tempfile::Builder::new()
+        .prefix("qr-epp-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("tenants.json");
+    let doc = format!(
+        r#"{{"version": 1, "tenants": [{{"id": "team-g", "key_sha256": ["{}"],
+            "limits": {{"requests_per_minute": 1}}}}]}}"#,
+        hash_key(KEY)
+    );
+    std::fs::write(&file, doc).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(60),
+        redis: None,
+        redis_poll: Duration::from_secs(60),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let tenants = Arc::new(
+        Tenants::start(config, limiter, Clock::system())
+            .await
+            .unwrap(),
+    );
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set, |c| c.tenants = Some(tenants)).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let first = through(&envoy, KEY, "chat", SIMPLE).await;
+    assert_eq!(first["status"], 200, "{first}");
+    let refused = through(&envoy, KEY, "chat", SIMPLE).await;
+    assert_eq!(refused["status"], 429, "{refused}");
+    assert_eq!(refused["error"]["type"], "rate_limit_error", "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limit_exceeded", "{refused}");
+    let unknown = through(&envoy, "sk-nobody", "chat", SIMPLE).await;
+    assert_eq!(unknown["status"], 401, "{unknown}");
+    assert_eq!(unknown["error"]["code"], "invalid_api_key", "{unknown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_limits_the_endpoints_the_picker_chooses_from() {
+    let (set, sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set.clone(), |_| {}).await;
+    // The hint allows one endpoint only, of the tier the policy would not pick for this
+    // prompt: the request goes there all the same.
+    let body = serde_json::json!({"model": "auto", "max_tokens": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let preferred = policy_pick(&router, &body.to_string()).await;
+    let other = set.profiles.iter().position(|p| p.id != preferred).unwrap();
+    let allowed = sims[other].url().trim_start_matches("http://").to_owned();
+    let hint = |address: &str| {
+        format!(
+            "                http_filters:
+                  - name: envoy.filters.http.set_metadata
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+                      metadata:
+                        - metadata_namespace: envoy.lb.subset_hint
+                          value: {{ x-gateway-destination-endpoint-subset: [\"{address}\"] }}
+"
+        )
+    };
+    let filters = "                http_filters:\n";
+    let envoy = Envoy::start_with(router.epp_addr().unwrap(), &[(filters, &hint(&allowed))]).await;
+    let seen = through(&envoy, "unused", "chat", SIMPLE).await;
+    assert_eq!(seen["status"], 200, "{seen}");
+    assert_eq!(
+        seen["headers"]["x-quantrouter-profile"], set.profiles[other].id,
+        "{seen}"
+    );
+    assert_eq!(sims[other].stats().requests, 1);
+    // No endpoint of the hint can serve: 503, as the protocol asks.
+    let nowhere = Envoy::start_with(
+        router.epp_addr().unwrap(),
+        &[(filters, &hint("10.255.255.1:1"))],
+    )
+    .await;
+    let refused = through(&nowhere, "unused", "chat", SIMPLE).await;
+    assert_eq!(refused["status"], 503, "{refused}");
+    assert_eq!(refused["error"]["type"], "server_error", "{refused}");
+}
