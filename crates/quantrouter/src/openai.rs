@@ -50,6 +50,11 @@ pub struct ParsedRequest<'a> {
     texts: Vec<(Role, Cow<'a, str>)>,
     pub wants_json: bool,
     pub max_tokens: Option<u32>,
+    /// `n`: how many choices the answer has (at least one).
+    pub choices: u32,
+    /// The request offers tools or functions (`tools`, `tool_choice`, `functions`,
+    /// `function_call`): its answer may be a call that has effects when run.
+    pub offers_tools: bool,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
     /// The client sent `stream_options` (so the router leaves it alone).
@@ -122,6 +127,17 @@ struct WireRequest<'a> {
     user: Option<Cow<'a, str>>,
     #[serde(default)]
     stream_options: Option<serde::de::IgnoredAny>,
+    /// A number of any form: the upstream, not the router, says what a bad one is.
+    #[serde(default)]
+    n: Option<f64>,
+    #[serde(default)]
+    tools: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    tool_choice: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    functions: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -291,6 +307,12 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
+            // `as` saturates (and maps NaN to 0); an answer has at least one choice.
+            choices: wire.n.map_or(1, |n| (n as u32).max(1)),
+            offers_tools: wire.tools.is_some()
+                || wire.tool_choice.is_some()
+                || wire.functions.is_some()
+                || wire.function_call.is_some(),
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),
