@@ -490,19 +490,39 @@ pub fn answer_choices(body: &[u8]) -> Option<Vec<AnswerChoice<'_>>> {
 /// a refusal or a tool call, in any choice. Role-only and finish chunks, usage chunks,
 /// errors and `[DONE]` carry none.
 pub fn carries_output(chunk: &[u8]) -> bool {
-    let output = chunk_output(chunk);
-    !output.text.is_empty() || output.other
+    chunk_output(chunk)
+        .choices
+        .iter()
+        .any(ChoiceOutput::generated)
 }
 
-/// What a streamed chunk generated.
+/// What a streamed chunk generated, choice by choice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChunkOutput {
-    /// Answer text of every choice (`delta.content`, or `text` for completions).
+    /// The chunk's choices, in its order.
+    pub choices: Vec<ChoiceOutput>,
+    /// A tool or function call in any choice, which no text check applies to.
+    pub call: bool,
+}
+
+/// What a streamed chunk generated for one choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChoiceOutput {
+    /// The choice's `index` (its position in the chunk when it has none).
+    pub index: u32,
+    /// Answer text (`delta.content`, or `text` for completions).
     pub text: String,
     /// Output that is not answer text: reasoning, a refusal, a tool or function call.
     pub other: bool,
-    /// A tool or function call, which no text check applies to.
-    pub call: bool,
+    /// The chunk carries the choice's `finish_reason`: its text is whole.
+    pub finished: bool,
+}
+
+impl ChoiceOutput {
+    /// Whether the choice generated anything in this chunk.
+    pub fn generated(&self) -> bool {
+        !self.text.is_empty() || self.other
+    }
 }
 
 /// The output of a streamed chunk; nothing for a chunk that is not a completion chunk.
@@ -514,10 +534,14 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     }
     #[derive(Deserialize)]
     struct ChunkChoice<'a> {
+        #[serde(default)]
+        index: Option<u32>,
         #[serde(borrow, default)]
         delta: Option<Delta<'a>>,
         #[serde(borrow, default)]
         text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        finish_reason: Option<Cow<'a, str>>,
     }
     #[derive(Deserialize)]
     struct Delta<'a> {
@@ -539,21 +563,28 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(chunk) else {
         return output;
     };
-    for choice in &chunk.choices {
-        if let Some(text) = &choice.text {
-            output.text.push_str(text);
-        }
-        let Some(d) = &choice.delta else {
-            continue;
+    for (position, choice) in chunk.choices.iter().enumerate() {
+        let mut out = ChoiceOutput {
+            index: choice
+                .index
+                .unwrap_or(u32::try_from(position).unwrap_or(u32::MAX)),
+            finished: choice.finish_reason.is_some(),
+            ..ChoiceOutput::default()
         };
-        if let Some(content) = &d.content {
-            output.text.push_str(content);
+        if let Some(text) = &choice.text {
+            out.text.push_str(text);
         }
-        let call = d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
-            || d.function_call.is_some();
-        output.call |= call;
-        output.other |=
-            call || filled(&d.reasoning_content) || filled(&d.reasoning) || filled(&d.refusal);
+        if let Some(d) = &choice.delta {
+            if let Some(content) = &d.content {
+                out.text.push_str(content);
+            }
+            let call = d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
+                || d.function_call.is_some();
+            output.call |= call;
+            out.other =
+                call || filled(&d.reasoning_content) || filled(&d.reasoning) || filled(&d.refusal);
+        }
+        output.choices.push(out);
     }
     output
 }
