@@ -234,9 +234,15 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub model_alias: Vec<String>,
-    /// Largest accepted request body in bytes.
-    #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = ServerConfig::default().body_limit)]
-    pub body_limit_bytes: usize,
+    /// Largest accepted request body in bytes (at least 1024).
+    // The floor: the smallest chat request with a few words of prompt is a few hundred bytes.
+    #[arg(
+        long,
+        env = "QUANTROUTER_BODY_LIMIT_BYTES",
+        default_value_t = ServerConfig::default().body_limit as u64,
+        value_parser = clap::value_parser!(u64).range(1024..)
+    )]
+    pub body_limit_bytes: u64,
     /// Upstream connect timeout.
     #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = ms(ClientConfig::default().connect_timeout))]
     pub connect_timeout_ms: u64,
@@ -247,15 +253,24 @@ pub struct ServeArgs {
     /// `upstream.ca_file` (default: the system's roots, which honour SSL_CERT_FILE).
     #[arg(long, env = "QUANTROUTER_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
-    /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
+    /// Overall deadline of a request without `x-quantrouter-timeout-ms` (at least 1000).
+    // The floor: below a second, a generation of any length times out.
     #[arg(
         long,
         env = "QUANTROUTER_REQUEST_TIMEOUT_MS",
-        default_value_t = ms(ResilienceConfig::default().default_deadline)
+        default_value_t = ms(ResilienceConfig::default().default_deadline),
+        value_parser = clap::value_parser!(u64).range(MIN_TIMEOUT_MS..)
     )]
     pub request_timeout_ms: u64,
-    /// Longest silence between two chunks of an upstream response.
-    #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = ms(ResilienceConfig::default().idle_timeout))]
+    /// Longest silence between two chunks of an upstream response (at least 1000).
+    // The floor: a busy tier pauses between tokens for hundreds of milliseconds, and a
+    // stream waiting for a cold tier is kept alive by a comment every half of it.
+    #[arg(
+        long,
+        env = "QUANTROUTER_IDLE_TIMEOUT_MS",
+        default_value_t = ms(ResilienceConfig::default().idle_timeout),
+        value_parser = clap::value_parser!(u64).range(MIN_TIMEOUT_MS..)
+    )]
     pub idle_timeout_ms: u64,
     /// Upstream attempts per request, across endpoints and tiers.
     #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = ResilienceConfig::default().max_attempts)]
@@ -563,7 +578,7 @@ pub fn parse_with_config(argv: Vec<OsString>) -> Result<Cli, CliError> {
     if let (Command::Serve(args), Some(("serve", serve))) = (&mut cli.command, matches.subcommand())
     {
         if let Some(path) = args.config.clone() {
-            let text = std::fs::read_to_string(&path).map_err(|e| {
+            let text = read_config_file(&path).map_err(|e| {
                 CliError::Invalid(format!("reading config {}: {e}", path.display()))
             })?;
             **args = layer_config_file(args, serve, &text)
@@ -571,6 +586,28 @@ pub fn parse_with_config(argv: Vec<OsString>) -> Result<Cli, CliError> {
         }
     }
     Ok(cli)
+}
+
+/// The smallest request and idle timeouts, in milliseconds.
+const MIN_TIMEOUT_MS: u64 = 1000;
+
+/// Largest config file read: a file of every setting is a few kilobytes.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The `--config` file's text. Only a regular file: reading a FIFO or a device would wait
+/// for a writer, or never end, and start-up with it.
+fn read_config_file(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{} bytes, more than a config file's limit of {MAX_CONFIG_BYTES}",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 /// `args` (flags, environment and defaults, as clap parsed them) with the settings of a
@@ -882,7 +919,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         listen: args.listen,
         admin_listen: args.admin_listen,
         scaler_listen: args.keda_scaler_listen.0,
-        body_limit: args.body_limit_bytes,
+        body_limit: usize::try_from(args.body_limit_bytes).unwrap_or(usize::MAX),
         api_keys: None,
         tenants,
         aliases: args.model_alias,
