@@ -127,6 +127,14 @@ pub enum DocumentCommand {
         /// against it); otherwise exit 3 and write nothing.
         #[arg(long)]
         expect_version: Option<u64>,
+        /// Largest document pushed, in bytes (the routers' own limit should be as large).
+        #[arg(
+            long,
+            env = "QUANTROUTER_MAX_DOCUMENT_BYTES",
+            default_value_t = crate::documents::DEFAULT_MAX_BYTES,
+            value_parser = clap::value_parser!(u64).range(1..)
+        )]
+        max_document_bytes: u64,
         #[command(flatten)]
         redis: RedisArgs,
     },
@@ -227,6 +235,16 @@ pub struct ServeArgs {
     // few hundred per replica.
     #[arg(long, env = "QUANTROUTER_TENANT_METRICS_TOP", default_value_t = crate::tenants::labels::DEFAULT_TOP)]
     pub tenant_metrics_top: usize,
+    /// Largest document (profile set, classifier model, tenants) read from a file or Redis;
+    /// a larger one is rejected like an invalid one.
+    // See `documents::DEFAULT_MAX_BYTES` for why this size.
+    #[arg(
+        long,
+        env = "QUANTROUTER_MAX_DOCUMENT_BYTES",
+        default_value_t = crate::documents::DEFAULT_MAX_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_document_bytes: u64,
     /// Extra model names that mean adaptive routing, like `auto` (repeatable).
     #[arg(
         long = "model-alias",
@@ -744,8 +762,12 @@ pub(crate) fn document_command<D: Document>(
         DocumentCommand::Push {
             file,
             expect_version,
+            max_document_bytes,
             redis,
-        } => (redis, StoreCommand::Push(read(&file)?, expect_version)),
+        } => {
+            crate::documents::set_max_bytes(max_document_bytes);
+            (redis, StoreCommand::Push(read(&file)?, expect_version))
+        }
         DocumentCommand::Get { redis } => (redis, StoreCommand::Get),
         DocumentCommand::History { redis } => (redis, StoreCommand::History),
         DocumentCommand::Rollback { to, redis } => (redis, StoreCommand::Rollback(to)),
@@ -839,9 +861,12 @@ pub(crate) async fn connect_store<D: Document>(
 pub(crate) fn store_error(e: StoreError) -> CliError {
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
-        StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
+        StoreError::Redis(_) | StoreError::Timeout(_) | StoreError::Unconfirmed(_) => {
+            CliError::Io(e.to_string())
+        }
         StoreError::Invalid(_)
         | StoreError::NotADocument { .. }
+        | StoreError::TooLarge { .. }
         | StoreError::NotInHistory(_)
         | StoreError::EmptyHistory => CliError::Invalid(e.to_string()),
     }
@@ -868,7 +893,7 @@ pub(crate) fn read_profile_file(
     path: &Path,
     seed_endpoints: &[String],
 ) -> Result<ProfileSet, CliError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::documents::read_file(path)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
     let result = if quantrouter_policy::looks_like_seed_list(&text) {
         quantrouter_policy::from_seed_list(&text, &parse_seed_endpoints(seed_endpoints)?, 1)
@@ -896,6 +921,7 @@ fn runtime(workers: Option<u16>) -> Result<tokio::runtime::Runtime, CliError> {
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
     telemetry::init_logging(args.log_format);
+    crate::documents::set_max_bytes(args.max_document_bytes);
     crate::descriptors::raise_limit();
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
