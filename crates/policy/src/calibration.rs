@@ -6,25 +6,11 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-/// Whether the request with this key is in the sample: a stable hash of the key against the
-/// rate, so a retried request is sampled the same way and no global RNG is needed.
-pub fn sampled(key: &str, rate: f64) -> bool {
-    if rate <= 0.0 {
-        return false;
-    }
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    // FNV's high bits barely move for keys that differ in their last byte: mix them
-    // (MurmurHash3's finaliser) before taking the top 53 bits as a fraction in [0, 1).
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    hash ^= hash >> 33;
-    ((hash >> 11) as f64 / (1u64 << 53) as f64) < rate
+/// Whether a request is in the sample: `draw`, uniform in [0, 1) from the caller's RNG,
+/// against the rate. A fresh draw per request, since anything taken from the request (its
+/// id) is the client's to choose and would let it decide what is sampled.
+pub fn sampled(draw: f64, rate: f64) -> bool {
+    draw < rate
 }
 
 /// The estimated cost of the reference requests of the last hour, and whether another fits.
@@ -67,6 +53,25 @@ impl CostWindow {
         self.spent.push_back((now_ms, cost));
         self.total += cost;
         true
+    }
+
+    /// Replaces what a request spent at `spent_at_ms` (its `estimate`, as passed to
+    /// [`CostWindow::try_spend`]) by what it turned out to cost; nothing once it left the
+    /// window. The actual cost may pass the limit: the window then admits nothing until
+    /// it is back under.
+    pub fn correct(&mut self, spent_at_ms: u64, estimate: f64, actual: f64) {
+        if !(actual.is_finite() && actual >= 0.0) {
+            return;
+        }
+        let entry = self
+            .spent
+            .iter_mut()
+            .rev()
+            .find(|(at, cost)| *at == spent_at_ms && *cost == estimate);
+        if let Some((_, cost)) = entry {
+            self.total += actual - *cost;
+            *cost = actual;
+        }
     }
 
     /// What the last hour before `now_ms` cost.
@@ -144,13 +149,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sampling_is_stable_and_close_to_the_rate() {
-        let keys: Vec<String> = (0..20_000).map(|i| format!("req-{i}")).collect();
-        let hits = keys.iter().filter(|k| sampled(k, 0.1)).count();
-        assert!((1800..2200).contains(&hits), "{hits}");
-        assert!(keys.iter().all(|k| sampled(k, 0.1) == sampled(k, 0.1)));
-        assert!(!keys.iter().any(|k| sampled(k, 0.0)));
-        assert!(keys.iter().all(|k| sampled(k, 1.0)));
+    fn a_draw_is_sampled_below_the_rate() {
+        let draws: Vec<f64> = (0..1000).map(|i| f64::from(i) / 1000.0).collect();
+        assert_eq!(draws.iter().filter(|&&d| sampled(d, 0.1)).count(), 100);
+        assert!(!draws.iter().any(|&d| sampled(d, 0.0)));
+        assert!(draws.iter().all(|&d| sampled(d, 1.0)));
+    }
+
+    #[test]
+    fn a_correction_replaces_the_estimate_while_it_is_in_the_window() {
+        let mut w = CostWindow::default();
+        assert!(w.try_spend(0, 0.25, 1.0));
+        assert!(w.try_spend(10, 0.25, 1.0));
+        w.correct(10, 0.25, 0.75);
+        assert!((w.spent(10) - 1.0).abs() < 1e-12);
+        assert!(!w.try_spend(20, 0.125, 1.0), "the actual cost filled it");
+        w.correct(0, 0.25, 0.0);
+        assert!((w.spent(20) - 0.75).abs() < 1e-12);
+        w.correct(0, 0.25, 0.5);
+        assert!((w.spent(20) - 0.75).abs() < 1e-12, "corrected once only");
+        w.correct(10, 0.75, f64::NAN);
+        assert!((w.spent(HOUR_MS + 10) - 0.0).abs() < 1e-12);
     }
 
     #[test]

@@ -50,7 +50,8 @@ pub use profile::{
     UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{
-    check_answer, check_choices, check_stream_start, repetition_ratio, AnswerChoice, AnswerProblem,
+    check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,
+    AnswerChoice, AnswerProblem, StartChoice,
 };
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{

@@ -96,9 +96,11 @@ pub struct Policy {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamCheck {
-    /// Content events (about one token each) held before the check runs.
+    /// Content events (about one token each) of each choice held before the check runs.
     pub tokens: u32,
-    /// A check that would hold the stream longer than this commits it unchecked.
+    /// The longest a stream is held. The hold is paced: after the first content event each
+    /// next one is due within `max_hold_ms / tokens` on average, and a stream that falls
+    /// behind is committed unchecked at once.
     pub max_hold_ms: u64,
 }
 
@@ -542,7 +544,8 @@ impl Default for Policy {
 impl Default for StreamCheck {
     /// 24 tokens are enough to see an empty answer, a loop or prose where JSON was asked for,
     /// and arrive within a few hundred milliseconds on every tier; 800 ms bounds what a
-    /// passing stream's first token can be delayed by.
+    /// passing stream's first token can be delayed by, and paces the hold at a token per
+    /// 33 ms, slower than any tier's decoding when it is not overloaded.
     fn default() -> Self {
         Self {
             tokens: 24,

@@ -118,6 +118,32 @@ pub fn check_choices(
     })
 }
 
+/// One choice of a held stream start, as the stream-start check sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartChoice<'a> {
+    /// The choice's text so far.
+    pub text: &'a str,
+    /// The choice ended within the hold: its text is whole.
+    pub finished: bool,
+}
+
+/// The first problem with any choice of a held stream start, each judged on its own (the
+/// choices of an `n > 1` stream arrive interleaved, and joined they would read as a loop):
+/// a finished choice as a whole answer, the others as a start. No choice at all is empty.
+pub fn check_stream_choices(
+    choices: &[StartChoice<'_>],
+    wants_json: bool,
+    max_repetition_ratio: f64,
+) -> Option<AnswerProblem> {
+    if choices.is_empty() {
+        return Some(AnswerProblem::Empty);
+    }
+    choices.iter().find_map(|choice| match choice.finished {
+        true => check_answer(choice.text, wants_json, max_repetition_ratio),
+        false => check_stream_start(choice.text, wants_json, max_repetition_ratio),
+    })
+}
+
 /// Models often wrap JSON in a Markdown fence; the JSON inside still counts.
 fn strip_fence(answer: &str) -> &str {
     let trimmed = answer.trim();
@@ -206,5 +232,28 @@ mod tests {
         );
         assert_eq!(check_choices(&[AnswerChoice::NotText], true, 0.5), None);
         assert_eq!(check_choices(&[], false, 0.5), Some(AnswerProblem::Empty));
+    }
+
+    #[test]
+    fn each_choice_of_a_stream_start_is_judged_on_its_own() {
+        let start = |text, finished| StartChoice { text, finished };
+        let same = [start("The capital of France", false); 8];
+        assert_eq!(check_stream_choices(&same, false, 0.5), None);
+        // A finished choice is a whole answer: an unclosed object fails it.
+        let json = [start("{\"a\": 1}", true), start("{\"a\":", true)];
+        assert_eq!(
+            check_stream_choices(&json, true, 0.5),
+            Some(AnswerProblem::InvalidJson)
+        );
+        assert_eq!(check_stream_choices(&json[..1], true, 0.5), None);
+        let looped = start("again and again and again and again and again", false);
+        assert_eq!(
+            check_stream_choices(&[same[0], looped], false, 0.5),
+            Some(AnswerProblem::Degenerate)
+        );
+        assert_eq!(
+            check_stream_choices(&[], false, 0.5),
+            Some(AnswerProblem::Empty)
+        );
     }
 }

@@ -18,7 +18,7 @@ use quantrouter_policy::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::openai::{answer_choices, Usage};
+use crate::openai::{answer_choices, find_usage, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Plan};
 use crate::resilience::{BudgetConfig, ResilienceConfig, RetryBudget};
@@ -39,7 +39,17 @@ struct State {
     /// Extra upstream load: reference requests per eligible request, like retries.
     load: RetryBudget,
     tallies: BTreeMap<(String, TaskClass), AgreementTally>,
+    eligible: u64,
+    sampled: u64,
     skipped: u64,
+    not_comparable: u64,
+}
+
+/// What one admitted reference request was charged, so that its actual cost can replace it.
+#[derive(Debug, Clone, Copy)]
+pub struct Charge {
+    at_ms: u64,
+    estimate: f64,
 }
 
 /// One sampled answer on its way to the reference tier: everything the comparison needs,
@@ -58,6 +68,8 @@ pub struct Sample {
     pub wants_json: bool,
     /// The client's `max_tokens`: the reference's answer is at most this long.
     pub max_tokens: Option<u32>,
+    /// The client's `n`: the reference answers that many choices too.
+    pub choices: u32,
     pub path: &'static str,
     pub headers: HeaderMap,
     /// The client's body with the reference's model name.
@@ -77,9 +89,20 @@ pub struct CalibrationReport {
     /// Estimated cost of the reference requests of the last hour, and its ceiling.
     pub spent_last_hour: f64,
     pub limit_per_hour: f64,
+    /// Requests that could have been sampled (non-streamed, answered by another profile),
+    /// and those the draw put in the sample.
+    #[serde(default)]
+    pub eligible: u64,
+    #[serde(default)]
+    pub sampled: u64,
     /// Sampled requests that were not sent because the hour's budget or the extra-load
     /// limit was used up.
     pub skipped: u64,
+    /// Sampled requests that were not sent because the reference could not answer them
+    /// alike: ones offering tools (a call asked again may act again) and prompts longer
+    /// than the reference's context.
+    #[serde(default)]
+    pub not_comparable: u64,
     pub tallies: Vec<TallyRow>,
 }
 
@@ -168,33 +191,59 @@ impl Calibrator {
                 cost: CostWindow::default(),
                 load: RetryBudget::new(load, now),
                 tallies: BTreeMap::new(),
+                eligible: 0,
+                sampled: 0,
                 skipped: 0,
+                not_comparable: 0,
             }),
         }
     }
 
-    /// Whether a non-streamed answer from `served` (not the reference) should also be asked
-    /// of the reference: the request is in the sample, and the hour's cost budget and the
-    /// extra-load limit both have room for `reference_cost`. Every eligible request counts
-    /// towards the load limit.
-    pub fn admit(&self, policy: &Calibration, request_key: &str, reference_cost: f64) -> bool {
+    /// Whether a request that could be sampled (a non-streamed answer from another profile
+    /// than the reference) is: a draw of the router's own against `rate`. Every such
+    /// request counts towards the extra-load limit, sampled or not.
+    pub fn sample(&self, rate: f64) -> bool {
+        let mut state = self.lock();
+        state.load.on_request(Instant::now());
+        state.eligible += 1;
+        let sampled = sampled(fastrand::f64(), rate);
+        state.sampled += u64::from(sampled);
+        sampled
+    }
+
+    /// Whether a sampled request may be asked of the reference: the hour's cost budget and
+    /// the extra-load limit both have room for `reference_cost`, which is then charged.
+    pub fn admit(&self, policy: &Calibration, reference_cost: f64) -> Option<Charge> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.load.on_request(now);
-        if !sampled(request_key, policy.sample_rate) {
-            return false;
-        }
         let now_ms = now.duration_since(self.started).as_millis() as u64;
         // The cost is only spent once the load limit has said yes.
         let fits = state.cost.spent(now_ms) + reference_cost <= policy.max_extra_cost_per_hour;
-        if fits && state.load.try_retry(now) {
-            state
+        let spent = fits
+            && state.load.try_retry(now)
+            && state
                 .cost
-                .try_spend(now_ms, reference_cost, policy.max_extra_cost_per_hour)
-        } else {
+                .try_spend(now_ms, reference_cost, policy.max_extra_cost_per_hour);
+        if !spent {
             state.skipped += 1;
-            false
+            return None;
         }
+        Some(Charge {
+            at_ms: now_ms,
+            estimate: reference_cost,
+        })
+    }
+
+    /// The reference answered with its usage: its actual cost replaces the estimate charged.
+    pub fn settle(&self, charge: Charge, actual: f64) {
+        self.lock()
+            .cost
+            .correct(charge.at_ms, charge.estimate, actual);
+    }
+
+    /// Counts a sampled request the reference cannot be asked alike.
+    pub fn not_comparable(&self) {
+        self.lock().not_comparable += 1;
     }
 
     /// Counts whether the served answer agreed with the reference's.
@@ -215,7 +264,10 @@ impl Calibrator {
             sample_rate: policy.map_or(0.0, |p| p.sample_rate),
             spent_last_hour: state.cost.spent(now_ms),
             limit_per_hour: policy.map_or(0.0, |p| p.max_extra_cost_per_hour),
+            eligible: state.eligible,
+            sampled: state.sampled,
             skipped: state.skipped,
+            not_comparable: state.not_comparable,
             tallies: state
                 .tallies
                 .iter()
@@ -267,33 +319,55 @@ pub fn answers_agree(
 
 impl Sample {
     /// The served answer arrived whole (with its usage): ask the reference too, in a task of
-    /// its own, if the sample, the hour's budget and the load limit allow.
+    /// its own, if it can answer alike and the hour's budget and the load limit allow.
     pub fn run(self, served: Bytes, usage: Option<Usage>) {
         // Without usage the cost of asking is unknown, and the budget could not bound it.
         let Some(usage) = usage else {
             return;
         };
-        let cost = self.reference_cost(usage);
-        if !self.calibrator.admit(&self.policy, &self.request_id, cost) {
+        // The reference would refuse a prompt it cannot hold, and may still charge for it.
+        let reference = &self.snapshot.set.profiles[self.reference];
+        let needs = usage.prompt_tokens + u64::from(self.max_tokens.unwrap_or(0));
+        if needs > u64::from(reference.max_context_tokens) {
+            self.calibrator.not_comparable();
             return;
         }
-        tokio::spawn(self.compare(served));
+        let estimate = self.reference_cost(usage);
+        let Some(charge) = self.calibrator.admit(&self.policy, estimate) else {
+            return;
+        };
+        tokio::spawn(self.compare(served, charge));
     }
 
-    /// The most the reference's answer can cost, at its prices: the same prompt, and at most
-    /// `max_tokens` (or, without one, as many tokens as the served answer).
+    /// The most the reference's answer can cost: the same prompt, and at most `max_tokens`
+    /// for each of the `n` choices (or, without one, as many tokens as the served answer,
+    /// whose usage counts every choice).
     fn reference_cost(&self, usage: Usage) -> f64 {
+        let output = self.max_tokens.map_or(usage.completion_tokens, |max| {
+            u64::from(max) * u64::from(self.choices)
+        });
+        self.reference_price(Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: output,
+        })
+    }
+
+    /// What `usage` costs at the reference's prices.
+    fn reference_price(&self, usage: Usage) -> f64 {
         let reference = &self.snapshot.set.profiles[self.reference];
-        let output = self.max_tokens.map_or(usage.completion_tokens, u64::from);
         (usage.prompt_tokens as f64 * reference.cost_per_1m_input_tokens
-            + output as f64 * reference.cost_per_1m_output_tokens)
+            + usage.completion_tokens as f64 * reference.cost_per_1m_output_tokens)
             / 1e6
     }
 
-    async fn compare(self, served: Bytes) {
+    async fn compare(self, served: Bytes, charge: Charge) {
         let profile = self.snapshot.set.profiles[self.served].id.as_str();
         let task_class = self.decision.task_class;
-        let result = match self.ask_reference().await {
+        let answered = self.ask_reference().await;
+        if let Some(usage) = answered.as_ref().ok().and_then(|a| find_usage(a)) {
+            self.calibrator.settle(charge, self.reference_price(usage));
+        }
+        let result = match answered {
             Ok(reference) => match (first_text(&served), first_text(&reference)) {
                 (Some(served), Some(reference)) => {
                     match answers_agree(task_class, self.wants_json, &served, &reference) {
@@ -446,7 +520,7 @@ mod tests {
         let cost = 1.0 / 1024.0;
         let p = policy(1.0, 10.0 * cost);
         let admitted = (0..10_000)
-            .filter(|i| calibrator.admit(&p, &format!("r{i}"), cost))
+            .filter(|_| calibrator.sample(p.sample_rate) && calibrator.admit(&p, cost).is_some())
             .count();
         assert_eq!(admitted, 10, "ten requests fill the hour's budget");
         let report = calibrator.report(Some(&p));
@@ -457,7 +531,7 @@ mod tests {
         assert!(report.skipped > 0);
         tokio::time::advance(Duration::from_secs(3601)).await;
         assert!(
-            calibrator.admit(&p, "later", cost),
+            calibrator.admit(&p, cost).is_some(),
             "an hour later there is room again"
         );
     }
@@ -467,7 +541,7 @@ mod tests {
         let calibrator = Calibrator::default();
         let p = policy(1.0, 1e9);
         let admitted = (0..1000)
-            .filter(|i| calibrator.admit(&p, &format!("r{i}"), 0.0))
+            .filter(|_| calibrator.sample(p.sample_rate) && calibrator.admit(&p, 0.0).is_some())
             .count();
         assert!(admitted <= 1000 / 20 + 2, "{admitted}");
         assert!(admitted >= 40, "{admitted}");

@@ -343,7 +343,7 @@ pub async fn start(config: ClassifierConfig) -> Result<Started, RejectReason> {
 
 /// A model file, parsed and validated.
 pub fn read_file(path: &Path) -> Result<ClassifierDocument, RejectReason> {
-    let text = std::fs::read_to_string(path).map_err(|source| RejectReason::Read {
+    let text = crate::documents::read_file(path).map_err(|source| RejectReason::Read {
         path: path.to_owned(),
         source,
     })?;

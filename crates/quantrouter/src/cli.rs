@@ -127,6 +127,14 @@ pub enum DocumentCommand {
         /// against it); otherwise exit 3 and write nothing.
         #[arg(long)]
         expect_version: Option<u64>,
+        /// Largest document pushed, in bytes (the routers' own limit should be as large).
+        #[arg(
+            long,
+            env = "QUANTROUTER_MAX_DOCUMENT_BYTES",
+            default_value_t = crate::documents::DEFAULT_MAX_BYTES,
+            value_parser = clap::value_parser!(u64).range(1..)
+        )]
+        max_document_bytes: u64,
         #[command(flatten)]
         redis: RedisArgs,
     },
@@ -236,6 +244,16 @@ pub struct ServeArgs {
     // few hundred per replica.
     #[arg(long, env = "QUANTROUTER_TENANT_METRICS_TOP", default_value_t = crate::tenants::labels::DEFAULT_TOP)]
     pub tenant_metrics_top: usize,
+    /// Largest document (profile set, classifier model, tenants) read from a file or Redis;
+    /// a larger one is rejected like an invalid one.
+    // See `documents::DEFAULT_MAX_BYTES` for why this size.
+    #[arg(
+        long,
+        env = "QUANTROUTER_MAX_DOCUMENT_BYTES",
+        default_value_t = crate::documents::DEFAULT_MAX_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_document_bytes: u64,
     /// Extra model names that mean adaptive routing, like `auto` (repeatable).
     #[arg(
         long = "model-alias",
@@ -243,9 +261,15 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub model_alias: Vec<String>,
-    /// Largest accepted request body in bytes.
-    #[arg(long, env = "QUANTROUTER_BODY_LIMIT_BYTES", default_value_t = ServerConfig::default().body_limit)]
-    pub body_limit_bytes: usize,
+    /// Largest accepted request body in bytes (at least 1024).
+    // The floor: the smallest chat request with a few words of prompt is a few hundred bytes.
+    #[arg(
+        long,
+        env = "QUANTROUTER_BODY_LIMIT_BYTES",
+        default_value_t = ServerConfig::default().body_limit as u64,
+        value_parser = clap::value_parser!(u64).range(1024..)
+    )]
+    pub body_limit_bytes: u64,
     /// Upstream connect timeout.
     #[arg(long, env = "QUANTROUTER_CONNECT_TIMEOUT_MS", default_value_t = ms(ClientConfig::default().connect_timeout))]
     pub connect_timeout_ms: u64,
@@ -256,15 +280,24 @@ pub struct ServeArgs {
     /// `upstream.ca_file` (default: the system's roots, which honour SSL_CERT_FILE).
     #[arg(long, env = "QUANTROUTER_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
-    /// Overall deadline of a request without `x-quantrouter-timeout-ms`.
+    /// Overall deadline of a request without `x-quantrouter-timeout-ms` (at least 1000).
+    // The floor: below a second, a generation of any length times out.
     #[arg(
         long,
         env = "QUANTROUTER_REQUEST_TIMEOUT_MS",
-        default_value_t = ms(ResilienceConfig::default().default_deadline)
+        default_value_t = ms(ResilienceConfig::default().default_deadline),
+        value_parser = clap::value_parser!(u64).range(MIN_TIMEOUT_MS..)
     )]
     pub request_timeout_ms: u64,
-    /// Longest silence between two chunks of an upstream response.
-    #[arg(long, env = "QUANTROUTER_IDLE_TIMEOUT_MS", default_value_t = ms(ResilienceConfig::default().idle_timeout))]
+    /// Longest silence between two chunks of an upstream response (at least 1000).
+    // The floor: a busy tier pauses between tokens for hundreds of milliseconds, and a
+    // stream waiting for a cold tier is kept alive by a comment every half of it.
+    #[arg(
+        long,
+        env = "QUANTROUTER_IDLE_TIMEOUT_MS",
+        default_value_t = ms(ResilienceConfig::default().idle_timeout),
+        value_parser = clap::value_parser!(u64).range(MIN_TIMEOUT_MS..)
+    )]
     pub idle_timeout_ms: u64,
     /// Upstream attempts per request, across endpoints and tiers.
     #[arg(long, env = "QUANTROUTER_MAX_ATTEMPTS", default_value_t = ResilienceConfig::default().max_attempts)]
@@ -572,7 +605,7 @@ pub fn parse_with_config(argv: Vec<OsString>) -> Result<Cli, CliError> {
     if let (Command::Serve(args), Some(("serve", serve))) = (&mut cli.command, matches.subcommand())
     {
         if let Some(path) = args.config.clone() {
-            let text = std::fs::read_to_string(&path).map_err(|e| {
+            let text = read_config_file(&path).map_err(|e| {
                 CliError::Invalid(format!("reading config {}: {e}", path.display()))
             })?;
             **args = layer_config_file(args, serve, &text)
@@ -580,6 +613,28 @@ pub fn parse_with_config(argv: Vec<OsString>) -> Result<Cli, CliError> {
         }
     }
     Ok(cli)
+}
+
+/// The smallest request and idle timeouts, in milliseconds.
+const MIN_TIMEOUT_MS: u64 = 1000;
+
+/// Largest config file read: a file of every setting is a few kilobytes.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The `--config` file's text. Only a regular file: reading a FIFO or a device would wait
+/// for a writer, or never end, and start-up with it.
+fn read_config_file(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{} bytes, more than a config file's limit of {MAX_CONFIG_BYTES}",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 /// `args` (flags, environment and defaults, as clap parsed them) with the settings of a
@@ -716,8 +771,12 @@ pub(crate) fn document_command<D: Document>(
         DocumentCommand::Push {
             file,
             expect_version,
+            max_document_bytes,
             redis,
-        } => (redis, StoreCommand::Push(read(&file)?, expect_version)),
+        } => {
+            crate::documents::set_max_bytes(max_document_bytes);
+            (redis, StoreCommand::Push(read(&file)?, expect_version))
+        }
         DocumentCommand::Get { redis } => (redis, StoreCommand::Get),
         DocumentCommand::History { redis } => (redis, StoreCommand::History),
         DocumentCommand::Rollback { to, redis } => (redis, StoreCommand::Rollback(to)),
@@ -811,9 +870,12 @@ pub(crate) async fn connect_store<D: Document>(
 pub(crate) fn store_error(e: StoreError) -> CliError {
     match e {
         StoreError::Conflict { .. } => CliError::Conflict(e.to_string()),
-        StoreError::Redis(_) | StoreError::Timeout(_) => CliError::Io(e.to_string()),
+        StoreError::Redis(_) | StoreError::Timeout(_) | StoreError::Unconfirmed(_) => {
+            CliError::Io(e.to_string())
+        }
         StoreError::Invalid(_)
         | StoreError::NotADocument { .. }
+        | StoreError::TooLarge { .. }
         | StoreError::NotInHistory(_)
         | StoreError::EmptyHistory => CliError::Invalid(e.to_string()),
     }
@@ -840,7 +902,7 @@ pub(crate) fn read_profile_file(
     path: &Path,
     seed_endpoints: &[String],
 ) -> Result<ProfileSet, CliError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::documents::read_file(path)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
     let result = if quantrouter_policy::looks_like_seed_list(&text) {
         quantrouter_policy::from_seed_list(&text, &parse_seed_endpoints(seed_endpoints)?, 1)
@@ -868,6 +930,7 @@ fn runtime(workers: Option<u16>) -> Result<tokio::runtime::Runtime, CliError> {
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
     telemetry::init_logging(args.log_format);
+    crate::documents::set_max_bytes(args.max_document_bytes);
     crate::descriptors::raise_limit();
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
@@ -893,7 +956,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         admin_listen: args.admin_listen,
         scaler_listen: args.keda_scaler_listen.0,
         epp_listen: args.epp_listen.0,
-        body_limit: args.body_limit_bytes,
+        body_limit: usize::try_from(args.body_limit_bytes).unwrap_or(usize::MAX),
         api_keys: None,
         tenants,
         aliases: args.model_alias,

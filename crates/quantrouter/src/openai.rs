@@ -60,6 +60,9 @@ pub struct ParsedRequest<'a> {
     pub max_tokens: Option<u32>,
     /// Choices asked for (`n`, at least 1): each may generate up to `max_tokens`.
     pub choices: u32,
+    /// The request offers tools or functions (`tools`, `tool_choice`, `functions`,
+    /// `function_call`): its answer may be a call that has effects when run.
+    pub offers_tools: bool,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
     /// The client sent `stream_options` (so the router leaves it alone).
@@ -162,6 +165,14 @@ struct WireRequest<'a> {
     text: Option<WireTextConfig<'a>>,
     #[serde(borrow, default)]
     previous_response_id: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tools: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    tool_choice: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    functions: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
 }
 
 /// A Responses input item: a message (`role`, `content`) or another item, of which a tool's
@@ -391,6 +402,10 @@ impl<'a> ParsedRequest<'a> {
                 Some(Lenient::Number(n)) => (n as u32).max(1),
                 _ => 1,
             },
+            offers_tools: wire.tools.is_some()
+                || wire.tool_choice.is_some()
+                || wire.functions.is_some()
+                || wire.function_call.is_some(),
             stream: wire.stream.unwrap_or(false),
             user: wire.user,
             has_stream_options: wire.stream_options.is_some(),
@@ -660,19 +675,39 @@ fn agent_answer(body: &[u8]) -> Option<AnswerChoice<'static>> {
 /// a refusal or a tool call, in any choice. Role-only and finish chunks, usage chunks,
 /// errors and `[DONE]` carry none.
 pub fn carries_output(chunk: &[u8]) -> bool {
-    let output = chunk_output(chunk);
-    !output.text.is_empty() || output.other
+    chunk_output(chunk)
+        .choices
+        .iter()
+        .any(ChoiceOutput::generated)
 }
 
-/// What a streamed chunk generated.
+/// What a streamed chunk generated, choice by choice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChunkOutput {
-    /// Answer text of every choice (`delta.content`, or `text` for completions).
+    /// The chunk's choices, in its order.
+    pub choices: Vec<ChoiceOutput>,
+    /// A tool or function call in any choice, which no text check applies to.
+    pub call: bool,
+}
+
+/// What a streamed chunk generated for one choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChoiceOutput {
+    /// The choice's `index` (its position in the chunk when it has none).
+    pub index: u32,
+    /// Answer text (`delta.content`, or `text` for completions).
     pub text: String,
     /// Output that is not answer text: reasoning, a refusal, a tool or function call.
     pub other: bool,
-    /// A tool or function call, which no text check applies to.
-    pub call: bool,
+    /// The chunk carries the choice's `finish_reason`: its text is whole.
+    pub finished: bool,
+}
+
+impl ChoiceOutput {
+    /// Whether the choice generated anything in this chunk.
+    pub fn generated(&self) -> bool {
+        !self.text.is_empty() || self.other
+    }
 }
 
 /// The output of a streamed chunk; nothing for a chunk that is not a completion chunk.
@@ -693,10 +728,14 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     }
     #[derive(Deserialize)]
     struct ChunkChoice<'a> {
+        #[serde(default)]
+        index: Option<u32>,
         #[serde(borrow, default)]
         delta: Option<Delta<'a>>,
         #[serde(borrow, default)]
         text: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        finish_reason: Option<Cow<'a, str>>,
     }
     #[derive(Deserialize)]
     struct Delta<'a> {
@@ -719,75 +758,90 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
         return output;
     };
     if let Some(kind) = chunk.kind.as_deref() {
-        agent_event_output(
+        let mut choice = ChoiceOutput::default();
+        output.call = agent_event_output(
             kind,
             &chunk.delta,
             &chunk.content_block,
             &chunk.item,
-            &mut output,
+            &mut choice,
         );
+        output.choices.push(choice);
         return output;
     }
-    for choice in &chunk.choices {
-        if let Some(text) = &choice.text {
-            output.text.push_str(text);
-        }
-        let Some(d) = &choice.delta else {
-            continue;
+    for (position, choice) in chunk.choices.iter().enumerate() {
+        let mut out = ChoiceOutput {
+            index: choice
+                .index
+                .unwrap_or(u32::try_from(position).unwrap_or(u32::MAX)),
+            finished: choice.finish_reason.is_some(),
+            ..ChoiceOutput::default()
         };
-        if let Some(content) = &d.content {
-            output.text.push_str(content);
+        if let Some(text) = &choice.text {
+            out.text.push_str(text);
         }
-        let call = d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
-            || d.function_call.is_some();
-        output.call |= call;
-        output.other |=
-            call || filled(&d.reasoning_content) || filled(&d.reasoning) || filled(&d.refusal);
+        if let Some(d) = &choice.delta {
+            if let Some(content) = &d.content {
+                out.text.push_str(content);
+            }
+            let call = d.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty())
+                || d.function_call.is_some();
+            output.call |= call;
+            out.other =
+                call || filled(&d.reasoning_content) || filled(&d.reasoning) || filled(&d.refusal);
+        }
+        output.choices.push(out);
     }
     output
 }
 
-/// The output of an Anthropic Messages or Responses stream event.
+/// The output of an Anthropic Messages or Responses stream event, whose one choice it
+/// fills; whether it is a tool call.
 fn agent_event_output(
     kind: &str,
     delta: &Option<serde_json::Value>,
     content_block: &Option<serde_json::Value>,
     item: &Option<serde_json::Value>,
-    output: &mut ChunkOutput,
-) {
+    out: &mut ChoiceOutput,
+) -> bool {
     let type_of = |v: &Option<serde_json::Value>| {
         v.as_ref()
             .and_then(|v| v.get("type"))
             .and_then(|t| t.as_str())
             .map(str::to_owned)
     };
+    let mut call = false;
     match kind {
         "content_block_delta" => match type_of(delta).as_deref() {
             Some("text_delta") => {
                 let text = delta.as_ref().and_then(|d| d["text"].as_str());
-                output.text.push_str(text.unwrap_or_default());
+                out.text.push_str(text.unwrap_or_default());
             }
-            Some("input_json_delta") => output.call = true,
-            _ => output.other = true,
+            Some("input_json_delta") => call = true,
+            _ => out.other = true,
         },
         "content_block_start" if type_of(content_block).as_deref() == Some("tool_use") => {
-            output.call = true;
+            call = true;
         }
         "response.output_text.delta" => {
-            output
-                .text
+            out.text
                 .push_str(delta.as_ref().and_then(|d| d.as_str()).unwrap_or_default());
         }
-        "response.function_call_arguments.delta" => output.call = true,
+        "response.function_call_arguments.delta" => call = true,
         "response.output_item.added" if type_of(item).as_deref() == Some("function_call") => {
-            output.call = true;
+            call = true;
         }
         "response.refusal.delta"
         | "response.reasoning_text.delta"
-        | "response.reasoning_summary_text.delta" => output.other = true,
+        | "response.reasoning_summary_text.delta" => out.other = true,
+        // The answer's text is whole: nothing more to hold for.
+        "message_delta" | "message_stop" | "response.completed" | "response.incomplete" => {
+            out.finished = true;
+        }
         _ => {}
     }
-    output.other |= output.call;
+    out.other |= call;
+    call
 }
 
 /// Token counts from an upstream `usage` object.

@@ -399,3 +399,122 @@ fn the_cli_trains_evaluates_and_publishes_models() {
     let (code, _, _) = support::cli(&["classifier", "get", "--redis-url", "redis://127.0.0.1:1"]);
     assert_eq!(code, 2);
 }
+
+/// Writes `doc` to a file in `dir` and returns its path.
+fn model_file(dir: &tempfile::TempDir, doc: &ClassifierDocument) -> String {
+    let path = dir.path().join(format!("model-{}.json", &doc.sha256[..8]));
+    std::fs::write(&path, doc.to_json()).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_redis_answers_late_is_waited_for_and_reported_as_pushed() {
+    let redis = RedisServer::start(None);
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_file(&dir, &everything_is_code(5));
+    // Redis holds every write for 1.5 s: less than the 3 s a call may take.
+    let paused = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "CLIENT",
+            "PAUSE",
+            "1500",
+            "WRITE",
+        ])
+        .output()
+        .unwrap();
+    assert!(paused.status.success(), "{paused:?}");
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        support::cli(&["classifier", "push", &model, "--redis-url", &url])
+    })
+    .await
+    .unwrap();
+    assert_eq!((code, stdout.trim()), (0, "pushed version 1"), "{stderr}");
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "quantrouter")
+        .await
+        .unwrap();
+    assert_eq!(ops.active().await.unwrap().unwrap().version, 1);
+}
+
+/// Runs `quantrouter serve` with `args`, which must make it stop at start: exit code and
+/// stderr.
+async fn serve_refused(args: &[&str]) -> (i32, String) {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quantrouter"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--keda-scaler-listen", "off"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("`serve {}` did not stop", args.join(" ")))
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_over_the_size_limit_are_refused_on_push_and_on_load() {
+    let redis = RedisServer::start(None);
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let doc = everything_is_code(6);
+    let model = model_file(&dir, &doc);
+    let limit = (doc.to_json().len() / 2).to_string();
+
+    // Push: refused before Redis is touched.
+    let push = ["classifier", "push", &model, "--redis-url", &url];
+    let (code, _, stderr) = support::cli(&[&push[..], &["--max-document-bytes", &limit]].concat());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("more than the document limit"), "{stderr}");
+    let (code, _, stderr) = support::cli(&["classifier", "get", "--redis-url", &url]);
+    assert_eq!(code, 1, "nothing was pushed: {stderr}");
+
+    // Redis: pushed within the default limit, it is not loaded by a router with a smaller
+    // one, which keeps the model it has.
+    let (code, _, stderr) = support::cli(&push);
+    assert_eq!(code, 0, "{stderr}");
+    let set =
+        quantrouter_policy::ProfileSet::from_json(quantrouter_policy::DEFAULT_PROFILE_SET).unwrap();
+    let args = ["--redis-url", &url, "--max-document-bytes", &limit];
+    let router = support::RouterProcess::spawn(&set, &args, std::process::Stdio::null()).await;
+    let metrics = format!("http://{}/metrics", router.admin);
+    let rejected = eventually(Duration::from_secs(10), || async {
+        let page = support::send(&support::client(), "GET", &metrics, "", &[]).await;
+        String::from_utf8_lossy(&page.body).lines().any(|l| {
+            l.starts_with("quantrouter_classifier_reloads_total{")
+                && l.contains("source=\"redis\"")
+                && l.contains("result=\"rejected\"")
+        })
+    })
+    .await;
+    assert!(rejected, "the model in Redis was rejected");
+    let admin = format!("http://{}/admin/classifier", router.admin);
+    let active = support::send(&support::client(), "GET", &admin, "", &[]).await;
+    let active: serde_json::Value = serde_json::from_slice(&active.body).unwrap();
+    assert_ne!(active["sha256"], doc.sha256.as_str(), "{active}");
+
+    // A file: a router does not start on a profile file over the limit.
+    let profiles = dir.path().join("profiles.json");
+    std::fs::write(&profiles, quantrouter_policy::DEFAULT_PROFILE_SET).unwrap();
+    let (code, stderr) = serve_refused(&[
+        "--profiles",
+        profiles.to_str().unwrap(),
+        "--max-document-bytes",
+        "1024",
+    ])
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("more than the document limit"), "{stderr}");
+}

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use quantrouter::server::Server;
-use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{ProfileSet, StaticUpstream, StreamCheck, Upstream, DEFAULT_PROFILE_SET};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -304,6 +304,45 @@ async fn each_choice_of_an_n_answer_is_judged_on_its_own() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.header("x-quantrouter-reason"), "fallback_quality");
     assert_eq!(received.lock().unwrap().len(), 4);
+}
+
+// 2b. `n > 1` streams too: the stream-start check judges each choice on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_choice_of_an_n_stream_is_judged_on_its_own() {
+    let (upstream, received) = scripted(|request, mut stream| async move {
+        let n = request["n"].as_u64().unwrap();
+        sse_head(&mut stream).await;
+        // Eight good answers, a token of each in turn, as vLLM interleaves them: joined,
+        // "The The The … capital capital capital …" reads as a loop.
+        let answer = "The capital of France is Paris, a city on the Seine that is known \
+                      for its old bridges, its museums and its parks.";
+        for token in answer.split_inclusive(' ') {
+            for i in 0..n {
+                let event = serde_json::json!({"object": "chat.completion.chunk",
+                    "choices": [{"index": i, "delta": {"content": token}}]});
+                send_chunk(&mut stream, &format!("data: {event}\n\n")).await;
+            }
+        }
+        send_chunk(&mut stream, "data: [DONE]\n\n").await;
+        end_chunks(&mut stream).await;
+    })
+    .await;
+    let mut set = set_on(&upstream, "nstream");
+    set.policy.stream_check = Some(StreamCheck {
+        // Counted per choice; counted over the interleaved events, the start is a loop.
+        tokens: 16,
+        max_hold_ms: 10_000,
+    });
+    let router = start_router(set, |_| {}).await;
+    let body = serde_json::json!({"model": "auto", "stream": true, "n": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let r = post(&router, "/v1/chat/completions", &body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.header("x-quantrouter-tier"), "int4", "a checked tier");
+    assert_eq!(r.header("x-quantrouter-fallback"), "", "not re-run");
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    assert_eq!(text.matches("parks.").count(), 8, "{text}");
+    assert_eq!(received.lock().unwrap().len(), 1, "asked once");
 }
 
 // 3. A message without text is routed and forwarded.

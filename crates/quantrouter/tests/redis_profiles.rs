@@ -215,7 +215,7 @@ async fn a_key_that_cannot_hold_a_document_is_rejected_without_reconnecting() {
     };
     let gets = || {
         let mut admin = admin.clone();
-        async move { info(&mut admin, "commandstats", "cmdstat_get").await }
+        async move { info(&mut admin, "commandstats", "cmdstat_getrange").await }
     };
     let command = |args: &[&[u8]]| {
         let mut admin = admin.clone();

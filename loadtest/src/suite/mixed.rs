@@ -200,7 +200,8 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         "\n**Stream-start check** (`policy.stream_check: {{\"tokens\": {}, \"max_hold_ms\": {}}}`): \
          the same mix, every request streamed, {rate} req/s, through quantrouter without and \
          with the check. Streams from fp8 and int4 are held until {} content events (or the \
-         end, or {} ms) and checked; fp16 has no better tier and is never held. Fallbacks \
+         end, or when they fall behind the hold's pace of {} ms for all) and checked; fp16 \
+         has no better tier and is never held. Fallbacks \
          through the checked router (a failed check is one): {}.\n\n{}",
         STREAM_CHECK.0,
         STREAM_CHECK.1,

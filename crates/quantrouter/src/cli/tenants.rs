@@ -74,7 +74,7 @@ pub fn run(command: TenantsCommand) -> Result<(), CliError> {
 
 /// A tenant file in the push format, validated, its plain keys hashed.
 fn read_push_file(path: &Path) -> Result<TenantDocument, CliError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::documents::read_file(path)
         .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
     TenantDocument::from_push_json(&text)
         .map_err(|e| CliError::Invalid(format!("{}:\n{e}", path.display())))

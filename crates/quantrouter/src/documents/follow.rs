@@ -93,7 +93,9 @@ pub fn document(
 ) -> Result<Option<Result<String, String>>, StoreError> {
     match read {
         Ok(text) => Ok(text.map(Ok)),
-        Err(error @ StoreError::NotADocument { .. }) => Ok(Some(Err(error.to_string()))),
+        Err(error @ (StoreError::NotADocument { .. } | StoreError::TooLarge { .. })) => {
+            Ok(Some(Err(error.to_string())))
+        }
         Err(error) => Err(error),
     }
 }

@@ -7,11 +7,24 @@
 //! compare-and-set on `version` ([`RedisStore`]); routers follow the active document
 //! ([`follow`]) and never let an invalid one replace the last good one.
 
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 pub mod file;
 pub mod follow;
 pub mod redis;
 
 pub use redis::{client, ClientError, HistoryEntry, RedisStore, StoreError};
+
+/// The largest document read from a file or Redis, or pushed, unless `--max-document-bytes`
+/// says otherwise. The largest classifier model (the most hashed rows `train` makes, as
+/// base64 weights) is under 3 MiB; profile sets and tenant documents are kilobytes to a
+/// few hundred. A bigger one is a mistake, or a way to fill every replica's memory.
+pub const DEFAULT_MAX_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The limit in force: set once at start from the command line.
+static MAX_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_MAX_BYTES);
 
 /// A kind of versioned document.
 pub trait Document: Sized + Send + Sync + 'static {
@@ -48,4 +61,48 @@ impl Keys {
             channel: format!("{prefix}:{key}:updates"),
         }
     }
+}
+
+/// Sets the largest document read or pushed from now on (`--max-document-bytes`).
+pub fn set_max_bytes(limit: u64) {
+    MAX_BYTES.store(limit.max(1), Ordering::Relaxed);
+}
+
+/// The largest document read or pushed.
+pub fn max_bytes() -> u64 {
+    MAX_BYTES.load(Ordering::Relaxed)
+}
+
+/// Why a document is refused for its size alone.
+pub fn too_large(bytes: u64, limit: u64) -> String {
+    format!("{bytes} bytes, more than the document limit of {limit} (--max-document-bytes)")
+}
+
+/// A document file's text: a regular file (a FIFO or a device would wait for a writer, or
+/// never end) of at most [`max_bytes`].
+pub fn read_file(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind};
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let limit = max_bytes();
+    if meta.len() > limit {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            too_large(meta.len(), limit),
+        ));
+    }
+    // The file may grow between the size check and the read.
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            too_large(text.len() as u64, limit),
+        ));
+    }
+    Ok(text)
 }

@@ -66,6 +66,13 @@ pub enum StoreError {
     /// not UTF-8): a bad document, not a broken connection.
     #[error("{key} does not hold a document: {why}")]
     NotADocument { key: String, why: &'static str },
+    /// The key holds more than `--max-document-bytes`: not read, a bad document.
+    #[error("{key} holds {}", super::too_large(*.bytes, *.limit))]
+    TooLarge { key: String, bytes: u64, limit: u64 },
+    /// The push was sent but its answer never came, and whether it was applied could not
+    /// be read back.
+    #[error("{0}; the push may have been applied: check with `get`")]
+    Unconfirmed(Box<StoreError>),
     #[error("no version {0} in the history")]
     NotInHistory(u64),
     #[error("the history is empty")]
@@ -134,7 +141,12 @@ impl<D> Clone for RedisStore<D> {
 impl<D: Document> RedisStore<D> {
     /// Connects (and authenticates, when the URL carries credentials).
     pub async fn connect(client: &redis::Client, prefix: &str) -> Result<Self, StoreError> {
-        let conn = timed(client.get_multiplexed_async_connection()).await??;
+        // Every call is bounded by `CALL_TIMEOUT` here; the client's own, shorter response
+        // timeout would give up on a call Redis still runs (a push applied, reported failed).
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(None);
+        let conn = timed(client.get_multiplexed_async_connection_with_config(&config)).await??;
         Ok(Self {
             conn,
             keys: Keys::new(prefix, D::KEY),
@@ -151,23 +163,39 @@ impl<D: Document> RedisStore<D> {
         self.raw(&self.keys.active).await
     }
 
-    /// Any key's string value (the seed-format profile key lives outside the prefix).
+    /// Any key's string value (the seed-format profile key lives outside the prefix), if
+    /// it is at most `--max-document-bytes` long: its length and at most that many bytes
+    /// (and one more) are read in one round trip, so a huge value is never read whole. A
+    /// push between the two is seen in the bytes, which are checked too.
     pub async fn raw(&self, key: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn.clone();
         let not_a_document = |why| StoreError::NotADocument {
             key: key.to_owned(),
             why,
         };
-        let bytes: Option<Vec<u8>> = match timed(conn.get(key)).await? {
-            Ok(bytes) => bytes,
-            Err(e) if e.code() == Some("WRONGTYPE") => {
+        let limit = super::max_bytes();
+        let mut pipe = redis::pipe();
+        pipe.strlen(key)
+            .getrange(key, 0, isize::try_from(limit).unwrap_or(isize::MAX));
+        let (len, bytes): (u64, Vec<u8>) = match timed(pipe.query_async(&mut conn)).await? {
+            Ok(answer) => answer,
+            Err(e) if wrong_type(&e) => {
                 return Err(not_a_document("it holds another type than a string"))
             }
             Err(e) => return Err(e.into()),
         };
-        bytes
-            .map(String::from_utf8)
-            .transpose()
+        if len == 0 && bytes.is_empty() {
+            return Ok(None);
+        }
+        if len > limit || bytes.len() as u64 > limit {
+            return Err(StoreError::TooLarge {
+                key: key.to_owned(),
+                bytes: len,
+                limit,
+            });
+        }
+        String::from_utf8(bytes)
+            .map(Some)
             .map_err(|_| not_a_document("it is not UTF-8 text"))
     }
 
@@ -185,7 +213,7 @@ impl<D: Document> RedisStore<D> {
         match answer {
             Ok((0, _)) => Ok(None),
             Ok(found) => Ok(Some(found)),
-            Err(e) if e.code() == Some("WRONGTYPE") => Err(StoreError::NotADocument {
+            Err(e) if wrong_type(&e) => Err(StoreError::NotADocument {
                 key: self.keys.active.clone(),
                 why: "it holds another type than a string",
             }),
@@ -229,6 +257,14 @@ impl<D: Document> RedisStore<D> {
             )));
         }
         let document = doc.to_json().map_err(StoreError::Invalid)?;
+        let limit = super::max_bytes();
+        if document.len() as u64 > limit {
+            return Err(StoreError::TooLarge {
+                key: self.keys.active.clone(),
+                bytes: document.len() as u64,
+                limit,
+            });
+        }
         D::parse(&document).map_err(StoreError::Invalid)?;
         let mut conn = self.conn.clone();
         let script = redis::Script::new(PUSH_SCRIPT);
@@ -240,7 +276,22 @@ impl<D: Document> RedisStore<D> {
             .arg(doc.version())
             .arg(D::HISTORY_CAP)
             .arg(&self.keys.channel);
-        let (written, version): (i64, i64) = timed(invocation.invoke_async(&mut conn)).await??;
+        let answer: Result<(i64, i64), StoreError> = timed(invocation.invoke_async(&mut conn))
+            .await
+            .and_then(|answer| answer.map_err(StoreError::from));
+        let (written, version) = match answer {
+            Ok(answer) => answer,
+            Err(lost @ (StoreError::Timeout(_) | StoreError::Redis(_))) => {
+                // The script may have run though its answer was lost: what Redis holds now
+                // says whether the push happened.
+                return match self.active_raw().await {
+                    Ok(Some(active)) if active == document => Ok(doc.version()),
+                    Ok(_) => Err(lost),
+                    Err(_) => Err(StoreError::Unconfirmed(Box::new(lost))),
+                };
+            }
+            Err(other) => return Err(other),
+        };
         if written == 1 {
             Ok(version as u64)
         } else {
@@ -288,6 +339,15 @@ fn version_of(text: &str) -> i64 {
         .ok()
         .and_then(|v| v["version"].as_i64())
         .unwrap_or(-2)
+}
+
+/// Whether Redis refused a command (or one of a pipeline's) for the key's type.
+fn wrong_type(e: &redis::RedisError) -> bool {
+    // A pipeline's server errors carry no code of their own.
+    e.code() == Some("WRONGTYPE")
+        || e.clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "WRONGTYPE"))
 }
 
 async fn timed<F: std::future::Future>(future: F) -> Result<F::Output, StoreError> {

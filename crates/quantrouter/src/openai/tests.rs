@@ -215,12 +215,12 @@ fn agent_stream_events_carry_text_or_calls() {
     let text = chunk_output(
         br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
     );
-    assert_eq!((text.text.as_str(), text.call), ("hi", false));
+    assert_eq!((text.choices[0].text.as_str(), text.call), ("hi", false));
     let call = chunk_output(br#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#);
     assert!(call.call);
     let delta =
         chunk_output(br#"{"type":"response.output_text.delta","delta":"yo","sequence_number":4}"#);
-    assert_eq!(delta.text, "yo");
+    assert_eq!(delta.choices[0].text, "yo");
     let added =
         chunk_output(br#"{"type":"response.output_item.added","item":{"type":"function_call"}}"#);
     assert!(added.call);

@@ -127,7 +127,7 @@ impl FileSource {
 }
 
 pub(super) fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReloadError::Read {
+    let text = crate::documents::read_file(path).map_err(|source| ReloadError::Read {
         path: path.to_owned(),
         source,
     })?;

@@ -227,8 +227,8 @@ async fn forward_and_respond(
 }
 
 /// `policy.calibration`: a non-streamed request answered by another profile than the
-/// reference, in the sample, is asked of the reference too. Every such request counts
-/// towards the limit on that extra load, sampled or not.
+/// reference, in the sample (the router's own draw), is asked of the reference too. Every
+/// such request counts towards the limit on that extra load, sampled or not.
 fn sample_for_calibration(
     app: &App,
     received: &Received,
@@ -243,12 +243,16 @@ fn sample_for_calibration(
     if parsed.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
         return None;
     }
-    let id = RequestId::of(&received.parts);
-    let key = id.to_str().unwrap_or_default();
-    if !quantrouter_policy::sampled(key, policy.sample_rate) {
-        app.calibrator.admit(policy, key, 0.0);
+    if !app.calibrator.sample(policy.sample_rate) {
         return None;
     }
+    // A call asked again may act again; such a request is not sent twice.
+    if parsed.offers_tools {
+        app.calibrator.not_comparable();
+        return None;
+    }
+    let id = RequestId::of(&received.parts);
+    let key = id.to_str().unwrap_or_default();
     Some(Sample {
         calibrator: Arc::clone(&app.calibrator),
         client: app.client.clone(),
@@ -260,6 +264,7 @@ fn sample_for_calibration(
         reference,
         wants_json: parsed.wants_json,
         max_tokens: parsed.max_tokens,
+        choices: parsed.choices,
         path: received.endpoint.path(),
         headers: upstream_headers(&received.parts.headers, &id),
         body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),

@@ -454,7 +454,7 @@ pub async fn start(config: TenantsConfig) -> Result<Started, RejectReason> {
 
 /// A tenant file, parsed and validated (the stored format: hashes, no plain keys).
 pub fn read_file(path: &Path) -> Result<TenantDocument, RejectReason> {
-    let text = std::fs::read_to_string(path).map_err(|source| RejectReason::Read {
+    let text = crate::documents::read_file(path).map_err(|source| RejectReason::Read {
         path: path.to_owned(),
         source,
     })?;

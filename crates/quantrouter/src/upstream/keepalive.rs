@@ -16,8 +16,12 @@ use tokio::time::Sleep;
 /// What SSE clients ignore: a comment line.
 pub const COMMENT: &[u8] = b": waiting for a tier to start\n\n";
 
-/// A body that sends [`COMMENT`] every `interval` until `answer` resolves, then `answer`'s
-/// body, or the error event it resolves to.
+/// The shortest interval between two comments: more often keeps nothing more alive, and
+/// a tiny idle timeout would otherwise turn a wait into a flood of comments.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A body that sends [`COMMENT`] every `interval` (at least [`MIN_INTERVAL`]) until
+/// `answer` resolves, then `answer`'s body, or the error event it resolves to.
 pub struct KeepAlive<F, B> {
     state: State<F, B>,
     interval: Duration,
@@ -38,6 +42,7 @@ where
     F: Future<Output = Result<B, Bytes>>,
 {
     pub fn new(answer: F, interval: Duration) -> Self {
+        let interval = interval.max(MIN_INTERVAL);
         Self {
             state: State::Waiting(Box::pin(answer)),
             interval,
@@ -158,5 +163,20 @@ mod tests {
         let quick = async { Ok(Full::new(Bytes::from_static(b"data: x\n\n"))) };
         let got = frames(KeepAlive::new(quick, Duration::from_secs(5))).await;
         assert_eq!(got, [Bytes::from_static(b"data: x\n\n")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn comments_come_no_more_often_than_the_floor() {
+        let answer = async {
+            tokio::time::sleep(Duration::from_millis(5_100)).await;
+            Ok(Full::new(Bytes::new()))
+        };
+        let got = frames(KeepAlive::new(answer, Duration::from_millis(1))).await;
+        let comments = got.iter().filter(|f| f == &&Bytes::from_static(COMMENT));
+        assert_eq!(
+            comments.count(),
+            20,
+            "one every 250 ms, not every millisecond"
+        );
     }
 }
