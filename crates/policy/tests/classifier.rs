@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 
 use quantrouter_policy::classifier::{
-    evaluate, leave_one_source_out, parse_labelled, train, LabelledPrompt, Split, TrainOptions,
+    evaluate, leave_one_source_out, parse_labelled, parse_outcomes, train_with_outcomes,
+    LabelledPrompt, OutcomeRecord, Split, TrainOptions,
 };
 use quantrouter_policy::{
     decide, score, Classifier, ClassifierDocument, Overrides, ProfileSet, Prompt, Role,
@@ -51,12 +52,17 @@ fn default_set() -> ProfileSet {
 #[test]
 fn the_builtin_model_is_what_the_training_script_makes() {
     let built = ClassifierDocument::from_json(DEFAULT_CLASSIFIER).unwrap();
-    let trained = train(&training_data(), &TrainOptions::default());
+    let trained = train_with_outcomes(
+        &training_data(),
+        &outcome_records(),
+        &TrainOptions::default(),
+    );
     assert_eq!(
         trained.sha256, built.sha256,
         "crates/policy/classifier/default.json is stale: run scripts/train-classifier"
     );
     assert!(built.classifier().unwrap().weight_bytes() <= 2 * 1024 * 1024);
+    assert!(built.weights.outcome.is_some());
 }
 
 #[test]
@@ -135,4 +141,38 @@ fn hard_requests_in_plain_prose_stay_off_the_cheapest_tier() {
             "{text}: {features:?}"
         );
     }
+}
+
+/// The outcome records `scripts/train-classifier` passes with `--outcomes`.
+fn outcome_records() -> Vec<OutcomeRecord> {
+    let mut records = Vec::new();
+    for file in [
+        // In the order of the script's glob: the same records in the same order.
+        "../../eval/outcomes/gsm8k-a-outcomes.jsonl",
+        "../../eval/outcomes/mmlu-stem-outcomes.jsonl",
+    ] {
+        records.extend(parse_outcomes(&read(file)).unwrap());
+    }
+    records
+}
+
+/// RouteLLM's best published routers: MMLU 0.603, GSM8K 0.622 (`eval/outcomes/README.md`).
+#[test]
+fn held_out_categories_are_ranked_within_the_targets() {
+    let cv = quantrouter_policy::classifier::cross_validate(&outcome_records(), 4096, 0);
+    println!("{cv}");
+    let of = |source: &str| cv.sources.iter().find(|s| s.source == source).unwrap();
+    let gsm8k = of("routellm_gsm8k");
+    assert!(gsm8k.mean_apgr.unwrap() >= 0.62, "{cv}");
+    assert!(
+        gsm8k.pooled.apgr.unwrap() > gsm8k.length.apgr.unwrap(),
+        "{cv}"
+    );
+    // MMLU by subject: each subject scored by a head that never saw it, pooled.
+    let mmlu = of("routellm_mmlu");
+    assert!(mmlu.pooled.apgr.unwrap() >= 0.60, "{cv}");
+    assert!(
+        mmlu.pooled.apgr.unwrap() > mmlu.length.apgr.unwrap(),
+        "{cv}"
+    );
 }
