@@ -176,3 +176,60 @@ fn held_out_categories_are_ranked_within_the_targets() {
         "{cv}"
     );
 }
+
+/// Issue: a workload of GSM8K problems alone went to the FP16 tier almost entirely. With the
+/// outcome head and the default profiles, its easiest problems go to a cheaper tier, and those
+/// are the ones the cheap model does answer.
+#[test]
+fn a_gsm8k_only_workload_sends_its_easiest_problems_to_a_cheaper_tier() {
+    let model = Classifier::builtin().unwrap();
+    let records: Vec<OutcomeRecord> = outcome_records()
+        .into_iter()
+        .filter(|r| r.source == "routellm_gsm8k")
+        .collect();
+    // (problems sent cheaper, of those the cheap model answered, kept, of those answered)
+    let split = |set: &ProfileSet| {
+        let reference = set.index_of("llama8b-fp16").unwrap();
+        let mut counts = [0usize; 4];
+        for r in &records {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: &r.prompt,
+                }],
+                wants_json: false,
+            };
+            let (features, _) = score(&prompt, &set.policy.complexity, Some(&model));
+            assert!(features.risk.is_some(), "{}", r.prompt);
+            let request = RouteRequest {
+                features: &features,
+                max_tokens: None,
+                overrides: Overrides::default(),
+                routing_key: "test",
+            };
+            let kept = decide(set, &request, &[]).unwrap().profile == reference;
+            let at = if kept { 2 } else { 0 };
+            counts[at] += 1;
+            counts[at + 1] += usize::from(r.weak_correct);
+        }
+        counts
+    };
+    let set = default_set();
+    let [cheaper, cheaper_ok, kept, kept_ok] = split(&set);
+    println!("cheaper {cheaper} (cheap model right {cheaper_ok}), kept {kept} (right {kept_ok})");
+    assert!(
+        cheaper * 4 >= records.len(),
+        "{cheaper} of {}",
+        records.len()
+    );
+    let rate = |ok: usize, n: usize| ok as f64 / n.max(1) as f64;
+    assert!(
+        rate(cheaper_ok, cheaper) >= rate(kept_ok, kept) + 0.10,
+        "the problems sent cheaper should be the ones the cheap model answers"
+    );
+    // The knob is what does it: without it the workload stays on the reference as before.
+    let mut off = default_set();
+    off.policy.risk_tolerance = 0.0;
+    let [cheaper, ..] = split(&off);
+    assert!(cheaper * 50 <= records.len(), "{cheaper}");
+}

@@ -90,6 +90,60 @@ fn config() -> ClassifierConfig {
     }
 }
 
+/// A short GSM8K problem (test set): the cheap model of the outcome data answers it.
+const EASY_WORD_PROBLEM: &str = "James decides to run 3 sprints 3 times a week.  He runs 60 \
+    meters each sprint.  How many total meters does he run a week?";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_reports_the_risk_and_the_header_sets_the_tolerance() {
+    let h = Harness::start().await;
+    let body = serde_json::json!({"model": "auto",
+        "messages": [{"role": "user", "content": EASY_WORD_PROBLEM}]})
+    .to_string();
+    let answer = route(&h, EASY_WORD_PROBLEM).await;
+    let risk = answer["risk"].as_f64().unwrap();
+    assert!((0.0..=0.25).contains(&risk), "{answer}");
+    assert_eq!(answer["task_class"], "math", "{answer}");
+    assert_eq!(answer["tier"], "fp8", "{answer}");
+    let fp8 = answer["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["profile"] == "llama8b-fp8")
+        .unwrap();
+    assert!(fp8["risk"].as_f64().unwrap() < risk, "{answer}");
+    // The request's tolerance replaces the profile set's: 0 turns the rule off.
+    let off = h
+        .post_with(
+            "/v1/route",
+            &body,
+            &[
+                ("content-type", "application/json"),
+                ("x-quantrouter-risk-tolerance", "0"),
+            ],
+        )
+        .await
+        .json();
+    assert_eq!(off["tier"], "fp16", "{off}");
+    for bad in ["1.5", "-0.1", "lots", "NaN"] {
+        let r = h
+            .post_with(
+                "/v1/route",
+                &body,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-quantrouter-risk-tolerance", bad),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.json()["error"]["param"], "x-quantrouter-risk-tolerance");
+    }
+    // A prompt of a class the outcome data never covered has no risk.
+    let greeting = route(&h, GREETING).await;
+    assert!(greeting["risk"].is_null(), "{greeting}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_explains_the_class_probabilities_and_the_words_that_moved_them() {
     let h = Harness::start().await;
