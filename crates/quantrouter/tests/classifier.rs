@@ -453,3 +453,100 @@ fn the_cli_trains_evaluates_and_publishes_models() {
     let (code, _, _) = support::cli(&["classifier", "get", "--redis-url", "redis://127.0.0.1:1"]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn the_cli_trains_and_evaluates_the_outcome_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let data = path("data.jsonl");
+    std::fs::write(
+        &data,
+        (0..12)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    serde_json::json!({"prompt": format!("Say hello number {i}."),
+                        "label": if i % 2 == 0 { "light" } else { "heavy" },
+                        "task_class": "general", "split": "train"})
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    // Word problems the cheap model misses once they hold many quantities, in two
+    // categories, so each is held out by a head that learned it from the other.
+    let outcomes = path("outcomes.jsonl");
+    std::fs::write(
+        &outcomes,
+        (0..80)
+            .map(|i| {
+                let n = 1 + i % 8;
+                let prompt: String = (0..n)
+                    .map(|k| format!("Ann has {} pens. ", k + i))
+                    .collect();
+                format!(
+                    "{}\n",
+                    serde_json::json!({"id": format!("p{i}"), "source": "sim",
+                        "category": if i % 2 == 0 { "a" } else { "b" },
+                        "prompt": prompt + "How many pens?", "cheap_ok": n <= 4,
+                        "reference_ok": true})
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let out = path("model.json");
+    let (code, stdout, stderr) = support::cli(&[
+        "classifier",
+        "train",
+        "--data",
+        &data,
+        "--bits",
+        "10",
+        "--outcomes",
+        &outcomes,
+        "--cross-validate",
+        "category",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("sim (held out by category)"), "{stdout}");
+    let doc = ClassifierDocument::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(doc.weights.outcome.is_some());
+    let cv = doc.metrics.outcomes.unwrap();
+    assert!(cv.sources[0].pooled.apgr.unwrap() > 0.7, "{stdout}");
+
+    let (code, stdout, stderr) = support::cli(&[
+        "classifier",
+        "eval",
+        "--model",
+        &out,
+        "--outcomes",
+        &outcomes,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("ranked by: outcome head"), "{stdout}");
+    for line in [
+        "router ",
+        "random ",
+        "prompt length ",
+        "reference share",
+        "CPT(80%)",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    let (code, _, stderr) = support::cli(&["classifier", "eval"]);
+    assert_eq!(code, 1, "{stderr}");
+    let (code, _, stderr) = support::cli(&[
+        "classifier",
+        "train",
+        "--data",
+        &data,
+        "--cross-validate",
+        "category",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+}

@@ -48,6 +48,10 @@ pub const OUTCOME_INPUTS: usize = 20;
 const CHOICES: usize = 9;
 /// Parameters: free-form weights, multiple-choice weights, then the bias.
 const PARAMETERS: usize = 2 * OUTCOME_INPUTS + 1;
+/// Bytes of the scoring window the head reads: a question's shape is in its first lines,
+/// and the pass costs about as much per byte as the classifier's own (every outcome record
+/// shipped is shorter).
+pub const OUTCOME_WINDOW: usize = 2048;
 /// L2 penalty on the weights (not the bias): small data, so keep the weights modest.
 const PENALTY: f64 = 1.0;
 const NEWTON_STEPS: usize = 12;
@@ -137,10 +141,13 @@ impl OutcomeRecord {
 // === impl OutcomeInputs ===
 
 impl OutcomeInputs {
-    /// The inputs of a prompt's scoring window of `window` bytes, in one pass.
+    /// The inputs of a prompt's scoring window of `window` bytes, at most
+    /// [`OUTCOME_WINDOW`] of it, in one pass.
     pub fn of(prompt: &Prompt<'_>, window: usize) -> Self {
         let mut scan = Scan::default();
-        for_each_scored(prompt, window, |text| scan.feed(text.as_bytes()));
+        for_each_scored(prompt, window.min(OUTCOME_WINDOW), |text| {
+            scan.feed(text.as_bytes())
+        });
         scan.inputs()
     }
 
@@ -242,10 +249,16 @@ impl Scan {
             }
             if is_word_byte(b) {
                 let start = i;
+                // The first eight bytes, lowercased, as one number: the word lists compare
+                // numbers, not strings (this pass is on the request path).
+                let mut key = 0u64;
                 while i < t.len() && is_word_byte(t[i]) {
+                    if i - start < 8 {
+                        key |= u64::from(t[i] | 0x20) << (8 * (i - start));
+                    }
                     i += 1;
                 }
-                self.word(&t[start..i], t.get(i..).unwrap_or_default(), option);
+                self.word(&t[start..i], key, t.get(i..).unwrap_or_default(), option);
                 after_number = false;
                 continue;
             }
@@ -297,7 +310,7 @@ impl Scan {
         }
     }
 
-    fn word(&mut self, w: &[u8], rest: &[u8], option: bool) {
+    fn word(&mut self, w: &[u8], key: u64, rest: &[u8], option: bool) {
         self.words += 1;
         self.word_bytes += w.len();
         if option {
@@ -307,21 +320,21 @@ impl Scan {
         }
         self.long_words += u32::from(w.len() >= 9);
         self.capitalised += u32::from(w[0].is_ascii_uppercase());
-        if w.len() > 9 {
-            return;
-        }
-        let mut lower = [0u8; 9];
-        for (l, c) in lower.iter_mut().zip(w) {
-            *l = c.to_ascii_lowercase();
-        }
-        let lower = &lower[..w.len()];
-        match lower {
-            b"not" | b"except" | b"false" | b"incorrect" | b"least" | b"never" | b"cannot" => {
-                self.negations += 1
+        // A key of a word of eight bytes or fewer is the word itself; the nine-letter words
+        // also need their length.
+        match key {
+            NOT | EXCEPT | FALSE | LEAST | NEVER | CANNOT => self.negations += 1,
+            INCORRECT if w.len() == 9 => self.negations += 1,
+            TWICE | HALF | TIMES | PERCENT | EACH | EVERY | PER | REST | TOTAL => {
+                self.relations += 1
             }
-            b"twice" | b"half" | b"times" | b"percent" | b"each" | b"every" | b"per"
-            | b"remaining" | b"rest" | b"total" => self.relations += 1,
-            b"statement" if rest.len() >= 2 && rest[0] == b' ' && rest[1].is_ascii_digit() => {
+            REMAINING if w.len() == 9 => self.relations += 1,
+            STATEMENT
+                if w.len() == 9
+                    && rest.len() >= 2
+                    && rest[0] == b' '
+                    && rest[1].is_ascii_digit() =>
+            {
                 self.statements = true
             }
             _ => {}
@@ -360,6 +373,36 @@ impl Scan {
         ])
     }
 }
+
+/// The lowercase first eight bytes of a word as the scan packs them.
+const fn pack(word: &[u8]) -> u64 {
+    let mut key = 0u64;
+    let mut i = 0;
+    while i < word.len() && i < 8 {
+        key |= ((word[i] | 0x20) as u64) << (8 * i);
+        i += 1;
+    }
+    key
+}
+
+const NOT: u64 = pack(b"not");
+const EXCEPT: u64 = pack(b"except");
+const FALSE: u64 = pack(b"false");
+const INCORRECT: u64 = pack(b"incorrect");
+const LEAST: u64 = pack(b"least");
+const NEVER: u64 = pack(b"never");
+const CANNOT: u64 = pack(b"cannot");
+const TWICE: u64 = pack(b"twice");
+const HALF: u64 = pack(b"half");
+const TIMES: u64 = pack(b"times");
+const PERCENT: u64 = pack(b"percent");
+const EACH: u64 = pack(b"each");
+const EVERY: u64 = pack(b"every");
+const PER: u64 = pack(b"per");
+const REMAINING: u64 = pack(b"remaining");
+const REST: u64 = pack(b"rest");
+const TOTAL: u64 = pack(b"total");
+const STATEMENT: u64 = pack(b"statement");
 
 /// A line that starts an answer choice: `A. `, `B) ` ... `E. `.
 fn is_option_letter(t: &[u8], i: usize) -> bool {
