@@ -260,9 +260,10 @@ pub fn decide(
 }
 
 /// How far below the required quality the risk rule reaches, as a share of the range from
-/// `required_quality.base` to `max`: half, so a prompt the difficulty head calls heavy can
-/// step down from the reference to the next tier but not to one kept for light prompts (the
-/// outcome head ranks prompts within a kind; the kind still bounds the tiers).
+/// `required_quality.base` to `max`: under half, so a prompt the difficulty head calls heavy
+/// steps down from the reference to the next tier but not to one kept for light prompts (the
+/// outcome head ranks prompts within a kind; the kind still bounds the tiers). Half let too
+/// many heavy prompts onto the cheapest tier (`docs/routing.md` §3).
 const RISK_REACH: f64 = 0.4;
 
 /// The risk rule of one request (`docs/routing.md` §3): a profile below the required quality

@@ -41,7 +41,7 @@ pub struct FoldReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceCrossValidation {
     pub source: String,
-    /// `category` (one model per held-out category) or `5 folds` (a single category).
+    /// `category` (one model per held-out category) or [`FOLDS`] folds (a single category).
     pub by: String,
     pub folds: Vec<FoldReport>,
     /// Mean over folds whose reference is better than the cheap model by at least
