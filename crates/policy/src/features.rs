@@ -68,6 +68,10 @@ pub struct Features {
     pub task_class: TaskClass,
     /// Weighted sum of the scores above, clamped to [0,1].
     pub complexity: f64,
+    /// The classifier's outcome head: the net probability that the cheapest profile's answer
+    /// is worse than the reference's, when the head covers this task class; `None` without
+    /// one (the policy then uses the required quality alone).
+    pub risk: Option<f64>,
     /// Bytes of prompt text in the whole request (not just the window).
     pub prompt_bytes: usize,
     /// Number of messages, for per-message token overhead.
@@ -267,6 +271,7 @@ fn scores(
         length,
         task_class,
         complexity,
+        risk: None,
         prompt_bytes,
         segments,
     }

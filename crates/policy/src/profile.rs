@@ -83,6 +83,10 @@ pub struct Policy {
     pub mode: Mode,
     /// Share of requests routed adaptively in `canary` mode, 0..=100.
     pub canary_percent: u8,
+    /// The highest net probability that a cheaper profile's answer is worse than the
+    /// reference's (the classifier's outcome head) at which that profile may serve a prompt
+    /// its quality falls short for; 0 turns the rule off.
+    pub risk_tolerance: f64,
     /// Check the start of streamed answers from tiers with a better one above; absent: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_check: Option<StreamCheck>,
@@ -535,6 +539,7 @@ impl Default for Policy {
             quality_fallback: QualityFallback::default(),
             mode: Mode::Enforce,
             canary_percent: 100,
+            risk_tolerance: 0.0,
             stream_check: None,
             calibration: None,
         }
@@ -600,6 +605,7 @@ impl Policy {
         if self.canary_percent > 100 {
             err("policy.canary_percent".into(), "must be in [0, 100]");
         }
+        check_unit("policy.risk_tolerance", self.risk_tolerance, err);
         if let Some(check) = &self.stream_check {
             if check.tokens == 0 {
                 err("policy.stream_check.tokens".into(), "must be > 0");

@@ -36,6 +36,8 @@ pub struct Overrides<'a> {
     pub allowed_profiles: Option<&'a [String]>,
     /// A tenant near one of its limits: route cheaper.
     pub downgrade: Option<Downgrade>,
+    /// Replaces `policy.risk_tolerance` (a tenant's, or a request header's).
+    pub risk_tolerance: Option<f64>,
 }
 
 /// How a request of a tenant past its soft limit is routed: the cost weight is multiplied
@@ -110,6 +112,9 @@ pub struct Candidate {
     pub cost: f64,
     pub utility: f64,
     pub estimated_input_tokens: u64,
+    /// The prompt's risk scaled to this profile's quality gap to the reference: the net
+    /// probability that its answer is worse (`None`: no outcome head speaks for the prompt).
+    pub risk: Option<f64>,
 }
 
 /// The outcome of routing one request.
@@ -123,6 +128,10 @@ pub struct RoutingDecision {
     pub complexity: f64,
     pub task_class: TaskClass,
     pub required_quality: f64,
+    /// The outcome head's risk for the cheapest profile, when it speaks for this prompt.
+    pub risk: Option<f64>,
+    /// The risk tolerance the request was routed with.
+    pub risk_tolerance: f64,
     pub latency_budget_ms: f64,
     pub expected_output_tokens: u32,
     /// Every enabled profile the request may use, in profile-set order.
@@ -178,6 +187,20 @@ pub fn decide(
         })
         .max(1);
     let context_out = u64::from(req.max_tokens.unwrap_or(expected_out));
+    // An explicit minimum quality is the caller's own bar: the risk rule stays out of it.
+    let risk = features
+        .risk
+        .filter(|_| req.overrides.min_quality.is_none())
+        .map(|r| Risk {
+            risk: r,
+            tolerance: req
+                .overrides
+                .risk_tolerance
+                .unwrap_or(policy.risk_tolerance),
+            floor: (required - RISK_REACH * (rq.max - rq.base))
+                .max(req.overrides.quality_floor.unwrap_or(0.0)),
+            span: quality_span(set, features.task_class, &allowed),
+        });
 
     let mut candidates: Vec<Candidate> = set
         .indexed()
@@ -193,6 +216,7 @@ pub fn decide(
                 context_out,
                 required,
                 budget,
+                risk.as_ref(),
             )
         })
         .collect();
@@ -225,10 +249,70 @@ pub fn decide(
         complexity: features.complexity,
         task_class: features.task_class,
         required_quality: required,
+        risk: features.risk,
+        risk_tolerance: req
+            .overrides
+            .risk_tolerance
+            .unwrap_or(policy.risk_tolerance),
         latency_budget_ms: budget,
         expected_output_tokens: expected_out,
         candidates,
     })
+}
+
+/// How far below the required quality the risk rule reaches, as a share of the range from
+/// `required_quality.base` to `max`: under half, so a prompt the difficulty head calls heavy
+/// steps down from the reference to the next tier but not to one kept for light prompts (the
+/// outcome head ranks prompts within a kind; the kind still bounds the tiers). Half let too
+/// many heavy prompts onto the cheapest tier (`docs/routing.md` §3).
+const RISK_REACH: f64 = 0.4;
+
+/// The risk rule of one request (`docs/routing.md` §3): a profile below the required quality
+/// is still acceptable when its share of the prompt's risk is within the tolerance.
+struct Risk {
+    /// The outcome head's risk for the cheapest profile.
+    risk: f64,
+    tolerance: f64,
+    /// The lowest quality the rule admits: the tenant's floor, and never more than
+    /// [`RISK_REACH`] of the required-quality range below the required quality.
+    floor: f64,
+    /// The reference's (highest) and the cheapest's (lowest) quality for the task class.
+    span: (f64, f64),
+}
+
+impl Risk {
+    /// A profile's risk: the prompt's, scaled by how much of the reference-to-cheapest
+    /// quality gap the profile gives up (the reference 0, the lowest-quality profile all).
+    fn of(&self, quality: f64) -> f64 {
+        let (top, bottom) = self.span;
+        if top - bottom <= f64::EPSILON {
+            return 0.0;
+        }
+        self.risk * ((top - quality) / (top - bottom)).clamp(0.0, 1.0)
+    }
+
+    /// Whether a profile of `quality` below the required quality may still serve.
+    fn accepts(&self, quality: f64) -> bool {
+        self.tolerance > 0.0
+            && quality < self.span.0
+            && quality >= self.floor
+            && self.of(quality) <= self.tolerance
+    }
+}
+
+/// Highest and lowest quality for `class` among enabled profiles the request may use.
+fn quality_span(
+    set: &ProfileSet,
+    class: TaskClass,
+    allowed: &impl Fn(&Profile) -> bool,
+) -> (f64, f64) {
+    set.profiles
+        .iter()
+        .filter(|p| p.enabled && allowed(p))
+        .map(|p| p.quality_for(class))
+        .fold((f64::NEG_INFINITY, f64::INFINITY), |(hi, lo), q| {
+            (hi.max(q), lo.min(q))
+        })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -241,6 +325,7 @@ fn score(
     context_out: u64,
     required: f64,
     budget: f64,
+    risk: Option<&Risk>,
 ) -> Candidate {
     let chars_per_token = load
         .chars_per_token
@@ -257,7 +342,7 @@ fn score(
         Some(Rejection::Unavailable)
     } else if input_tokens + context_out > u64::from(p.max_context_tokens) {
         Some(Rejection::ContextTooSmall)
-    } else if quality < required {
+    } else if quality < required && !risk.is_some_and(|r| r.accepts(quality)) {
         Some(Rejection::QualityBelowRequired)
     } else if predicted_latency_ms > budget {
         Some(Rejection::LatencyOverBudget)
@@ -273,6 +358,7 @@ fn score(
         cost,
         utility: 0.0,
         estimated_input_tokens: input_tokens,
+        risk: risk.map(|r| r.of(quality)),
     }
 }
 

@@ -67,6 +67,10 @@ pub struct Tenant {
     /// Profile ids the tenant may use; absent: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_profiles: Option<Vec<String>>,
+    /// Replaces the profile set's `policy.risk_tolerance` for this tenant's requests (a
+    /// request's `x-quantrouter-risk-tolerance` header replaces both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk_tolerance: Option<f64>,
     /// Order in the admission queue: higher waits less; equal priorities wait first come,
     /// first served.
     #[serde(default)]
@@ -235,6 +239,11 @@ impl Tenant {
         if let Some(q) = self.min_quality {
             if !(0.0..=1.0).contains(&q) {
                 err(format!("{path}.min_quality"), "must be in [0, 1]");
+            }
+        }
+        if let Some(t) = self.risk_tolerance {
+            if !(0.0..=1.0).contains(&t) {
+                err(format!("{path}.risk_tolerance"), "must be in [0, 1]");
             }
         }
         if let Some(allowed) = &self.allowed_profiles {

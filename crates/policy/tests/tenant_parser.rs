@@ -30,6 +30,7 @@ const FIELDS: &[&str] = &[
     "budget_per_month",
     "soft_limit",
     "min_quality",
+    "risk_tolerance",
     "allowed_profiles",
     "priority",
 ];

@@ -20,6 +20,9 @@ pub const LATENCY_BUDGET_HEADER: HeaderName =
     HeaderName::from_static("x-quantrouter-latency-budget-ms");
 /// Header: minimum quality in [0,1] for this request.
 pub const MIN_QUALITY_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-min-quality");
+/// Header: the highest risk in [0,1] accepted for a cheaper profile (`policy.risk_tolerance`).
+pub const RISK_TOLERANCE_HEADER: HeaderName =
+    HeaderName::from_static("x-quantrouter-risk-tolerance");
 /// Header: pin this request to a profile id.
 pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-profile");
 
@@ -106,6 +109,9 @@ pub fn route_among(
             v > 0.0 && v <= MAX_HEADER_MS
         })?,
         min_quality: header_number(headers, MIN_QUALITY_HEADER, |v| (0.0..=1.0).contains(&v))?,
+        risk_tolerance: header_number(headers, RISK_TOLERANCE_HEADER, |v| {
+            (0.0..=1.0).contains(&v)
+        })?,
         profile: pinned,
         ..Overrides::default()
     };
@@ -393,6 +399,7 @@ pub fn explain(
                 "quality": c.quality,
                 "cost": c.cost,
                 "rejected_because": c.rejected_because.map(|r| r.as_str()),
+                "risk": c.risk,
             })
         })
         .collect();
@@ -403,6 +410,7 @@ pub fn explain(
         "complexity": decision.complexity,
         "task_class": decision.task_class,
         "required_quality": decision.required_quality,
+        "risk": decision.risk,
         "estimated_input_tokens": decision.chosen().map_or(0, |c| c.estimated_input_tokens),
         "candidates": candidates,
         "decision_us": decision_us,

@@ -90,6 +90,60 @@ fn config() -> ClassifierConfig {
     }
 }
 
+/// A short GSM8K problem (test set): the cheap model of the outcome data answers it.
+const EASY_WORD_PROBLEM: &str = "James decides to run 3 sprints 3 times a week.  He runs 60 \
+    meters each sprint.  How many total meters does he run a week?";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_reports_the_risk_and_the_header_sets_the_tolerance() {
+    let h = Harness::start().await;
+    let body = serde_json::json!({"model": "auto",
+        "messages": [{"role": "user", "content": EASY_WORD_PROBLEM}]})
+    .to_string();
+    let answer = route(&h, EASY_WORD_PROBLEM).await;
+    let risk = answer["risk"].as_f64().unwrap();
+    assert!((0.0..=0.25).contains(&risk), "{answer}");
+    assert_eq!(answer["task_class"], "math", "{answer}");
+    assert_eq!(answer["tier"], "fp8", "{answer}");
+    let fp8 = answer["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["profile"] == "llama8b-fp8")
+        .unwrap();
+    assert!(fp8["risk"].as_f64().unwrap() < risk, "{answer}");
+    // The request's tolerance replaces the profile set's: 0 turns the rule off.
+    let off = h
+        .post_with(
+            "/v1/route",
+            &body,
+            &[
+                ("content-type", "application/json"),
+                ("x-quantrouter-risk-tolerance", "0"),
+            ],
+        )
+        .await
+        .json();
+    assert_eq!(off["tier"], "fp16", "{off}");
+    for bad in ["1.5", "-0.1", "lots", "NaN"] {
+        let r = h
+            .post_with(
+                "/v1/route",
+                &body,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-quantrouter-risk-tolerance", bad),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.json()["error"]["param"], "x-quantrouter-risk-tolerance");
+    }
+    // A prompt of a class the outcome data never covered has no risk.
+    let greeting = route(&h, GREETING).await;
+    assert!(greeting["risk"].is_null(), "{greeting}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_explains_the_class_probabilities_and_the_words_that_moved_them() {
     let h = Harness::start().await;
@@ -517,4 +571,101 @@ async fn documents_over_the_size_limit_are_refused_on_push_and_on_load() {
     .await;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("more than the document limit"), "{stderr}");
+}
+
+#[test]
+fn the_cli_trains_and_evaluates_the_outcome_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let data = path("data.jsonl");
+    std::fs::write(
+        &data,
+        (0..12)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    serde_json::json!({"prompt": format!("Say hello number {i}."),
+                        "label": if i % 2 == 0 { "light" } else { "heavy" },
+                        "task_class": "general", "split": "train"})
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    // Word problems the cheap model misses once they hold many quantities, in two
+    // categories, so each is held out by a head that learned it from the other.
+    let outcomes = path("outcomes.jsonl");
+    std::fs::write(
+        &outcomes,
+        (0..80)
+            .map(|i| {
+                let n = 1 + i % 8;
+                let prompt: String = (0..n)
+                    .map(|k| format!("Ann has {} pens. ", k + i))
+                    .collect();
+                format!(
+                    "{}\n",
+                    serde_json::json!({"id": format!("p{i}"), "source": "sim",
+                        "category": if i % 2 == 0 { "a" } else { "b" },
+                        "prompt": prompt + "How many pens?", "cheap_ok": n <= 4,
+                        "reference_ok": true})
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let out = path("model.json");
+    let (code, stdout, stderr) = support::cli(&[
+        "classifier",
+        "train",
+        "--data",
+        &data,
+        "--bits",
+        "10",
+        "--outcomes",
+        &outcomes,
+        "--cross-validate",
+        "category",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("sim (held out by category)"), "{stdout}");
+    let doc = ClassifierDocument::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(doc.weights.outcome.is_some());
+    let cv = doc.metrics.outcomes.unwrap();
+    assert!(cv.sources[0].pooled.apgr.unwrap() > 0.7, "{stdout}");
+
+    let (code, stdout, stderr) = support::cli(&[
+        "classifier",
+        "eval",
+        "--model",
+        &out,
+        "--outcomes",
+        &outcomes,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("ranked by: outcome head"), "{stdout}");
+    for line in [
+        "router ",
+        "random ",
+        "prompt length ",
+        "reference share",
+        "CPT(80%)",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    let (code, _, stderr) = support::cli(&["classifier", "eval"]);
+    assert_eq!(code, 1, "{stderr}");
+    let (code, _, stderr) = support::cli(&[
+        "classifier",
+        "train",
+        "--data",
+        &data,
+        "--cross-validate",
+        "category",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1, "{stderr}");
 }

@@ -20,6 +20,8 @@ use sha2::{Digest as _, Sha256};
 use super::data::{Difficulty, LabelledPrompt, Split};
 use super::eval::{EvalSummary, LosoSummary};
 use super::grams::{DENSE, DENSE_FEATURES};
+use super::outcome::OutcomeHead;
+use super::routing_eval::OutcomeCrossValidation;
 use super::{Classifier, CLASSES, LABELS, OUTPUTS, TASK_CLASSES};
 use crate::features::TaskClass;
 
@@ -77,6 +79,10 @@ pub struct EncodedWeights {
     pub dense: Vec<Vec<f32>>,
     /// `2^bits × 8` little-endian `f32`, row by row, base64.
     pub buckets: String,
+    /// The outcome head (`docs/routing.md` §1c); absent in a model trained without outcome
+    /// records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<OutcomeHead>,
 }
 
 /// How the model was trained and how it did; shown by `/admin/classifier`.
@@ -92,6 +98,16 @@ pub struct TrainingMetrics {
     pub dev: Option<EvalSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leave_one_source_out: Option<LosoSummary>,
+    /// Outcome records the outcome head was trained on.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub outcome_records: usize,
+    /// Held-out-category figures of the outcome head (`--cross-validate category`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcomes: Option<OutcomeCrossValidation>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A document that must not be applied.
@@ -130,6 +146,7 @@ impl ClassifierDocument {
             bias: model.bias.to_vec(),
             dense: model.dense.iter().map(|r| r.to_vec()).collect(),
             buckets: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            outcome: model.outcome.clone(),
         };
         let sha256 = digest(&features, &weights);
         Self {
@@ -259,6 +276,10 @@ impl ClassifierDocument {
                 ));
             }
         }
+        if let Some(head) = &w.outcome {
+            head.check()
+                .map_err(|(path, message)| invalid(path, message))?;
+        }
         let actual = digest(&self.features, &self.weights);
         if actual != self.sha256.to_ascii_lowercase() {
             return Err(invalid(
@@ -273,6 +294,7 @@ impl ClassifierDocument {
             bias,
             blend: w.blend,
             medium_weight: w.medium_weight,
+            outcome: w.outcome.clone(),
         })
     }
 
@@ -310,6 +332,8 @@ impl TrainingMetrics {
             train_labels,
             dev: None,
             leave_one_source_out: None,
+            outcome_records: 0,
+            outcomes: None,
         }
     }
 }
@@ -387,6 +411,18 @@ mod tests {
         assert_eq!(
             path_of(edited(|d| d["extra"] = serde_json::json!(1))),
             "extra"
+        );
+        assert_eq!(
+            path_of(edited(
+                |d| d["weights"]["outcome"]["choices"] = serde_json::json!([1.0])
+            )),
+            "weights.outcome.choices"
+        );
+        assert_eq!(
+            path_of(edited(
+                |d| d["weights"]["outcome"]["features"] = serde_json::json!(["length"])
+            )),
+            "weights.outcome.features"
         );
         assert!(edited(|d| d["version"] = serde_json::json!(MAX_VERSION)).is_ok());
     }

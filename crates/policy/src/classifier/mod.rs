@@ -23,12 +23,21 @@ mod document;
 mod eval;
 mod grams;
 mod lexicon;
+mod outcome;
+mod routing_eval;
 mod train;
 
 pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
-pub use train::{fit, train, TrainOptions};
+pub use outcome::{
+    fit_outcomes, parse_outcomes, OutcomeHead, OutcomeInputs, OutcomeRecord, OUTCOME_FEATURES,
+};
+pub use routing_eval::{
+    cross_validate, length_scores, random_scores, routing_curve, FoldReport,
+    OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
+};
+pub use train::{fit, train, train_with_outcomes, TrainOptions};
 
 /// Task classes in output order.
 pub const TASK_CLASSES: [TaskClass; 5] = [
@@ -57,6 +66,8 @@ pub struct Classifier {
     bias: [f32; OUTPUTS],
     blend: f64,
     medium_weight: f64,
+    /// Absent in a model trained without outcome records.
+    outcome: Option<OutcomeHead>,
 }
 
 /// What the classifier says of one prompt.
@@ -71,6 +82,12 @@ pub struct Classification {
     pub task_class: TaskClass,
     /// What the policy uses: the difficulty blended with the structural complexity.
     pub complexity: f64,
+    /// The outcome head's net probability that the cheapest profile's answer is worse than
+    /// the reference's (with a head; whether its class is covered or not).
+    pub risk: Option<f64>,
+    /// Whether the head's outcome data covered the prompt's task class, so the policy uses
+    /// the risk.
+    pub risk_covered: bool,
 }
 
 /// One input that moved a prompt's scores, for explain.
@@ -128,7 +145,27 @@ impl Classifier {
             false,
         );
         let logits = self.logits(&sums, shape.grams, &grams::dense(features, &shape));
-        self.decide(&logits, prompt.wants_json, features.complexity)
+        let mut c = self.decide(&logits, prompt.wants_json, features.complexity);
+        if let Some(head) = &self.outcome {
+            c.risk = Some(OutcomeHead::risk_of(
+                head.logit(&OutcomeInputs::of(prompt, window)),
+            ));
+            c.risk_covered = head.covers(c.task_class);
+        }
+        c
+    }
+
+    /// The outcome head's logit for a prompt (higher: the reference is more likely needed),
+    /// if the model has one: the score `classifier eval --outcomes` ranks by.
+    pub fn outcome_logit(&self, prompt: &Prompt<'_>, window: usize) -> Option<f64> {
+        self.outcome
+            .as_ref()
+            .map(|head| head.logit(&OutcomeInputs::of(prompt, window)))
+    }
+
+    /// The outcome head, if the model has one.
+    pub fn outcome(&self) -> Option<&OutcomeHead> {
+        self.outcome.as_ref()
     }
 
     /// Classifies and writes the task class and complexity into `features`.
@@ -141,6 +178,7 @@ impl Classifier {
         let c = self.classify(prompt, features, window);
         features.task_class = c.task_class;
         features.complexity = c.complexity;
+        features.risk = c.risk.filter(|_| c.risk_covered);
         c
     }
 
@@ -260,6 +298,8 @@ impl Classifier {
             difficulty,
             task_class,
             complexity,
+            risk: None,
+            risk_covered: false,
         }
     }
 }

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use super::data::{LabelledPrompt, Split};
 use super::document::{ClassifierDocument, FeatureSettings, TrainingMetrics};
 use super::grams::{self, for_each_gram, DENSE};
+use super::outcome::{covered_classes, fit_outcomes, OutcomeRecord};
 use super::{Classifier, CLASSES, LABELS, OUTPUTS, TASK_CLASSES};
 use crate::features::{Features, Prompt, Role, Segment};
 use crate::profile::ComplexityWeights;
@@ -65,13 +66,39 @@ impl Default for TrainOptions {
 
 /// Trains on the `train` split of `data`.
 pub fn train(data: &[LabelledPrompt], options: &TrainOptions) -> ClassifierDocument {
+    train_with_outcomes(data, &[], options)
+}
+
+/// Trains on the `train` split of `data` and, when there are outcome records, the outcome
+/// head on all of them; the head speaks for the task classes the trained model gives at
+/// least a tenth of the records.
+pub fn train_with_outcomes(
+    data: &[LabelledPrompt],
+    outcomes: &[OutcomeRecord],
+    options: &TrainOptions,
+) -> ClassifierDocument {
     let train: Vec<&LabelledPrompt> = data.iter().filter(|p| p.split == Split::Train).collect();
-    let classifier = fit(&train, options);
-    ClassifierDocument::new(
-        &classifier,
-        FeatureSettings::new(options.bits),
-        TrainingMetrics::counted(data, options.seed),
-    )
+    let mut classifier = fit(&train, options);
+    let window = ComplexityWeights::default().scoring_window_chars;
+    if !outcomes.is_empty() {
+        let classes = covered_classes(outcomes.iter().map(|r| {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: &r.prompt,
+                }],
+                wants_json: false,
+            };
+            let features = Features::extract(&prompt, &ComplexityWeights::default())
+                .unwrap_or_else(|_| Features::without_text(&prompt, &ComplexityWeights::default()));
+            classifier.classify(&prompt, &features, window).task_class
+        }));
+        let records: Vec<&OutcomeRecord> = outcomes.iter().collect();
+        classifier.outcome = Some(fit_outcomes(&records, window, classes));
+    }
+    let mut metrics = TrainingMetrics::counted(data, options.seed);
+    metrics.outcome_records = outcomes.len();
+    ClassifierDocument::new(&classifier, FeatureSettings::new(options.bits), metrics)
 }
 
 /// Fits a model to `data` (all of it, whatever its split).
@@ -102,6 +129,7 @@ pub fn fit(data: &[&LabelledPrompt], options: &TrainOptions) -> Classifier {
         bias: row(layout.rows),
         blend: options.blend,
         medium_weight: options.medium_weight,
+        outcome: None,
     }
 }
 

@@ -488,3 +488,121 @@ fn profiles_outside_the_allowed_list_are_not_candidates_nor_pinnable() {
         RouteError::NoAvailableProfile
     );
 }
+
+/// A hard math prompt, as the classifier scores a GSM8K problem: complexity high enough
+/// that no profile meets the required quality, and the outcome head's `risk`.
+fn hard_math(set: &ProfileSet, risk: Option<f64>) -> Features {
+    let mut f = features_of(
+        set,
+        "Sam has 3 boxes of 12 pens. He gives away 5. How many are left?",
+    );
+    f.task_class = TaskClass::Math;
+    f.complexity = 0.95;
+    f.risk = risk;
+    f
+}
+
+fn route_features(set: &ProfileSet, f: &Features, overrides: Overrides<'_>) -> RoutingDecision {
+    decide(
+        set,
+        &RouteRequest {
+            features: f,
+            max_tokens: Some(64),
+            overrides,
+            routing_key: "k",
+        },
+        &[],
+    )
+    .unwrap()
+}
+
+fn with_tolerance(t: f64) -> ProfileSet {
+    let mut s = set();
+    s.policy.risk_tolerance = t;
+    s
+}
+
+#[test]
+fn a_low_risk_prompt_goes_to_a_cheaper_profile_within_the_tolerance() {
+    let s = with_tolerance(0.1);
+    // Without a risk (no outcome head for this class) the required quality alone decides.
+    let none = route_features(&s, &hard_math(&s, None), Overrides::default());
+    assert_eq!(tier(&s, &none), "fp16");
+    assert_eq!(none.reason, Reason::ConstraintsUnmet);
+    // FP8 gives up a fifth of FP16-to-INT4's math quality gap: a fifth of the risk.
+    let low = route_features(&s, &hard_math(&s, Some(0.3)), Overrides::default());
+    assert_eq!(tier(&s, &low), "fp8");
+    let fp8 = low.candidate(s.index_of("llama8b-fp8").unwrap()).unwrap();
+    assert!((fp8.risk.unwrap() - 0.06).abs() < 1e-9, "{fp8:?}");
+    assert_eq!(low.risk, Some(0.3));
+    let high = route_features(&s, &hard_math(&s, Some(0.8)), Overrides::default());
+    assert_eq!(tier(&s, &high), "fp16");
+    // However low its risk, a hard prompt does not reach the tier kept for light ones...
+    let lowest = route_features(&s, &hard_math(&s, Some(0.01)), Overrides::default());
+    assert_eq!(tier(&s, &lowest), "fp8");
+    // ...but a prompt of middling complexity does: the cheapest carries the whole risk.
+    let mut medium = hard_math(&s, Some(0.05));
+    medium.task_class = TaskClass::Reasoning;
+    medium.complexity = 0.3;
+    let d = route_features(&s, &medium, Overrides::default());
+    assert_eq!(tier(&s, &d), "int4");
+    medium.risk = Some(0.2);
+    assert_eq!(
+        tier(&s, &route_features(&s, &medium, Overrides::default())),
+        "fp8"
+    );
+    medium.risk = None;
+    assert_eq!(
+        tier(&s, &route_features(&s, &medium, Overrides::default())),
+        "fp8"
+    );
+}
+
+#[test]
+fn the_risk_tolerance_comes_from_the_request_before_the_set_and_zero_is_off() {
+    let s = with_tolerance(0.1);
+    let f = hard_math(&s, Some(0.3));
+    let off = Overrides {
+        risk_tolerance: Some(0.0),
+        ..Overrides::default()
+    };
+    assert_eq!(tier(&s, &route_features(&s, &f, off)), "fp16");
+    let strict = Overrides {
+        risk_tolerance: Some(0.05),
+        ..Overrides::default()
+    };
+    let d = route_features(&s, &f, strict);
+    assert_eq!(tier(&s, &d), "fp16");
+    assert_eq!(d.risk_tolerance, 0.05);
+    assert_eq!(
+        tier(&s, &route_features(&s, &f, Overrides::default())),
+        "fp8"
+    );
+    assert_eq!(
+        tier(
+            &s,
+            &route_features(&with_tolerance(0.0), &f, Overrides::default())
+        ),
+        "fp16"
+    );
+}
+
+#[test]
+fn the_risk_rule_keeps_the_tenant_floor_and_an_explicit_minimum_quality() {
+    let s = with_tolerance(0.5);
+    let f = hard_math(&s, Some(0.3));
+    assert_eq!(
+        tier(&s, &route_features(&s, &f, Overrides::default())),
+        "fp8"
+    );
+    let floor = Overrides {
+        quality_floor: Some(0.91),
+        ..Overrides::default()
+    };
+    assert_eq!(tier(&s, &route_features(&s, &f, floor)), "fp16");
+    let explicit = Overrides {
+        min_quality: Some(0.92),
+        ..Overrides::default()
+    };
+    assert_eq!(tier(&s, &route_features(&s, &f, explicit)), "fp16");
+}

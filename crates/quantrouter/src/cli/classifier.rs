@@ -4,9 +4,13 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use quantrouter_policy::classifier::{
-    evaluate, leave_one_source_out, parse_labelled, train, LabelledPrompt, Split, TrainOptions,
+    cross_validate, evaluate, leave_one_source_out, length_scores, parse_labelled, parse_outcomes,
+    random_scores, routing_curve, train_with_outcomes, LabelledPrompt, OutcomeRecord, RoutingCurve,
+    Split, TrainOptions,
 };
-use quantrouter_policy::{ClassifierDocument, ProfileSet, TaskClass};
+use quantrouter_policy::{
+    score, ClassifierDocument, ComplexityWeights, ProfileSet, Prompt, Role, Segment, TaskClass,
+};
 
 use super::{document_command, load_set, CliError, DocumentCommand};
 
@@ -25,7 +29,7 @@ pub enum ClassifierCommand {
 pub struct DataArgs {
     /// Labelled JSONL: `{"prompt", "label": "heavy|medium|light"}`, optionally `task_class`,
     /// `source`, `id`, `split`. Repeat to combine files.
-    #[arg(long, required = true)]
+    #[arg(long)]
     pub data: Vec<PathBuf>,
     /// SOURCE=CLASS: the task class of a source's prompts that carry none (labels come by
     /// source, e.g. `alpaca=general`). Repeatable.
@@ -69,6 +73,19 @@ pub struct TrainArgs {
     /// A source leave-one-source-out never holds out: always trained on (repeatable).
     #[arg(long = "keep-in-training")]
     pub keep_in_training: Vec<String>,
+    /// Outcome JSONL (`{"prompt", "weak_correct", "strong_correct", "source", "category"}`):
+    /// also train the outcome head on them. Several files may follow one flag.
+    #[arg(long, num_args = 1..)]
+    pub outcomes: Vec<PathBuf>,
+    /// Also report the outcome head held out by `category` (one head per category trained
+    /// without it; a benchmark of one category by five folds), kept in the metrics.
+    #[arg(long = "cross-validate", value_enum)]
+    pub cross_validate: Option<CrossValidate>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrossValidate {
+    Category,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +98,11 @@ pub struct EvalArgs {
     /// Which prompts to measure on.
     #[arg(long, value_enum, default_value = "all")]
     pub split: SplitChoice,
+    /// Outcome JSONL: rank the prompts by the outcome head (without one: by the
+    /// complexity) and print APGR, CPT(50%), CPT(80%), the curve and the random and
+    /// prompt-length baselines. Several files may follow one flag.
+    #[arg(long, num_args = 1..)]
+    pub outcomes: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -100,7 +122,16 @@ pub fn run(command: ClassifierCommand) -> Result<(), CliError> {
 }
 
 fn run_train(args: &TrainArgs) -> Result<(), CliError> {
+    if args.data.data.is_empty() {
+        return Err(CliError::Invalid("--data is required".into()));
+    }
     let (data, set) = read_data(&args.data)?;
+    let outcomes = read_outcomes(&args.outcomes)?;
+    if args.cross_validate.is_some() && outcomes.is_empty() {
+        return Err(CliError::Invalid(
+            "--cross-validate needs --outcomes".into(),
+        ));
+    }
     let options = TrainOptions {
         seed: args.data.seed,
         bits: args.bits,
@@ -129,8 +160,11 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
     if trained == 0 {
         return Err(CliError::Invalid("no prompts in the train split".into()));
     }
-    eprintln!("training on {trained} prompts");
-    let mut doc = train(&data, &options);
+    eprintln!(
+        "training on {trained} prompts and {} outcome records",
+        outcomes.len()
+    );
+    let mut doc = train_with_outcomes(&data, &outcomes, &options);
     let model = doc
         .classifier()
         .map_err(|e| CliError::Invalid(e.to_string()))?;
@@ -148,6 +182,12 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
         println!("leave-one-source-out:\n{loso}");
         doc.metrics.leave_one_source_out = Some(loso);
     }
+    if args.cross_validate.is_some() {
+        let window = ComplexityWeights::default().scoring_window_chars;
+        let cv = cross_validate(&outcomes, window, options.seed);
+        println!("outcome head, held out by category:\n{cv}");
+        doc.metrics.outcomes = Some(cv);
+    }
     std::fs::write(&args.out, doc.to_json() + "\n")
         .map_err(|e| CliError::Io(format!("writing {}: {e}", args.out.display())))?;
     println!("wrote {} (sha256 {})", args.out.display(), doc.sha256);
@@ -155,6 +195,9 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
 }
 
 fn run_eval(args: &EvalArgs) -> Result<(), CliError> {
+    if args.data.data.is_empty() && args.outcomes.is_empty() {
+        return Err(CliError::Invalid("--data or --outcomes is required".into()));
+    }
     let (data, set) = read_data(&args.data)?;
     let model = match args.model.as_deref() {
         Some(path) if path == Path::new("off") => None,
@@ -176,10 +219,120 @@ fn run_eval(args: &EvalArgs) -> Result<(), CliError> {
             SplitChoice::Dev => p.split == Split::Dev,
         })
         .collect();
-    let report =
-        evaluate(&set, model.as_ref(), &chosen).map_err(|e| CliError::Invalid(e.to_string()))?;
-    println!("{} prompts:\n{report}", chosen.len());
+    if !chosen.is_empty() {
+        let report = evaluate(&set, model.as_ref(), &chosen)
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+        println!("{} prompts:\n{report}", chosen.len());
+    }
+    if !args.outcomes.is_empty() {
+        let outcomes = read_outcomes(&args.outcomes)?;
+        print!(
+            "{}",
+            outcome_report(&set, model.as_ref(), &outcomes, args.data.seed)
+        );
+    }
     Ok(())
+}
+
+/// Outcome records from files, in the order given.
+fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
+    let mut records = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
+        records.extend(
+            parse_outcomes(&text)
+                .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))?,
+        );
+    }
+    Ok(records)
+}
+
+/// RouteLLM's figures for each source of the records and for all of them: the model's
+/// ranking (its outcome head, or without one its complexity), then the baselines.
+fn outcome_report(
+    set: &ProfileSet,
+    model: Option<&quantrouter_policy::Classifier>,
+    records: &[OutcomeRecord],
+    seed: u64,
+) -> String {
+    use std::fmt::Write as _;
+    let weights = &set.policy.complexity;
+    let window = weights.scoring_window_chars.max(1);
+    let scorer = match model {
+        Some(m) if m.outcome().is_some() => "outcome head",
+        Some(_) => "complexity (the model has no outcome head)",
+        None => "structural complexity",
+    };
+    let scores: Vec<f64> = records
+        .iter()
+        .map(|r| {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: &r.prompt,
+                }],
+                wants_json: false,
+            };
+            match model.and_then(|m| m.outcome_logit(&prompt, window)) {
+                Some(logit) => logit,
+                None => score(&prompt, weights, model).0.complexity,
+            }
+        })
+        .collect();
+    let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        match groups.iter_mut().find(|(s, _)| *s == r.source) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((r.source.clone(), vec![i])),
+        }
+    }
+    if groups.len() > 1 {
+        groups.push(("all".into(), (0..records.len()).collect()));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "ranked by: {scorer}");
+    for (source, members) in &groups {
+        let chosen: Vec<&OutcomeRecord> = members.iter().map(|&i| &records[i]).collect();
+        let own: Vec<f64> = members.iter().map(|&i| scores[i]).collect();
+        let curve = routing_curve(&own, &chosen);
+        let _ = writeln!(
+            out,
+            "\n{source}: {} prompts, cheap accuracy {:.3}, reference accuracy {:.3}",
+            curve.prompts, curve.cheap_accuracy, curve.reference_accuracy
+        );
+        for (name, c) in [
+            ("router", &curve),
+            (
+                "random",
+                &routing_curve(&random_scores(&chosen, seed), &chosen),
+            ),
+            (
+                "prompt length",
+                &routing_curve(&length_scores(&chosen), &chosen),
+            ),
+        ] {
+            let _ = writeln!(out, "  {name:<14} {c}");
+        }
+        let _ = write!(out, "{}", curve_table(&curve));
+    }
+    out
+}
+
+/// The accuracy-vs-reference-share curve, one row per decile threshold.
+fn curve_table(curve: &RoutingCurve) -> String {
+    use std::fmt::Write as _;
+    let gap = curve.reference_accuracy - curve.cheap_accuracy;
+    let mut out = String::from("  reference share  accuracy  PGR\n");
+    for &(share, accuracy) in &curve.points {
+        let pgr = if gap > 0.0 {
+            format!("{:.3}", (accuracy - curve.cheap_accuracy) / gap)
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(out, "  {:>14.1}%  {:>8.3}  {pgr}", 100.0 * share, accuracy);
+    }
+    out
 }
 
 /// Reads, relabels and combines the data files, and the profile set to measure against.

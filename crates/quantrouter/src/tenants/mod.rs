@@ -67,6 +67,7 @@ pub struct ActiveTenant {
     pub quota: Quota,
     pub min_quality: Option<f64>,
     pub allowed_profiles: Option<Vec<String>>,
+    pub risk_tolerance: Option<f64>,
     pub priority: i32,
     /// The first [`HASH_PREFIX_CHARS`] hex characters of each key's hash.
     pub key_prefixes: Vec<String>,
@@ -176,6 +177,7 @@ impl ActiveTenant {
             limits,
             min_quality: None,
             allowed_profiles: None,
+            risk_tolerance: None,
             priority: 0,
             key_prefixes: Vec::new(),
             label: Arc::from(id),
@@ -183,14 +185,15 @@ impl ActiveTenant {
         }
     }
 
-    /// The routing overrides of this tenant's request: its quality floor and allowed
-    /// profiles, and the downgrade when it is past a soft limit; `base` carries the
-    /// request's own (headers, pinned model).
+    /// The routing overrides of this tenant's request: its quality floor, allowed profiles
+    /// and risk tolerance, and the downgrade when it is past a soft limit; `base` carries
+    /// the request's own (headers, pinned model; its risk tolerance wins).
     pub fn overrides<'a>(&'a self, base: Overrides<'a>, downgraded: bool) -> Overrides<'a> {
         Overrides {
             quality_floor: self.min_quality,
             allowed_profiles: self.allowed_profiles.as_deref(),
             downgrade: downgraded.then_some(Downgrade::NEAR_LIMIT),
+            risk_tolerance: base.risk_tolerance.or(self.risk_tolerance),
             ..base
         }
     }
@@ -213,6 +216,7 @@ impl TenantSnapshot {
             let mut active = ActiveTenant::new(&tenant.id, tenant.limits);
             active.min_quality = tenant.min_quality;
             active.allowed_profiles = tenant.allowed_profiles.clone();
+            active.risk_tolerance = tenant.risk_tolerance;
             active.priority = tenant.priority;
             for hash in &tenant.key_sha256 {
                 // The document was validated: every hash parses.

@@ -6,7 +6,8 @@ fn doc(version: u64) -> TenantDocument {
         r#"{{"version": {version}, "tenants": [
             {{"id": "team-a", "keys": ["sk-a-1", "sk-a-2"],
               "limits": {{"requests_per_minute": 60, "budget_per_month": 10.0}},
-              "min_quality": 0.85, "allowed_profiles": ["llama8b-fp8"], "priority": 3}},
+              "min_quality": 0.85, "allowed_profiles": ["llama8b-fp8"], "priority": 3,
+              "risk_tolerance": 0.2}},
             {{"id": "team-b", "keys": ["sk-b-1"], "priority": 3}},
             {{"id": "batch", "keys": ["sk-c-1"], "priority": -1}}
         ]}}"#
@@ -166,6 +167,20 @@ fn overrides_carry_the_floor_the_allowed_profiles_and_the_downgrade() {
     assert_eq!(o.allowed_profiles, Some(&["llama8b-fp8".to_owned()][..]));
     assert_eq!(o.downgrade, Some(Downgrade::NEAR_LIMIT));
     assert_eq!(a.overrides(base, false).downgrade, None);
+    // The tenant's risk tolerance, unless the request named its own.
+    assert_eq!(o.risk_tolerance, Some(0.2));
+    let own = Overrides {
+        risk_tolerance: Some(0.01),
+        ..base
+    };
+    assert_eq!(a.overrides(own, false).risk_tolerance, Some(0.01));
+    assert_eq!(
+        s.tenant("team-b")
+            .unwrap()
+            .overrides(base, false)
+            .risk_tolerance,
+        None
+    );
 }
 
 #[test]

@@ -1,0 +1,688 @@
+//! The outcome head: from a prompt's shape, how likely a cheaper tier's answer falls short
+//! where the reference's does not (`docs/routing.md` §1c).
+//!
+//! The task-class and difficulty heads learn labels given per source, so they tell kinds of
+//! prompt apart but rank prompts of one kind no better than chance. This head learns from
+//! outcome records — per prompt, whether a cheap and a reference model answered correctly —
+//! and reads what makes one prompt of a kind harder than another: how many quantities and
+//! sentences, operators, fractions and decimals, rare (long) words, negations, and the
+//! answer's format (a multiple-choice question has its own weights, since its options say
+//! more about it than its length does).
+//!
+//! It is a logistic regression on the soft target `(1 + reference_ok − cheap_ok) / 2`, so
+//! `2σ(z) − 1` estimates `P(cheap worse) − P(cheap better)`: the net probability that the
+//! cheaper answer loses what the reference's gets right. That, clamped to [0,1], is the
+//! `risk` the policy compares with `risk_tolerance`. Fitted by Newton's method from zero
+//! (the objective is convex and small), so training is deterministic.
+
+use serde::{Deserialize, Serialize};
+
+use super::data::{hash, DataError};
+use crate::features::{for_each_scored, Prompt, TaskClass};
+
+/// Names of the head's inputs, in weight order; part of the model's format.
+pub const OUTCOME_FEATURES: [&str; OUTCOME_INPUTS] = [
+    "length",
+    "question_words",
+    "quantities",
+    "distinct_quantities",
+    "sentences",
+    "questions",
+    "long_words",
+    "word_length",
+    "operators",
+    "choices",
+    "choice_length",
+    "numeric_choices",
+    "statements",
+    "negations",
+    "relations",
+    "money_percent",
+    "parentheses",
+    "capitalised",
+    "decimals",
+    "fractions",
+];
+pub const OUTCOME_INPUTS: usize = 20;
+/// Index of the input that says the prompt lists answer choices.
+const CHOICES: usize = 9;
+/// Parameters: free-form weights, multiple-choice weights, then the bias.
+const PARAMETERS: usize = 2 * OUTCOME_INPUTS + 1;
+/// Bytes of the scoring window the head reads: a question's shape is in its first lines,
+/// and the pass costs about as much per byte as the classifier's own (every outcome record
+/// shipped is shorter).
+pub const OUTCOME_WINDOW: usize = 2048;
+/// L2 penalty on the weights (not the bias): small data, so keep the weights modest.
+const PENALTY: f64 = 1.0;
+const NEWTON_STEPS: usize = 12;
+/// A task class the outcome data covered: at least this share of its records.
+const COVERED_SHARE: f64 = 0.10;
+
+/// One prompt with whether a cheap and a reference model answered it correctly.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct OutcomeRecord {
+    #[serde(default)]
+    pub id: String,
+    /// The benchmark or stream it came from (`unknown` when not given).
+    #[serde(default = "unknown")]
+    pub source: String,
+    /// The part of the benchmark (an MMLU subject); held out together.
+    #[serde(default = "unknown")]
+    pub category: String,
+    pub prompt: String,
+    #[serde(alias = "cheap_ok")]
+    pub weak_correct: bool,
+    #[serde(alias = "reference_ok")]
+    pub strong_correct: bool,
+}
+
+/// The fitted head, as the classifier document stores it (`weights.outcome`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeHead {
+    /// Input names; must be [`OUTCOME_FEATURES`].
+    pub features: Vec<String>,
+    /// Weights for a prompt without answer choices.
+    pub free_form: Vec<f32>,
+    /// Weights for a multiple-choice prompt.
+    pub choices: Vec<f32>,
+    pub bias: f32,
+    /// The task classes the outcome data covered; the policy uses the risk of these only.
+    pub task_classes: Vec<TaskClass>,
+}
+
+/// What one prompt looks like to the head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutcomeInputs(pub [f32; OUTCOME_INPUTS]);
+
+fn unknown() -> String {
+    "unknown".into()
+}
+
+/// Parses outcome JSONL: `{"prompt", "weak_correct", "strong_correct"}` (or `cheap_ok`,
+/// `reference_ok`), optionally `id`, `source`, `category`; other fields are ignored.
+pub fn parse_outcomes(jsonl: &str) -> Result<Vec<OutcomeRecord>, DataError> {
+    let mut out = Vec::new();
+    for (n, raw) in jsonl.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let mut record: OutcomeRecord = serde_json::from_str(raw).map_err(|e| DataError::Line {
+            line: n + 1,
+            message: e.to_string(),
+        })?;
+        if record.id.is_empty() {
+            record.id = format!("line-{}", n + 1);
+        }
+        out.push(record);
+    }
+    if out.is_empty() {
+        return Err(DataError::Empty);
+    }
+    Ok(out)
+}
+
+// === impl OutcomeRecord ===
+
+impl OutcomeRecord {
+    /// The head's soft target: 1 when only the reference was right, 0 when only the cheap
+    /// model was, ½ when they agree.
+    fn target(&self) -> f64 {
+        0.5 + 0.5
+            * (f64::from(u8::from(self.strong_correct)) - f64::from(u8::from(self.weak_correct)))
+    }
+
+    /// The fold of a record for `k`-fold cross-validation, by a stable hash of its id.
+    pub fn fold(&self, seed: u64, k: u64) -> u64 {
+        hash(seed, &self.id) % k.max(1)
+    }
+}
+
+// === impl OutcomeInputs ===
+
+impl OutcomeInputs {
+    /// The inputs of a prompt's scoring window of `window` bytes, at most
+    /// [`OUTCOME_WINDOW`] of it, in one pass.
+    pub fn of(prompt: &Prompt<'_>, window: usize) -> Self {
+        let mut scan = Scan::default();
+        for_each_scored(prompt, window.min(OUTCOME_WINDOW), |text| {
+            scan.feed(text.as_bytes())
+        });
+        scan.inputs()
+    }
+
+    /// The inputs of a single user message, as outcome records are read.
+    pub fn of_text(text: &str, window: usize) -> Self {
+        let prompt = Prompt {
+            segments: vec![crate::features::Segment {
+                role: crate::features::Role::User,
+                text,
+            }],
+            wants_json: false,
+        };
+        Self::of(&prompt, window)
+    }
+
+    fn choices(&self) -> bool {
+        self.0[CHOICES] > 0.5
+    }
+}
+
+/// Counts gathered over the window.
+#[derive(Debug, Default)]
+struct Scan {
+    bytes: usize,
+    question_words: u32,
+    numbers: u32,
+    distinct: [u64; 32],
+    distinct_count: usize,
+    sentences: u32,
+    questions: u32,
+    words: u32,
+    long_words: u32,
+    word_bytes: usize,
+    operators: u32,
+    options: u32,
+    option_bytes: usize,
+    numeric_options: u32,
+    statements: bool,
+    negations: u32,
+    relations: u32,
+    money_percent: u32,
+    parentheses: u32,
+    capitalised: u32,
+    decimals: u32,
+    fractions: u32,
+}
+
+impl Scan {
+    fn feed(&mut self, t: &[u8]) {
+        self.bytes += t.len();
+        let mut i = 0;
+        let mut line_start = true;
+        // Inside an answer choice (from its letter to the end of its line).
+        let mut option = false;
+        let mut option_digit = false;
+        let mut after_number = false;
+        while i < t.len() {
+            let b = t[i];
+            if line_start && is_option_letter(t, i) {
+                self.end_option(option, option_digit);
+                option = true;
+                option_digit = false;
+                self.options += 1;
+                i += 3;
+                line_start = false;
+                continue;
+            }
+            line_start = false;
+            if b.is_ascii_digit() {
+                let start = i;
+                let mut decimal = false;
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                while i < t.len() {
+                    let c = t[i];
+                    if c.is_ascii_digit() {
+                        h = (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3);
+                        i += 1;
+                    } else if (c == b'.' || c == b',')
+                        && t.get(i + 1).is_some_and(u8::is_ascii_digit)
+                    {
+                        decimal = true;
+                        i += 1;
+                    } else {
+                        break;
+                    }
+                }
+                if after_number && start > 0 && t[start - 1] == b'/' {
+                    self.fractions += 1;
+                }
+                self.numbers += 1;
+                self.decimals += u32::from(decimal);
+                self.remember(h);
+                option_digit |= option;
+                if !option {
+                    self.question_words += 1;
+                }
+                after_number = true;
+                continue;
+            }
+            if is_word_byte(b) {
+                let start = i;
+                // The first eight bytes, lowercased, as one number: the word lists compare
+                // numbers, not strings (this pass is on the request path).
+                let mut key = 0u64;
+                while i < t.len() && is_word_byte(t[i]) {
+                    if i - start < 8 {
+                        key |= u64::from(t[i] | 0x20) << (8 * (i - start));
+                    }
+                    i += 1;
+                }
+                self.word(&t[start..i], key, t.get(i..).unwrap_or_default(), option);
+                after_number = false;
+                continue;
+            }
+            match b {
+                b'\n' => {
+                    line_start = true;
+                    self.end_option(option, option_digit);
+                    option = false;
+                    option_digit = false;
+                }
+                b'.' | b'!' | b'?' if !option => {
+                    let next = t.get(i + 1).copied().unwrap_or(b' ');
+                    if next.is_ascii_whitespace() {
+                        self.sentences += 1;
+                    }
+                    self.questions += u32::from(b == b'?');
+                }
+                b'+' | b'-' | b'*' | b'=' | b'^' | b'<' | b'>' => self.operators += 1,
+                b'/' => {
+                    self.operators += 1;
+                    // A fraction keeps `after_number` across its slash.
+                    i += 1;
+                    continue;
+                }
+                b'%' | b'$' => self.money_percent += 1,
+                b'(' => self.parentheses += 1,
+                _ => {}
+            }
+            if option {
+                self.option_bytes += 1;
+            }
+            after_number = false;
+            i += 1;
+        }
+        self.end_option(option, option_digit);
+    }
+
+    fn end_option(&mut self, option: bool, digit: bool) {
+        if option {
+            self.numeric_options += u32::from(digit);
+        }
+    }
+
+    fn remember(&mut self, h: u64) {
+        let seen = &self.distinct[..self.distinct_count];
+        if !seen.contains(&h) && self.distinct_count < self.distinct.len() {
+            self.distinct[self.distinct_count] = h;
+            self.distinct_count += 1;
+        }
+    }
+
+    fn word(&mut self, w: &[u8], key: u64, rest: &[u8], option: bool) {
+        self.words += 1;
+        self.word_bytes += w.len();
+        if option {
+            self.option_bytes += w.len();
+        } else {
+            self.question_words += 1;
+        }
+        self.long_words += u32::from(w.len() >= 9);
+        self.capitalised += u32::from(w[0].is_ascii_uppercase());
+        // A key of a word of eight bytes or fewer is the word itself; the nine-letter words
+        // also need their length.
+        match key {
+            NOT | EXCEPT | FALSE | LEAST | NEVER | CANNOT => self.negations += 1,
+            INCORRECT if w.len() == 9 => self.negations += 1,
+            TWICE | HALF | TIMES | PERCENT | EACH | EVERY | PER | REST | TOTAL => {
+                self.relations += 1
+            }
+            REMAINING if w.len() == 9 => self.relations += 1,
+            STATEMENT
+                if w.len() == 9
+                    && rest.len() >= 2
+                    && rest[0] == b' '
+                    && rest[1].is_ascii_digit() =>
+            {
+                self.statements = true
+            }
+            _ => {}
+        }
+    }
+
+    fn inputs(&self) -> OutcomeInputs {
+        let ln = |x: f64| x.ln_1p() as f32;
+        let choices = self.options >= 2;
+        let option_mean = if self.options > 0 {
+            self.option_bytes as f64 / f64::from(self.options)
+        } else {
+            0.0
+        };
+        OutcomeInputs([
+            ln(self.bytes as f64) / 8.0,
+            ln(f64::from(self.question_words)) / 6.0,
+            ln(f64::from(self.numbers)) / 4.0,
+            ln(self.distinct_count as f64) / 4.0,
+            ln(f64::from(self.sentences + 1)) / 3.0,
+            ln(f64::from(self.questions)) / 2.0,
+            self.long_words as f32 / self.words.max(1) as f32,
+            (self.word_bytes as f64 / f64::from(self.words.max(1)) / 10.0) as f32,
+            ln(f64::from(self.operators)) / 3.0,
+            f32::from(u8::from(choices)),
+            ln(option_mean) / 5.0,
+            ln(f64::from(self.numeric_options)) / 2.0,
+            f32::from(u8::from(self.statements)),
+            ln(f64::from(self.negations)) / 2.0,
+            ln(f64::from(self.relations)) / 2.0,
+            ln(f64::from(self.money_percent)) / 2.0,
+            ln(f64::from(self.parentheses)) / 2.0,
+            ln(f64::from(self.capitalised)) / 3.0,
+            ln(f64::from(self.decimals)) / 2.0,
+            ln(f64::from(self.fractions)) / 2.0,
+        ])
+    }
+}
+
+/// The lowercase first eight bytes of a word as the scan packs them.
+const fn pack(word: &[u8]) -> u64 {
+    let mut key = 0u64;
+    let mut i = 0;
+    while i < word.len() && i < 8 {
+        key |= ((word[i] | 0x20) as u64) << (8 * i);
+        i += 1;
+    }
+    key
+}
+
+const NOT: u64 = pack(b"not");
+const EXCEPT: u64 = pack(b"except");
+const FALSE: u64 = pack(b"false");
+const INCORRECT: u64 = pack(b"incorrect");
+const LEAST: u64 = pack(b"least");
+const NEVER: u64 = pack(b"never");
+const CANNOT: u64 = pack(b"cannot");
+const TWICE: u64 = pack(b"twice");
+const HALF: u64 = pack(b"half");
+const TIMES: u64 = pack(b"times");
+const PERCENT: u64 = pack(b"percent");
+const EACH: u64 = pack(b"each");
+const EVERY: u64 = pack(b"every");
+const PER: u64 = pack(b"per");
+const REMAINING: u64 = pack(b"remaining");
+const REST: u64 = pack(b"rest");
+const TOTAL: u64 = pack(b"total");
+const STATEMENT: u64 = pack(b"statement");
+
+/// A line that starts an answer choice: `A. `, `B) ` ... `E. `.
+fn is_option_letter(t: &[u8], i: usize) -> bool {
+    matches!(t[i], b'A'..=b'E')
+        && t.get(i + 1).is_some_and(|&c| c == b'.' || c == b')')
+        && t.get(i + 2) == Some(&b' ')
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b >= 0x80
+}
+
+// === impl OutcomeHead ===
+
+impl OutcomeHead {
+    /// The head's logit for a prompt: higher means the reference is more likely needed.
+    pub fn logit(&self, inputs: &OutcomeInputs) -> f64 {
+        let w = if inputs.choices() {
+            &self.choices
+        } else {
+            &self.free_form
+        };
+        let z: f32 = w.iter().zip(&inputs.0).map(|(w, x)| w * x).sum::<f32>() + self.bias;
+        f64::from(z)
+    }
+
+    /// `risk` from a logit: the net probability that the cheaper answer is worse, in [0,1].
+    pub fn risk_of(logit: f64) -> f64 {
+        let p = 1.0 / (1.0 + (-logit).exp());
+        (2.0 * p - 1.0).clamp(0.0, 1.0)
+    }
+
+    /// Whether the policy may use the risk of a prompt of this class.
+    pub fn covers(&self, class: TaskClass) -> bool {
+        self.task_classes.contains(&class)
+    }
+
+    /// Checks the stored form; the message names what is wrong.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, String)> {
+        if !self
+            .features
+            .iter()
+            .map(String::as_str)
+            .eq(OUTCOME_FEATURES.iter().copied())
+        {
+            return Err((
+                "weights.outcome.features",
+                format!("must be {OUTCOME_FEATURES:?}"),
+            ));
+        }
+        for (path, w) in [
+            ("weights.outcome.free_form", &self.free_form),
+            ("weights.outcome.choices", &self.choices),
+        ] {
+            if w.len() != OUTCOME_INPUTS || !w.iter().all(|w| w.is_finite()) {
+                return Err((path, format!("must be {OUTCOME_INPUTS} finite numbers")));
+            }
+        }
+        if !self.bias.is_finite() {
+            return Err(("weights.outcome.bias", "must be finite".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Fits the head to outcome records (all of them), with the given covered task classes.
+pub fn fit_outcomes(
+    records: &[&OutcomeRecord],
+    window: usize,
+    task_classes: Vec<TaskClass>,
+) -> OutcomeHead {
+    let examples: Vec<(OutcomeInputs, f64)> = records
+        .iter()
+        .map(|r| (OutcomeInputs::of_text(&r.prompt, window), r.target()))
+        .collect();
+    let theta = newton(&examples);
+    let to_f32 = |s: &[f64]| s.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    OutcomeHead {
+        features: OUTCOME_FEATURES.iter().map(|s| (*s).to_owned()).collect(),
+        free_form: to_f32(&theta[..OUTCOME_INPUTS]),
+        choices: to_f32(&theta[OUTCOME_INPUTS..2 * OUTCOME_INPUTS]),
+        bias: theta[2 * OUTCOME_INPUTS] as f32,
+        task_classes,
+    }
+}
+
+/// The classes holding at least a tenth of the records, by the class each was given.
+pub(crate) fn covered_classes(classes: impl Iterator<Item = TaskClass>) -> Vec<TaskClass> {
+    let mut counts = [0usize; super::CLASSES];
+    let mut total = 0;
+    for class in classes {
+        if let Some(i) = super::TASK_CLASSES.iter().position(|&c| c == class) {
+            counts[i] += 1;
+            total += 1;
+        }
+    }
+    super::TASK_CLASSES
+        .iter()
+        .zip(counts)
+        .filter(|&(_, n)| total > 0 && n as f64 >= COVERED_SHARE * total as f64)
+        .map(|(&c, _)| c)
+        .collect()
+}
+
+/// The row of parameters an example touches, as a dense vector with the bias last.
+fn design(inputs: &OutcomeInputs) -> [f64; PARAMETERS] {
+    let mut x = [0f64; PARAMETERS];
+    let at = if inputs.choices() { OUTCOME_INPUTS } else { 0 };
+    for (i, &v) in inputs.0.iter().enumerate() {
+        x[at + i] = f64::from(v);
+    }
+    x[PARAMETERS - 1] = 1.0;
+    x
+}
+
+/// Newton's method for L2-penalised logistic regression with soft targets.
+fn newton(examples: &[(OutcomeInputs, f64)]) -> Vec<f64> {
+    let rows: Vec<([f64; PARAMETERS], f64)> =
+        examples.iter().map(|(x, y)| (design(x), *y)).collect();
+    let mut theta = vec![0.0; PARAMETERS];
+    for _ in 0..NEWTON_STEPS {
+        let mut grad = vec![0.0; PARAMETERS];
+        let mut hess = vec![vec![0.0; PARAMETERS]; PARAMETERS];
+        for (x, y) in &rows {
+            let z: f64 = x.iter().zip(&theta).map(|(a, b)| a * b).sum();
+            let p = 1.0 / (1.0 + (-z).exp());
+            let s = p * (1.0 - p);
+            for a in 0..PARAMETERS {
+                if x[a] == 0.0 {
+                    continue;
+                }
+                grad[a] += (p - y) * x[a];
+                for b in 0..PARAMETERS {
+                    hess[a][b] += s * x[a] * x[b];
+                }
+            }
+        }
+        for a in 0..PARAMETERS - 1 {
+            grad[a] += PENALTY * theta[a];
+            hess[a][a] += PENALTY;
+        }
+        // A parameter no example touches (no multiple-choice prompts) keeps a unit curvature.
+        for (a, row) in hess.iter_mut().enumerate() {
+            if row[a] == 0.0 {
+                row[a] = 1.0;
+            }
+        }
+        let Some(step) = solve(hess, grad) else {
+            break;
+        };
+        let mut largest: f64 = 0.0;
+        for (t, s) in theta.iter_mut().zip(&step) {
+            *t -= s;
+            largest = largest.max(s.abs());
+        }
+        if largest < 1e-10 {
+            break;
+        }
+    }
+    theta
+}
+
+/// Solves `a·x = b` by Gaussian elimination with partial pivoting; `None` when singular.
+fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+    let n = b.len();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(col, pivot);
+        b.swap(col, pivot);
+        let (upper, lower) = a.split_at_mut(col + 1);
+        let pivot_row = &upper[col];
+        for (offset, row) in lower.iter_mut().enumerate() {
+            let k = row[col] / pivot_row[col];
+            if k == 0.0 {
+                continue;
+            }
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= k * p;
+            }
+            b[col + 1 + offset] -= k * b[col];
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let tail: f64 = (row + 1..n).map(|j| a[row][j] * x[j]).sum();
+        x[row] = (b[row] - tail) / a[row][row];
+    }
+    Some(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_quantities_choices_and_statements() {
+        let gsm = OutcomeInputs::of_text(
+            "Sam buys 3 apples at $1.50 each and 1/2 of a pie. How much does he pay?",
+            4096,
+        );
+        let mcq = OutcomeInputs::of_text(
+            "Statement 1 | Every group is cyclic. Which is NOT true?\nA. 12\nB. x\nC. 4\nD. none",
+            4096,
+        );
+        let at = |name: &str| OUTCOME_FEATURES.iter().position(|n| *n == name).unwrap();
+        assert_eq!(gsm.0[at("choices")], 0.0);
+        assert_eq!(mcq.0[at("choices")], 1.0);
+        assert!(gsm.0[at("quantities")] > mcq.0[at("quantities")] * 0.0);
+        assert!(gsm.0[at("decimals")] > 0.0 && gsm.0[at("fractions")] > 0.0);
+        assert!(gsm.0[at("relations")] > 0.0 && gsm.0[at("money_percent")] > 0.0);
+        assert_eq!(mcq.0[at("statements")], 1.0);
+        assert!(mcq.0[at("negations")] > 0.0);
+        assert!(mcq.0[at("numeric_choices")] > 0.0);
+        assert_eq!(gsm.0[at("numeric_choices")], 0.0);
+        assert!(gsm
+            .0
+            .iter()
+            .chain(&mcq.0)
+            .all(|v| v.is_finite() && *v >= 0.0));
+    }
+
+    #[test]
+    fn fitting_is_deterministic_and_learns_the_direction() {
+        let records: Vec<OutcomeRecord> = (0..200)
+            .map(|i| {
+                let n = i % 8;
+                let prompt = (0..=n).map(|k| format!("{k} apples. ")).collect::<String>();
+                OutcomeRecord {
+                    id: i.to_string(),
+                    source: "s".into(),
+                    category: "c".into(),
+                    prompt,
+                    weak_correct: n < 4 || i % 5 == 0,
+                    strong_correct: true,
+                }
+            })
+            .collect();
+        let refs: Vec<&OutcomeRecord> = records.iter().collect();
+        let a = fit_outcomes(&refs, 4096, vec![TaskClass::Math]);
+        assert_eq!(a, fit_outcomes(&refs, 4096, vec![TaskClass::Math]));
+        let easy = a.logit(&OutcomeInputs::of_text("1 apples.", 4096));
+        let hard = a.logit(&OutcomeInputs::of_text(
+            "1 apples. 2 apples. 3 apples. 4 apples. 5 apples. 6 apples. 7 apples.",
+            4096,
+        ));
+        assert!(hard > easy, "{hard} <= {easy}");
+        assert!(OutcomeHead::risk_of(hard) > OutcomeHead::risk_of(easy));
+        assert!(a.check().is_ok());
+    }
+
+    #[test]
+    fn outcome_lines_take_either_name_and_default_the_rest() {
+        let rows = parse_outcomes(
+            "{\"prompt\": \"a\", \"cheap_ok\": false, \"reference_ok\": true}\n\n\
+             {\"id\": \"x\", \"source\": \"s\", \"category\": \"c\", \"prompt\": \"b\", \
+             \"weak_correct\": true, \"strong_correct\": true, \"extra\": 1}",
+        )
+        .unwrap();
+        assert_eq!(rows[0].id, "line-1");
+        assert_eq!(rows[0].source, "unknown");
+        assert!(rows[0].target() > 0.99);
+        assert_eq!(rows[1].target(), 0.5);
+        assert!(matches!(
+            parse_outcomes("{\"prompt\": \"a\"}"),
+            Err(DataError::Line { line: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn covered_classes_are_those_with_a_tenth_of_the_records() {
+        let classes = [TaskClass::Math; 18]
+            .into_iter()
+            .chain([TaskClass::Reasoning; 3])
+            .chain([TaskClass::Code]);
+        assert_eq!(
+            covered_classes(classes),
+            vec![TaskClass::Math, TaskClass::Reasoning]
+        );
+    }
+}
