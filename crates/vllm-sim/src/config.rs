@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// vLLM's default `--block-size` on GPUs.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
 /// How one simulated vLLM server behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
@@ -20,6 +23,14 @@ pub struct SimConfig {
     /// Bearer token every route but `/health` and `/sim/*` requires (vLLM's and
     /// llama.cpp's `--api-key`); `None` accepts anyone.
     pub api_key: Option<String>,
+    /// Prefix-cache capacity in KV blocks (vLLM's automatic prefix caching); 0 turns the
+    /// cache off, so every prompt token is prefilled.
+    pub prefix_cache_blocks: usize,
+    /// Tokens per KV block: the unit the prefix cache hashes and evicts.
+    pub block_size: usize,
+    /// Prefill time per prompt token not found in the cache, added to the time to first
+    /// token. Prefills share one compute stream, so they queue behind each other.
+    pub prefill_per_token: Duration,
 }
 
 /// An OpenAI-compatible server the simulator imitates on the wire, beyond the OpenAI API.
@@ -57,6 +68,9 @@ impl Default for SimConfig {
             seed: 0,
             metrics_flavor: MetricsFlavor::Vllm,
             api_key: None,
+            prefix_cache_blocks: 0,
+            block_size: DEFAULT_BLOCK_SIZE,
+            prefill_per_token: Duration::ZERO,
         }
     }
 }
