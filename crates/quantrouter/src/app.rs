@@ -85,6 +85,8 @@ pub struct App {
     pub tenants: Option<Arc<Tenants>>,
     /// Live agreement sampling (`policy.calibration`): budget, limits and counts.
     pub calibrator: Arc<Calibrator>,
+    /// Which profile recent conversations went to (`policy.affinity.session`).
+    pub sessions: crate::affinity::Sessions,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -107,6 +109,7 @@ impl App {
             keda,
             tenants,
             calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
+            sessions: crate::affinity::Sessions::default(),
             store,
             client,
             metrics: telemetry::metrics_handle(),

@@ -458,6 +458,7 @@ async fn profile_reloads_start_and_stop_watches() {
         metrics: None,
         ca_file: None,
         http2: false,
+        balance: None,
     });
     v2.profiles[2].upstream =
         Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));
