@@ -10,6 +10,7 @@
 
 mod ab;
 mod burst;
+mod cache;
 mod chaos;
 mod doc;
 mod http;
@@ -66,6 +67,9 @@ pub enum Selection {
     Chaos,
     /// 10,000 streams open at once: memory and CPU per stream.
     Soak,
+    /// Multi-turn conversations over four replicas with a prefix cache: cache-aware
+    /// endpoint choice against round robin, least load and vllm-router's cache_aware.
+    Cache,
     /// The router's RSS through a burst of 2,000 clients and after it.
     BurstMemory,
     /// Instructions per request under callgrind (needs valgrind).
@@ -189,7 +193,7 @@ pub struct Suite {
 }
 
 /// The scenarios with a generated block in the document.
-const DOC_SCENARIOS: [&str; 5] = ["overhead", "mixed", "overload", "chaos", "soak"];
+const DOC_SCENARIOS: [&str; 6] = ["overhead", "mixed", "overload", "chaos", "soak", "cache"];
 
 /// Runs `loadtest suite`.
 pub async fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
@@ -238,6 +242,7 @@ fn selection_name(selection: Selection) -> &'static str {
         Selection::Overload => "overload",
         Selection::Chaos => "chaos",
         Selection::Soak => "soak",
+        Selection::Cache => "cache",
         Selection::BurstMemory => "burst-memory",
         Selection::Instructions => "instructions",
         Selection::Syscalls => "syscalls",
@@ -306,6 +311,7 @@ impl Suite {
             Selection::Overload => overload::run(self).await,
             Selection::Chaos => chaos::run(self).await,
             Selection::Soak => soak::run(self).await,
+            Selection::Cache => cache::run(self).await,
             Selection::BurstMemory => burst::run(self).await,
             Selection::Instructions => inspect::instructions(self).await,
             Selection::Syscalls => inspect::syscalls(self).await,
@@ -327,6 +333,10 @@ impl Suite {
 
     fn work(&self) -> &Path {
         self.work.path()
+    }
+
+    fn prompts(&self) -> &[String] {
+        &self.prompts
     }
 
     fn duration(&self) -> Duration {
