@@ -80,6 +80,26 @@ fn affinity(c: &mut Criterion) {
             black_box((decision, blocks, key))
         })
     });
+    // The added work alone: on a loaded machine the two runs above can drift apart by more
+    // than the difference they are meant to show.
+    let decision = route(&set, Some(&model), &text);
+    group.bench_function("added/4096B", |b| {
+        let mut decision = decision.clone();
+        let session = decision.profile;
+        b.iter(|| {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: black_box(&text),
+                }],
+                wants_json: false,
+            };
+            let blocks = prefix_blocks(&prompt);
+            let key = conversation_key(Some("session-1"), None, &prompt);
+            black_box(prefer_session(&mut decision, black_box(session)));
+            black_box((blocks, key))
+        })
+    });
     group.finish();
 }
 

@@ -309,8 +309,9 @@ impl Pool {
             .collect();
         let chosen = match (placed, candidates.as_slice()) {
             (_, []) => return None,
+            // One endpoint: nothing to choose, and its table would only cost time.
+            (_, [only]) => *only,
             (Some((placement, factor)), all) => by_prefix(placement, factor, all)?,
-            (None, [only]) => *only,
             (None, [a, b]) => lighter(a, b),
             (None, many) => {
                 let i = fastrand::usize(..many.len());
