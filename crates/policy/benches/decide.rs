@@ -5,7 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use quantrouter_policy::{Classifier, ProfileSet, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{
+    conversation_key, prefer_session, prefix_blocks, Classifier, ProfileIndex, ProfileSet, Prompt,
+    Role, Segment, DEFAULT_PROFILE_SET,
+};
 
 mod workload;
 
@@ -49,5 +52,56 @@ fn features_and_decision(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, features_and_decision);
+/// What session and prefix affinity add to a decision at 4 KB, beside the same decision
+/// without them in the same run: the prompt's block hashes, the conversation key and the
+/// session preference (the per-endpoint table lookups happen at endpoint choice).
+fn affinity(c: &mut Criterion) {
+    let model = Classifier::builtin().unwrap();
+    let set = set_with(3);
+    let text = prompt_of(4 * 1024);
+    let mut group = c.benchmark_group("affinity");
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.bench_function("without/4096B", |b| {
+        b.iter(|| black_box(route(&set, Some(&model), black_box(&text))))
+    });
+    group.bench_function("with/4096B", |b| {
+        b.iter(|| {
+            let mut decision = route(&set, Some(&model), black_box(&text));
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: black_box(&text),
+                }],
+                wants_json: false,
+            };
+            let blocks = prefix_blocks(&prompt);
+            let key = conversation_key(Some("session-1"), None, &prompt);
+            prefer_session(&mut decision, ProfileIndex::new(0));
+            black_box((decision, blocks, key))
+        })
+    });
+    // The added work alone: on a loaded machine the two runs above can drift apart by more
+    // than the difference they are meant to show.
+    let decision = route(&set, Some(&model), &text);
+    group.bench_function("added/4096B", |b| {
+        let mut decision = decision.clone();
+        let session = decision.profile;
+        b.iter(|| {
+            let prompt = Prompt {
+                segments: vec![Segment {
+                    role: Role::User,
+                    text: black_box(&text),
+                }],
+                wants_json: false,
+            };
+            let blocks = prefix_blocks(&prompt);
+            let key = conversation_key(Some("session-1"), None, &prompt);
+            black_box(prefer_session(&mut decision, black_box(session)));
+            black_box((blocks, key))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, features_and_decision, affinity);
 criterion_main!(benches);

@@ -25,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+mod affinity;
 mod audit;
 mod calibration;
 pub mod classifier;
@@ -37,6 +38,11 @@ mod select;
 mod tenant;
 pub mod wait_queue;
 
+pub use affinity::{
+    choose_endpoint, conversation_key, prefer_session, prefix_blocks, Affinity, AffinityUse,
+    Balance, EndpointChoice, EndpointLoad, PrefixTable, DEFAULT_TABLE_BLOCKS, MAX_PREFIX_BYTES,
+    PREFIX_BLOCK_BYTES,
+};
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use calibration::{sampled, AgreementTally, CostWindow, QualityEstimate};
 pub use classifier::{

@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::affinity::{Affinity, Balance};
 use crate::features::TaskClass;
 
 /// A profile's position in its [`ProfileSet`]: what a decision names, and what everything
@@ -93,6 +94,8 @@ pub struct Policy {
     /// Live agreement sampling against a reference tier; absent: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// How strongly requests stick to the endpoint and profile holding their KV cache.
+    pub affinity: Affinity,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -249,6 +252,9 @@ pub struct ServiceUpstream {
     /// The APIs the upstream serves natively; the router translates the others to chat.
     #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
     pub apis: Vec<UpstreamApi>,
+    /// How a request picks an endpoint; absent: by cached prefix ([`Balance::Prefix`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<Balance>,
 }
 
 /// Fixed base URLs.
@@ -273,6 +279,9 @@ pub struct StaticUpstream {
     /// `https://`. Off by default: vLLM's server speaks HTTP/1.1 only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub http2: bool,
+    /// How a request picks an endpoint; absent: by cached prefix ([`Balance::Prefix`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<Balance>,
     /// The APIs the upstream serves natively; the router translates the others to chat.
     #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
     pub apis: Vec<UpstreamApi>,
@@ -314,6 +323,7 @@ impl Default for StaticUpstream {
             ca_file: None,
             http2: false,
             apis: default_apis(),
+            balance: None,
         }
     }
 }
@@ -542,6 +552,7 @@ impl Default for Policy {
             risk_tolerance: 0.0,
             stream_check: None,
             calibration: None,
+            affinity: Affinity::default(),
         }
     }
 }
@@ -614,6 +625,7 @@ impl Policy {
                 err("policy.stream_check.max_hold_ms".into(), "must be > 0");
             }
         }
+        self.affinity.check(err);
         if let Some(c) = &self.calibration {
             check_unit("policy.calibration.sample_rate", c.sample_rate, err);
             positive(
@@ -862,6 +874,15 @@ impl Upstream {
     /// The queue metric names the document sets, if any.
     pub fn queue_metrics(&self) -> Option<&QueueMetrics> {
         self.access().2
+    }
+
+    /// How a request picks one of this upstream's endpoints.
+    pub fn balance(&self) -> Balance {
+        match self {
+            Upstream::Service(s) => s.balance,
+            Upstream::Static(s) => s.balance,
+        }
+        .unwrap_or_default()
     }
 
     /// How connections to this upstream are made: its CA file and HTTP version.

@@ -68,7 +68,7 @@ fn every_shipped_profile_set_validates_against_the_schema_and_the_types() {
 fn schema_rejects_what_the_types_reject() {
     let validator = jsonschema::validator_for(&schema()).unwrap();
     let base: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
-    let cases: [(&str, Value); 11] = [
+    let cases: [(&str, Value); 13] = [
         ("/profiles/0/bogus", Value::from(1)),
         ("/profiles/0/quality/default", Value::from(1.5)),
         ("/profiles/0/latency/itl_ms", Value::from(0)),
@@ -97,6 +97,14 @@ fn schema_rejects_what_the_types_reject() {
         (
             "/profiles/0/upstream",
             serde_json::json!({"urls": ["http://a:1"], "http2": "yes"}),
+        ),
+        (
+            "/profiles/0/upstream",
+            serde_json::json!({"urls": ["http://a:1"], "balance": "random"}),
+        ),
+        (
+            "/policy/affinity",
+            serde_json::json!({"max_load_factor": 0.5}),
         ),
     ];
     for (pointer, bad) in cases {
@@ -171,7 +179,8 @@ fn schema_property_names_match_the_rust_fields() {
     set.profiles[1].upstream = serde_json::from_str(
         r#"{"urls": ["https://127.0.0.1:1"], "api_key_file": "/k",
             "metrics": {"waiting": "w", "running": "r"}, "ca_file": "/ca.pem", "http2": true,
-            "apis": ["chat", "completions", "messages", "responses"]}"#,
+            "apis": ["chat", "completions", "messages", "responses"],
+            "balance": "least_load"}"#,
     )
     .unwrap();
     set.profiles[2].upstream = serde_json::from_str(

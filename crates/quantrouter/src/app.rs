@@ -92,6 +92,8 @@ pub struct App {
     pub calibrator: Arc<Calibrator>,
     /// Which profile stored each Responses answer.
     pub responses: Arc<ResponseStore>,
+    /// Which profile recent conversations went to (`policy.affinity.session`).
+    pub sessions: crate::affinity::Sessions,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -115,6 +117,7 @@ impl App {
             tenants,
             calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
             responses: Arc::new(ResponseStore::new(config.stored_responses.clone())),
+            sessions: crate::affinity::Sessions::default(),
             store,
             client,
             metrics: telemetry::metrics_handle(),

@@ -412,6 +412,7 @@ impl Sample {
             request_id: &self.request_id,
             // Extra load the router chose to add: every client request goes first.
             priority: i32::MIN,
+            placement: &crate::upstream::Placement::default(),
         };
         let body_for = |_: ProfileIndex| retry::Outgoing {
             path: self.path,

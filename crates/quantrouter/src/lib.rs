@@ -5,6 +5,7 @@
 //! from the pure `quantrouter-policy` crate.
 
 pub mod admin;
+pub mod affinity;
 pub mod apis;
 pub mod app;
 pub mod calibration;

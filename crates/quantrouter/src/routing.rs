@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
-    decide, score, Classification, Classifier, Overrides, ProfileIndex, ProfileLoad, ProfileSet,
-    Reason, RouteError, RouteRequest, RoutingDecision,
+    conversation_key, decide, prefix_blocks, score, AffinityUse, Classification, Classifier,
+    Overrides, ProfileIndex, ProfileLoad, ProfileSet, Reason, RouteError, RouteRequest,
+    RoutingDecision,
 };
 
 use crate::openai::{ApiError, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::tenants::ActiveTenant;
-use crate::upstream::Pool;
+use crate::upstream::{Placement, Pool};
 
 /// Header: latency budget for this request, in milliseconds.
 pub const LATENCY_BUDGET_HEADER: HeaderName =
@@ -25,6 +26,9 @@ pub const RISK_TOLERANCE_HEADER: HeaderName =
     HeaderName::from_static("x-quantrouter-risk-tolerance");
 /// Header: pin this request to a profile id.
 pub const PROFILE_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-profile");
+
+/// Header: the conversation a request belongs to, for session affinity.
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 
 /// Header: overall deadline for this request, in milliseconds.
 pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-timeout-ms");
@@ -160,11 +164,22 @@ pub fn route_among(
             RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
         })?,
     };
+    let conversation = match set.policy.affinity.session {
+        true => conversation_key(
+            header_str(headers, SESSION_HEADER)?,
+            parsed.user.as_deref(),
+            &prompt,
+        ),
+        false => None,
+    };
     Ok(Routed {
         decision,
         classification,
         wait_for,
         cold_preferred,
+        placement: Placement::new(prefix_blocks(&prompt)),
+        conversation,
+        affinity: AffinityUse::None,
         prompt: PromptSize {
             bytes: features.prompt_bytes,
             // The estimate's own count for text that costs nothing: its per-message framing.
@@ -186,6 +201,23 @@ pub struct Routed {
     pub cold_preferred: Option<ProfileIndex>,
     /// The prompt as the context check sized it.
     pub prompt: PromptSize,
+    /// The prompt's blocks, for the endpoint holding its cached prefix.
+    pub placement: Placement,
+    /// The conversation's key, when session affinity is on.
+    pub conversation: Option<u64>,
+    /// Whether the conversation's earlier turns decided the profile.
+    pub affinity: AffinityUse,
+}
+
+impl Routed {
+    /// What decided where the request went: the conversation's profile (session) before
+    /// the endpoint's cached prefix, once an endpoint was picked.
+    pub fn affinity_used(&self) -> AffinityUse {
+        match self.affinity {
+            AffinityUse::None if self.placement.by_prefix() => AffinityUse::Prefix,
+            used => used,
+        }
+    }
 }
 
 /// A prompt's size as the context check estimates it, to compare with the tokens the

@@ -459,6 +459,7 @@ async fn profile_reloads_start_and_stop_watches() {
         ca_file: None,
         http2: false,
         apis: vec![UpstreamApi::Chat, UpstreamApi::Completions],
+        balance: None,
     });
     v2.profiles[2].upstream =
         Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));

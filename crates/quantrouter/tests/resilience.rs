@@ -21,6 +21,13 @@ use support::{
 use tokio::time::Instant;
 use vllm_sim::{Faults, SimConfig};
 
+/// Balances the int4 tier by load alone, whose tie between idle endpoints goes to the first.
+fn least_load(set: &mut quantrouter_policy::ProfileSet) {
+    if let quantrouter_policy::Upstream::Static(upstream) = &mut set.profiles[INT4].upstream {
+        upstream.balance = Some(quantrouter_policy::Balance::LeastLoad);
+    }
+}
+
 /// Profile indices of the embedded set.
 const FP16: usize = 0;
 const FP8: usize = 1;
@@ -175,7 +182,7 @@ async fn the_retry_budget_caps_upstream_attempts_on_a_failing_tier() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_on_429_is_honoured_before_the_next_endpoint() {
-    let t = Tiers::start([1, 1, 2], |_| SimConfig::default(), |_| {}, |_| {}).await;
+    let t = Tiers::start([1, 1, 2], |_| SimConfig::default(), least_load, |_| {}).await;
     t.sims[INT4][0].set_faults(Faults {
         retry_after_s: Some(1),
         ..fails(429)
@@ -198,7 +205,7 @@ async fn a_hung_endpoint_times_out_and_the_request_is_retried_elsewhere() {
     let t = Tiers::start(
         [1, 1, 2],
         |_| SimConfig::default(),
-        |_| {},
+        least_load,
         |c| {
             c.client.header_timeout = Duration::from_millis(300);
         },

@@ -25,9 +25,11 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::BadRequest("`messages` must be a non-empty array.".into()))?;
     let mut digest = PromptDigest::new();
+    let mut cache_text = String::new();
     if let Some(system) = wire.get("system") {
         digest.add_marker("system");
-        add_texts(&mut digest, system, &["text"]);
+        let text = add_texts(&mut digest, system, &["text"]);
+        push_turn(&mut cache_text, "system", &text);
     }
     let mut user_text = None;
     for message in messages {
@@ -35,6 +37,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         digest.add_marker(role);
         let content = message.get("content").unwrap_or(&Value::Null);
         let text = add_texts(&mut digest, content, &["text"]);
+        push_turn(&mut cache_text, role, &text);
         if role == "user" {
             user_text = Some(text);
         }
@@ -49,6 +52,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         model: wire.get("model").and_then(Value::as_str).map(str::to_owned),
         digest,
         user_text,
+        cache_text,
         max_tokens: max_tokens(&wire, "max_tokens")?,
         ignore_eos: false,
         stream: wire.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -66,9 +70,11 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
         .get("input")
         .ok_or_else(|| ApiError::BadRequest("`input` is required.".into()))?;
     let mut digest = PromptDigest::new();
+    let mut cache_text = String::new();
     if let Some(instructions) = wire.get("instructions") {
         digest.add_marker("system");
-        add_texts(&mut digest, instructions, &["input_text"]);
+        let text = add_texts(&mut digest, instructions, &["input_text"]);
+        push_turn(&mut cache_text, "system", &text);
     }
     let mut user_text = None;
     let mut last_is_result = false;
@@ -76,6 +82,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
         Value::String(text) => {
             digest.add_marker("user");
             digest.add_text(text);
+            push_turn(&mut cache_text, "user", text);
             user_text = Some(text.clone());
         }
         Value::Array(items) => {
@@ -84,6 +91,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
                 digest.add_marker(role);
                 let content = item.get("content").unwrap_or(&Value::Null);
                 let text = add_texts(&mut digest, content, &["input_text", "output_text"]);
+                push_turn(&mut cache_text, role, &text);
                 if role == "user" {
                     user_text = Some(text);
                 }
@@ -101,6 +109,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
         model: wire.get("model").and_then(Value::as_str).map(str::to_owned),
         digest,
         user_text,
+        cache_text,
         max_tokens: max_tokens(&wire, "max_output_tokens")?,
         ignore_eos: false,
         stream: wire.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -165,6 +174,14 @@ fn max_tokens(wire: &Value, field: &str) -> Result<Option<u64>, ApiError> {
 
 /// Adds the text of `content` (a string, or blocks of the given types) to the digest and
 /// returns it joined.
+/// Appends a turn to the text the prefix cache hashes, laid out as chat's is.
+fn push_turn(cache_text: &mut String, role: &str, text: &str) {
+    cache_text.push_str(role);
+    cache_text.push('\n');
+    cache_text.push_str(text);
+    cache_text.push('\n');
+}
+
 fn add_texts(digest: &mut PromptDigest, content: &Value, types: &[&str]) -> String {
     let mut joined = String::new();
     match content {

@@ -30,6 +30,9 @@ pub(crate) struct CompletionRequest {
     /// The last user message's text (chat) or the single prompt (completions): what an
     /// eval-set prompt is looked up by.
     pub(crate) user_text: Option<String>,
+    /// The prompt as the prefix cache sees it: each message's role and text in order, so a
+    /// conversation's next turn starts with the same bytes as the turn before.
+    pub(crate) cache_text: String,
     pub(crate) max_tokens: Option<u64>,
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
@@ -300,9 +303,12 @@ impl CompletionRequest {
         }
         let mut digest = PromptDigest::new();
         let mut user_text = None;
+        let mut cache_text = String::new();
         for message in messages {
             let role = message.role.unwrap_or_default();
             digest.add_marker(&role);
+            cache_text.push_str(&role);
+            cache_text.push('\n');
             let text = match message.content {
                 Some(ContentWire::Text(text)) => {
                     digest.add_text(&text);
@@ -322,6 +328,8 @@ impl CompletionRequest {
                 }
                 None => None,
             };
+            cache_text.push_str(text.as_deref().unwrap_or_default());
+            cache_text.push('\n');
             if role == "user" {
                 user_text = text;
             }
@@ -330,6 +338,7 @@ impl CompletionRequest {
             model: wire.model,
             digest,
             user_text,
+            cache_text,
             // `max_completion_tokens` is the newer name; vLLM prefers it when both are given.
             max_tokens: validate_max_tokens(wire.max_completion_tokens.or(wire.max_tokens))?,
             ignore_eos: wire.ignore_eos.unwrap_or(false),
@@ -358,6 +367,10 @@ impl CompletionRequest {
                 digest.add_text(text);
             }),
         }
+        let cache_text = match &prompt {
+            PromptWire::Text(text) => text.clone(),
+            PromptWire::Texts(texts) => texts.join("\n"),
+        };
         let user_text = match prompt {
             PromptWire::Text(text) => Some(text),
             PromptWire::Texts(mut texts) if texts.len() == 1 => texts.pop(),
@@ -367,6 +380,7 @@ impl CompletionRequest {
             model: wire.model,
             digest,
             user_text,
+            cache_text,
             max_tokens: validate_max_tokens(wire.max_tokens)?,
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),

@@ -200,13 +200,22 @@ async fn answer_whole(
         .metrics
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
+    let prefill = state.start_prefill(
+        &job.request.cache_text,
+        prompt_tokens,
+        u64::from(tokens),
+        Instant::now(),
+    );
     if state.paced() {
-        let started = Instant::now();
+        let started = prefill.done_at;
+        sleep_until(started).await;
+        state.finish_prefill(&prefill);
         let (ttft, itl) = (state.config.ttft, state.config.itl);
         sleep_until(started + ttft + itl).await;
         state.metrics.ttft.observe(job.arrived.elapsed());
         sleep_until(started + ttft + itl.saturating_mul(tokens)).await;
     } else {
+        state.finish_prefill(&prefill);
         state.metrics.ttft.observe(job.arrived.elapsed());
     }
     if job.reset_after_chunks.is_some() {
@@ -278,7 +287,15 @@ async fn stream_events(
         .metrics
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
-    let started = Instant::now();
+    let prefill = state.start_prefill(
+        &job.request.cache_text,
+        prompt_tokens,
+        u64::from(job.generation.tokens()),
+        Instant::now(),
+    );
+    let started = prefill.done_at;
+    sink.pace(started).await?;
+    state.finish_prefill(&prefill);
     let (ttft, itl) = (state.config.ttft, state.config.itl);
     let id = state.next_id(job.endpoint);
     let meta = job.meta(&id, &state.config.model);

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// vLLM's default `--block-size` on GPUs.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
 /// How one simulated vLLM server behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
@@ -23,6 +26,14 @@ pub struct SimConfig {
     /// Serve only the OpenAI APIs (`/v1/chat/completions`, `/v1/completions`): Anthropic's
     /// `/v1/messages` and OpenAI's `/v1/responses` answer 404, as on a server without them.
     pub chat_only: bool,
+    /// Prefix-cache capacity in KV blocks (vLLM's automatic prefix caching); 0 turns the
+    /// cache off, so every prompt token is prefilled.
+    pub prefix_cache_blocks: usize,
+    /// Tokens per KV block: the unit the prefix cache hashes and evicts.
+    pub block_size: usize,
+    /// Prefill time per prompt token not found in the cache, added to the time to first
+    /// token. Prefills share one compute stream, so they queue behind each other.
+    pub prefill_per_token: Duration,
 }
 
 /// An OpenAI-compatible server the simulator imitates on the wire, beyond the OpenAI API.
@@ -62,6 +73,9 @@ impl Default for SimConfig {
             api_key: None,
             // vLLM serves both agent APIs next to chat.
             chat_only: false,
+            prefix_cache_blocks: 0,
+            block_size: DEFAULT_BLOCK_SIZE,
+            prefill_per_token: Duration::ZERO,
         }
     }
 }

@@ -33,13 +33,14 @@ mod config;
 mod faults;
 mod generate;
 mod metrics;
+mod prefix_cache;
 mod routes;
 mod server;
 mod state;
 pub mod tier_eval;
 pub mod tls;
 
-pub use config::{MetricsFlavor, SimConfig};
+pub use config::{MetricsFlavor, SimConfig, DEFAULT_BLOCK_SIZE};
 pub use faults::{Faults, FaultsError};
 pub use metrics::SimStats;
 pub use server::SimServer;

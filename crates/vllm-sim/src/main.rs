@@ -44,6 +44,17 @@ struct Args {
     /// a server that lacks them (a router must translate).
     #[arg(long, env = "VLLM_SIM_CHAT_ONLY")]
     chat_only: bool,
+    /// Prefix-cache capacity in KV blocks (vLLM's `--enable-prefix-caching`); 0 = off.
+    #[arg(long, env = "VLLM_SIM_PREFIX_CACHE_BLOCKS", default_value_t = 0)]
+    prefix_cache_blocks: usize,
+    /// Tokens per KV block, the prefix cache's unit (vLLM's `--block-size`).
+    #[arg(long, env = "VLLM_SIM_BLOCK_SIZE", default_value_t = vllm_sim::DEFAULT_BLOCK_SIZE as u64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    block_size: u64,
+    /// Prefill time per uncached prompt token, in microseconds, added to the time to first
+    /// token.
+    #[arg(long, env = "VLLM_SIM_PREFILL_US_PER_TOKEN", default_value_t = 0)]
+    prefill_us_per_token: u64,
     /// Serve HTTPS with this PEM certificate chain (leaf first); needs `--tls-key`.
     #[arg(long, env = "VLLM_SIM_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -71,6 +82,9 @@ async fn main() -> ExitCode {
         metrics_flavor: args.metrics_flavor,
         api_key: args.api_key,
         chat_only: args.chat_only,
+        prefix_cache_blocks: args.prefix_cache_blocks,
+        block_size: usize::try_from(args.block_size).unwrap_or(vllm_sim::DEFAULT_BLOCK_SIZE),
+        prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
     };
     let model = config.model.clone();
     let tls = match (&args.tls_cert, &args.tls_key) {

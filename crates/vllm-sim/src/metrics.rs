@@ -48,6 +48,13 @@ pub(crate) struct Metrics {
     pub(crate) generation_tokens: AtomicU64,
     pub(crate) running: AtomicUsize,
     pub(crate) waiting: AtomicUsize,
+    /// Prompt tokens looked up in the prefix cache, and those found (vLLM counts tokens).
+    pub(crate) prefix_cache_queries: AtomicU64,
+    pub(crate) prefix_cache_hits: AtomicU64,
+    /// KV blocks held by running requests, and the cache's capacity (0: no prefix cache,
+    /// and usage is the share of sequence slots taken).
+    pub(crate) kv_blocks: AtomicUsize,
+    pub(crate) kv_capacity_blocks: AtomicUsize,
     pub(crate) ttft: Histogram,
     pub(crate) e2e: Histogram,
 }
@@ -75,6 +82,10 @@ impl Metrics {
             generation_tokens: AtomicU64::new(0),
             running: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
+            prefix_cache_queries: AtomicU64::new(0),
+            prefix_cache_hits: AtomicU64::new(0),
+            kv_blocks: AtomicUsize::new(0),
+            kv_capacity_blocks: AtomicUsize::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
         }
@@ -111,7 +122,10 @@ impl Metrics {
         };
         let running = self.running.load(Ordering::Relaxed);
         let waiting = self.waiting.load(Ordering::Relaxed);
-        let usage = running as f64 / max_num_seqs.max(1) as f64;
+        let usage = match self.kv_capacity_blocks.load(Ordering::Relaxed) {
+            0 => running as f64 / max_num_seqs.max(1) as f64,
+            capacity => (self.kv_blocks.load(Ordering::Relaxed) as f64 / capacity as f64).min(1.0),
+        };
         let mut out = String::with_capacity(4096);
         let gauges: [(&str, &str, f64); 3] = [
             (names.running, "Requests being generated.", running as f64),
@@ -163,7 +177,24 @@ impl Metrics {
                 &self.cancelled,
             ),
         ];
-        for (name, help, counter) in counters {
+        let prefix_counters = [
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                &self.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                &self.prefix_cache_hits,
+            ),
+        ];
+        // Only vLLM exports its prefix cache as counters under these names.
+        let prefix_counters = match flavor {
+            MetricsFlavor::Vllm => &prefix_counters[..],
+            _ => &[],
+        };
+        for (name, help, counter) in counters.iter().chain(prefix_counters) {
             let value = counter.load(Ordering::Relaxed);
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter")?;
             writeln!(out, "{name}{} {value}", braces(""))?;

@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::api::Endpoint;
 use crate::config::SimConfig;
 use crate::faults::FaultState;
 use crate::generate::SplitMix64;
 use crate::metrics::Metrics;
+use crate::prefix_cache::PrefixCache;
 
 /// One simulator's configuration, counters, faults and admission queue.
 #[derive(Debug)]
@@ -35,6 +37,29 @@ pub(crate) struct SimState {
     id_salt: u64,
     /// Responses API answers by id, for `previous_response_id` and `GET /v1/responses/{id}`.
     responses: Mutex<HashMap<String, Bytes>>,
+    /// The prefix cache, when `prefix_cache_blocks` is set.
+    prefix_cache: Option<PrefixCache>,
+    /// When the prefill compute stream is free: prefills run one after another, as they
+    /// share the GPU, so a server that takes many cold prompts at once answers all of them
+    /// later.
+    prefill_free_at: std::sync::Mutex<Option<Instant>>,
+}
+
+/// A request's prefill: the blocks it brings to the cache, when its first token can leave,
+/// and the KV blocks it holds until it ends.
+#[derive(Debug)]
+pub(crate) struct Prefill {
+    blocks: Vec<u64>,
+    /// Prefill done; the time to first token counts from here.
+    pub(crate) done_at: Instant,
+    _kv: Option<KvBlocks>,
+}
+
+/// KV blocks a running request holds, counted in the cache usage gauge until dropped.
+#[derive(Debug)]
+struct KvBlocks {
+    state: Arc<SimState>,
+    blocks: usize,
 }
 
 /// Stored responses kept at most: plenty for tests and demos, bounded for load tests.
@@ -79,7 +104,14 @@ impl SimState {
     pub(crate) fn new(config: SimConfig) -> Self {
         // Zero permits would queue every request forever; the semaphore caps permits too.
         let max_num_seqs = config.max_num_seqs.clamp(1, Semaphore::MAX_PERMITS);
-        let paced = !config.ttft.is_zero() || !config.itl.is_zero();
+        let paced =
+            !config.ttft.is_zero() || !config.itl.is_zero() || !config.prefill_per_token.is_zero();
+        let prefix_cache = PrefixCache::new(config.prefix_cache_blocks, config.block_size);
+        let metrics = Metrics::new();
+        metrics.kv_capacity_blocks.store(
+            prefix_cache.as_ref().map_or(0, PrefixCache::capacity),
+            Ordering::Relaxed,
+        );
         Self {
             admission: Arc::new(Semaphore::new(max_num_seqs)),
             max_num_seqs,
@@ -87,8 +119,10 @@ impl SimState {
             ids: AtomicU64::new(0),
             id_salt: RandomState::new().build_hasher().finish(),
             responses: Mutex::new(HashMap::new()),
-            metrics: Metrics::new(),
+            metrics,
             faults: FaultState::default(),
+            prefix_cache,
+            prefill_free_at: std::sync::Mutex::new(None),
             config,
         }
     }
@@ -117,6 +151,66 @@ impl SimState {
         self.responses
             .lock()
             .is_ok_and(|mut stored| stored.remove(id).is_some())
+    }
+
+    /// Starts an admitted request's prefill at `now`: looks its prompt up in the prefix
+    /// cache and books the compute stream for the tokens not found there.
+    pub(crate) fn start_prefill(
+        self: &Arc<Self>,
+        cache_text: &str,
+        prompt_tokens: u64,
+        output_tokens: u64,
+        now: Instant,
+    ) -> Prefill {
+        let (blocks, cached_tokens, kv) = match &self.prefix_cache {
+            Some(cache) => {
+                let blocks = cache.block_hashes(cache_text);
+                let block_size = cache.block_size() as u64;
+                let hit = cache.lookup(&blocks) as u64 * block_size;
+                // vLLM recomputes at least the last prompt token to get its logits.
+                let cached = hit.min(prompt_tokens.saturating_sub(1));
+                let metrics = &self.metrics;
+                metrics
+                    .prefix_cache_queries
+                    .fetch_add(prompt_tokens, Ordering::Relaxed);
+                metrics
+                    .prefix_cache_hits
+                    .fetch_add(cached, Ordering::Relaxed);
+                let held = (prompt_tokens + output_tokens).div_ceil(block_size);
+                let kv = KvBlocks::new(self, usize::try_from(held).unwrap_or(usize::MAX));
+                (blocks, cached, Some(kv))
+            }
+            None => (Vec::new(), 0, None),
+        };
+        let compute = self
+            .config
+            .prefill_per_token
+            .saturating_mul(u32::try_from(prompt_tokens - cached_tokens).unwrap_or(u32::MAX));
+        let done_at = match compute.is_zero() {
+            true => now,
+            false => {
+                let mut free_at = self
+                    .prefill_free_at
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let start = free_at.map_or(now, |t| t.max(now));
+                let done = start + compute;
+                *free_at = Some(done);
+                done
+            }
+        };
+        Prefill {
+            blocks,
+            done_at,
+            _kv: kv,
+        }
+    }
+
+    /// The prefill ran: its blocks are in the cache for the requests after it.
+    pub(crate) fn finish_prefill(&self, prefill: &Prefill) {
+        if let Some(cache) = &self.prefix_cache {
+            cache.insert(&prefill.blocks);
+        }
     }
 
     pub(crate) fn max_num_seqs(&self) -> usize {
@@ -191,6 +285,27 @@ impl Drop for CancelGuard {
     }
 }
 
+// === impl KvBlocks ===
+
+impl KvBlocks {
+    fn new(state: &Arc<SimState>, blocks: usize) -> Self {
+        state.metrics.kv_blocks.fetch_add(blocks, Ordering::Relaxed);
+        Self {
+            state: state.clone(),
+            blocks,
+        }
+    }
+}
+
+impl Drop for KvBlocks {
+    fn drop(&mut self) {
+        self.state
+            .metrics
+            .kv_blocks
+            .fetch_sub(self.blocks, Ordering::Relaxed);
+    }
+}
+
 // === impl GaugeGuard ===
 
 impl GaugeGuard {
@@ -215,5 +330,74 @@ impl SimState {
             Gauge::Running => &self.metrics.running,
             Gauge::Waiting => &self.metrics.waiting,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn cached_state() -> Arc<SimState> {
+        Arc::new(SimState::new(SimConfig {
+            prefix_cache_blocks: 64,
+            block_size: 16,
+            prefill_per_token: Duration::from_micros(100),
+            ..SimConfig::default()
+        }))
+    }
+
+    /// A prompt of `tokens` simulated tokens (four bytes each).
+    fn text(tokens: usize) -> String {
+        "abcd".repeat(tokens)
+    }
+
+    #[test]
+    fn prefill_time_counts_only_uncached_tokens() {
+        let state = cached_state();
+        let now = Instant::now();
+        let prompt = text(160);
+        let cold = state.start_prefill(&prompt, 160, 8, now);
+        assert_eq!(cold.done_at - now, Duration::from_micros(100 * 160));
+        state.finish_prefill(&cold);
+        // The next turn repeats the ten cached blocks and adds 40 tokens.
+        let later = cold.done_at;
+        let next = format!("{prompt}{}", "wxyz".repeat(40));
+        let warm = state.start_prefill(&next, 200, 8, later);
+        assert_eq!(warm.done_at - later, Duration::from_micros(100 * 40));
+        let metrics = &state.metrics;
+        assert_eq!(metrics.prefix_cache_queries.load(Ordering::Relaxed), 360);
+        assert_eq!(metrics.prefix_cache_hits.load(Ordering::Relaxed), 160);
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_still_computes_its_last_token() {
+        let state = cached_state();
+        let now = Instant::now();
+        let first = state.start_prefill(&text(32), 32, 1, now);
+        state.finish_prefill(&first);
+        let again = state.start_prefill(&text(32), 32, 1, first.done_at);
+        assert_eq!(again.done_at - first.done_at, Duration::from_micros(100));
+    }
+
+    #[test]
+    fn cold_prefills_queue_on_one_compute_stream() {
+        let state = cached_state();
+        let now = Instant::now();
+        let a = state.start_prefill(&text(100), 100, 1, now);
+        let b = state.start_prefill(&"efgh".repeat(100), 100, 1, now);
+        assert_eq!(a.done_at - now, Duration::from_millis(10));
+        assert_eq!(b.done_at - now, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn running_requests_hold_kv_blocks_until_they_end() {
+        let state = cached_state();
+        let prefill = state.start_prefill(&text(40), 40, 8, Instant::now());
+        // 48 tokens in blocks of 16.
+        assert_eq!(state.metrics.kv_blocks.load(Ordering::Relaxed), 3);
+        drop(prefill);
+        assert_eq!(state.metrics.kv_blocks.load(Ordering::Relaxed), 0);
     }
 }

@@ -18,6 +18,12 @@ async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
             "bin-model",
             "--ttft-ms",
             "1",
+            "--prefix-cache-blocks",
+            "64",
+            "--block-size",
+            "1",
+            "--prefill-us-per-token",
+            "10",
         ])
         .env("VLLM_SIM_ITL_MS", "1")
         .stdout(Stdio::piped())
@@ -46,6 +52,19 @@ async fn binary_announces_its_url_serves_and_exits_on_sigterm() {
     .await;
     let reply = read_until_contains(&mut stream, "\"finish_reason\":\"length\"").await;
     assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    // One-token blocks: "user\nhi\n" fills two, so the cache was on and queried.
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"GET /metrics HTTP/1.1\r\nhost: sim\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let page = read_until_closed(&mut stream).await;
+    assert!(
+        page.contains("vllm:prefix_cache_queries_total{model_name=\"bin-model\"} 1\n"),
+        "{page}"
+    );
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -10,6 +10,7 @@
 
 mod ab;
 mod burst;
+mod cache;
 mod chaos;
 mod doc;
 mod gateway;
@@ -70,6 +71,9 @@ pub enum Selection {
     Chaos,
     /// 10,000 streams open at once: memory and CPU per stream.
     Soak,
+    /// Multi-turn conversations over four replicas with a prefix cache: cache-aware
+    /// endpoint choice against round robin, least load and vllm-router's cache_aware.
+    Cache,
     /// The router's RSS through a burst of 2,000 clients and after it.
     BurstMemory,
     /// Instructions per request under callgrind (needs valgrind).
@@ -193,7 +197,9 @@ pub struct Suite {
 }
 
 /// The scenarios with a generated block in the document.
-const DOC_SCENARIOS: [&str; 6] = ["overhead", "mixed", "overload", "chaos", "soak", "gateway"];
+const DOC_SCENARIOS: [&str; 7] = [
+    "overhead", "mixed", "overload", "chaos", "soak", "gateway", "cache",
+];
 
 /// Runs `loadtest suite`.
 pub async fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
@@ -243,6 +249,7 @@ fn selection_name(selection: Selection) -> &'static str {
         Selection::Overload => "overload",
         Selection::Chaos => "chaos",
         Selection::Soak => "soak",
+        Selection::Cache => "cache",
         Selection::BurstMemory => "burst-memory",
         Selection::Instructions => "instructions",
         Selection::Syscalls => "syscalls",
@@ -312,6 +319,7 @@ impl Suite {
             Selection::Overload => overload::run(self).await,
             Selection::Chaos => chaos::run(self).await,
             Selection::Soak => soak::run(self).await,
+            Selection::Cache => cache::run(self).await,
             Selection::BurstMemory => burst::run(self).await,
             Selection::Instructions => inspect::instructions(self).await,
             Selection::Syscalls => inspect::syscalls(self).await,
@@ -333,6 +341,10 @@ impl Suite {
 
     fn work(&self) -> &Path {
         self.work.path()
+    }
+
+    fn prompts(&self) -> &[String] {
+        &self.prompts
     }
 
     fn duration(&self) -> Duration {

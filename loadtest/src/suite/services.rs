@@ -65,12 +65,26 @@ impl Suite {
         &self,
         name: &str,
         model: &str,
-        (ttft_ms, itl_ms): (u64, u64),
+        latency_ms: (u64, u64),
         max_num_seqs: usize,
         port: Option<u16>,
     ) -> anyhow::Result<Sim> {
+        self.start_sim_with(name, model, latency_ms, max_num_seqs, port, &[])
+            .await
+    }
+
+    /// [`Suite::start_sim`] with more flags (the prefix cache, say).
+    pub(super) async fn start_sim_with(
+        &self,
+        name: &str,
+        model: &str,
+        (ttft_ms, itl_ms): (u64, u64),
+        max_num_seqs: usize,
+        port: Option<u16>,
+        extra: &[String],
+    ) -> anyhow::Result<Sim> {
         let listen = format!("127.0.0.1:{}", port.unwrap_or(0));
-        let args = [
+        let mut args = vec![
             "--listen".to_owned(),
             listen,
             "--model".to_owned(),
@@ -82,6 +96,7 @@ impl Suite {
             "--max-num-seqs".to_owned(),
             max_num_seqs.to_string(),
         ];
+        args.extend_from_slice(extra);
         let timeout = Duration::from_secs(self.options.ready_timeout_s);
         let (mut proc, line) = Proc::spawn_announcing(
             &format!("sim-{name}"),
@@ -223,21 +238,22 @@ impl Suite {
 
     /// vllm-router (round robin) in front of `upstream`, from its pinned venv.
     pub(super) async fn start_vllm_router(&self, upstream: &str) -> Option<Server> {
+        self.start_vllm_router_policy(&[upstream.to_owned()], "round_robin")
+            .await
+    }
+
+    /// vllm-router with `policy` in front of the `workers`, from its pinned venv.
+    pub(super) async fn start_vllm_router_policy(
+        &self,
+        workers: &[String],
+        policy: &str,
+    ) -> Option<Server> {
         let program = self.alternative("vllm-router", "vllm-router")?;
         let port = free_port().ok()?;
         let port_text = port.to_string();
-        let args = [
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port_text,
-            "--worker-urls",
-            upstream,
-            "--policy",
-            "round_robin",
-            "--log-level",
-            "warning",
-        ];
+        let mut args = vec!["--host", "127.0.0.1", "--port", &port_text, "--worker-urls"];
+        args.extend(workers.iter().map(String::as_str));
+        args.extend(["--policy", policy, "--log-level", "warning"]);
         let url = format!("http://127.0.0.1:{port}");
         self.start_alternative("vllm-router", &program, &args, &[], &url, "/v1/models")
             .await

@@ -113,6 +113,8 @@ pub struct Plan<'a> {
     pub request_id: &'a str,
     /// The tenant's place in admission queues: higher waits less (0 without tenants).
     pub priority: i32,
+    /// The prompt's blocks, for endpoint choice by cached prefix.
+    pub placement: &'a crate::upstream::Placement,
 }
 
 /// A response with headers from some upstream.
@@ -369,7 +371,8 @@ async fn try_profile(
         if !endpoints_tried.is_empty() && !wait_to_retry(config, plan, pool, id, progress).await {
             break;
         }
-        let Some(pick) = pool.pick(&endpoints_tried, Instant::now()) else {
+        let placed = crate::upstream::placed(plan.snapshot, profile, plan.placement);
+        let Some(pick) = pool.pick_placed(placed, &endpoints_tried, Instant::now()) else {
             break;
         };
         progress.attempts += 1;

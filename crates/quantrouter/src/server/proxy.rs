@@ -154,6 +154,7 @@ async fn forward_and_respond(
         trace,
         request_id: key,
         priority: grant.as_ref().map_or(0, |g| g.tenant.priority),
+        placement: &routed.placement,
     };
     let body_for = |profile: ProfileIndex| {
         let model_json = &snapshot.runtime[profile].model_json;
@@ -215,6 +216,10 @@ async fn forward_and_respond(
     if let Some(grant) = &grant {
         crate::tenants::gate::insert_rate_headers(response.headers_mut(), &grant.rate);
     }
+    let affinity = routed.affinity_used();
+    response
+        .headers_mut()
+        .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
     // Calibration: after the client has its answer, a sample is asked of the reference too.
     let sample = sample_for_calibration(app, received, parsed, snapshot, decision, served);
     Ok(match sample {
@@ -360,7 +365,7 @@ fn decide(
     grant: Option<&Grant>,
 ) -> Result<Routed, ApiError> {
     let classifier = app.config.classifier.load();
-    let routed = routing::route(
+    let mut routed = routing::route(
         snapshot,
         classifier.model.as_ref(),
         parsed,
@@ -369,6 +374,7 @@ fn decide(
         key,
         grant.map(|g| (&*g.tenant, g.downgraded)),
     )?;
+    app.sessions.settle(snapshot, &mut routed, true);
     app.keda.on_route(snapshot, routed.decision.profile);
     if let Some(cold) = routed.cold_preferred {
         app.keda.on_route(snapshot, cold);
@@ -400,6 +406,9 @@ async fn wait_for_cold_tier(
     )))
 }
 
+/// Says whether the conversation's profile or the prompt's cached prefix decided.
+const AFFINITY_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-affinity");
+
 /// How often a stream waiting for a cold tier gets a keep-alive comment: well inside the
 /// idle timeouts of proxies and clients (60 s is common, some use 10 to 30 s).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
@@ -429,6 +438,8 @@ fn cold_stream(
         fallback: None,
     };
     finish_head(&mut head, &snapshot, &routed.decision, &served);
+    let affinity = HeaderValue::from_static(routed.affinity.as_str());
+    head.headers.insert(AFFINITY_HEADER, affinity);
     // Not known when the head goes out; the stream itself is the answer.
     head.headers.remove("x-quantrouter-attempts");
     if let Some(grant) = &grant {
@@ -955,7 +966,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let model = classifier.model.as_ref();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let routed = routing::route(
+    let mut routed = routing::route(
         &snapshot,
         model,
         &parsed,
@@ -964,18 +975,21 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         key,
         tenant.as_deref().map(|t| (t, false)),
     )?;
+    // A dry run reads the conversation's memory but adds no turn to it.
+    app.sessions.settle(&snapshot, &mut routed, false);
     let decision_us = started.elapsed().as_secs_f64() * 1e6;
     let prompt = parsed.prompt();
     let top = model.map_or_else(Vec::new, |m| {
         routing::top_features(&snapshot.set, m, &prompt)
     });
     let classification = routed.classification.as_ref();
-    let explain = routing::explain(
+    let mut explain = routing::explain(
         &snapshot.set,
         &routed.decision,
         classification,
         &top,
         decision_us,
     );
+    explain["affinity"] = routed.affinity.as_str().into();
     Ok(json_response(StatusCode::OK, &explain))
 }

@@ -26,7 +26,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 pub use client::{ClientConfig, Sent, Transport, UpstreamClient, UpstreamIncoming};
-pub use pool::{Endpoint, InflightGuard, Pick, Pool};
+pub use pool::{placed, Endpoint, InflightGuard, Pick, Placement, Pool};
 
 use crate::openai::{find_usage, Usage};
 use sse::Scanned;

@@ -3,12 +3,13 @@
 //! admission slots, its retry budget, its upstream credential and the characters per token
 //! its upstream's tokenizer was seen to average.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::{HeaderValue, Uri};
+use quantrouter_policy::{choose_endpoint, EndpointLoad, PrefixTable};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -63,6 +64,19 @@ pub struct Endpoint {
     /// Response-header latency EWMA in microseconds (f64 bits); 0 before the first answer.
     latency_ewma_us: AtomicU64,
     breaker: Mutex<Breaker>,
+    /// The server's KV-cache usage from the last scrape (f64 bits); NaN when it has none.
+    kv_usage: AtomicU64,
+    /// Prompt blocks recently sent here: where a prompt's cached prefix likely is.
+    prefixes: Mutex<PrefixTable>,
+}
+
+/// A request's prompt as endpoint choice sees it, and what the choice did with it.
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// The prompt's chained block hashes (`quantrouter_policy::prefix_blocks`).
+    pub blocks: Vec<u64>,
+    /// The last endpoint was chosen for its cached prefix.
+    by_prefix: AtomicBool,
 }
 
 /// A chosen endpoint; report the outcome with [`Pick::succeeded`] or [`Pick::failed`]. A
@@ -278,6 +292,18 @@ impl Pool {
     /// of two random candidates, the one with less load (router in-flight plus the scraped
     /// upstream queue). Deterministic for one or two candidates.
     pub fn pick(&self, tried: &[Arc<Endpoint>], now: Instant) -> Option<Pick> {
+        self.pick_placed(None, tried, now)
+    }
+
+    /// [`Pool::pick`], or with `placed` (`upstream.balance: prefix`) the endpoint most likely
+    /// to hold the prompt's prefix within the load bound (`max_load_factor`); the prompt is
+    /// then remembered there.
+    pub fn pick_placed(
+        &self,
+        placed: Option<(&Placement, f64)>,
+        tried: &[Arc<Endpoint>],
+        now: Instant,
+    ) -> Option<Pick> {
         let endpoints = self.endpoints.load();
         let untried = |e: &&Arc<Endpoint>| !tried.iter().any(|t| Arc::ptr_eq(t, e));
         let candidates: Vec<&Arc<Endpoint>> = endpoints
@@ -285,11 +311,13 @@ impl Pool {
             .filter(untried)
             .filter(|e| e.lock_breaker().would_admit(now))
             .collect();
-        let chosen = match candidates.as_slice() {
-            [] => return None,
-            [only] => *only,
-            [a, b] => lighter(a, b),
-            many => {
+        let chosen = match (placed, candidates.as_slice()) {
+            (_, []) => return None,
+            // One endpoint: nothing to choose, and its table would only cost time.
+            (_, [only]) => *only,
+            (Some((placement, factor)), all) => by_prefix(placement, factor, all)?,
+            (None, [a, b]) => lighter(a, b),
+            (None, many) => {
                 let i = fastrand::usize(..many.len());
                 let j = (i + 1 + fastrand::usize(..many.len() - 1)) % many.len();
                 lighter(many[i], many[j])
@@ -329,6 +357,48 @@ impl Pool {
     }
 }
 
+/// How a request to `profile` picks its endpoint: by `placement`'s cached prefix within
+/// the policy's load bound when the profile balances by prefix, else by load alone.
+pub fn placed<'p>(
+    snapshot: &crate::profiles::Snapshot,
+    profile: quantrouter_policy::ProfileIndex,
+    placement: &'p Placement,
+) -> Option<(&'p Placement, f64)> {
+    let balance = snapshot.set.profiles[profile].upstream.balance();
+    let factor = snapshot.set.policy.affinity.max_load_factor;
+    (balance == quantrouter_policy::Balance::Prefix).then_some((placement, factor))
+}
+
+/// The policy's choice by cached prefix and load among `candidates`; the prompt's blocks
+/// are then remembered on the chosen endpoint.
+fn by_prefix<'a>(
+    placement: &Placement,
+    max_load_factor: f64,
+    candidates: &[&'a Arc<Endpoint>],
+) -> Option<&'a Arc<Endpoint>> {
+    let blocks = &placement.blocks;
+    let loads: Vec<EndpointLoad> = candidates
+        .iter()
+        .map(|e| EndpointLoad {
+            load: e.load(),
+            kv_usage: e.kv_usage(),
+            matched_blocks: match blocks.is_empty() {
+                true => 0,
+                false => lock(&e.prefixes).matched(blocks),
+            },
+        })
+        .collect();
+    let choice = choose_endpoint(&loads, max_load_factor, fastrand::u64(..))?;
+    let chosen = candidates.get(choice.index)?;
+    if !blocks.is_empty() {
+        lock(&chosen.prefixes).record(blocks);
+    }
+    placement
+        .by_prefix
+        .store(choice.by_prefix, Ordering::Relaxed);
+    Some(chosen)
+}
+
 fn lighter<'a>(a: &'a Arc<Endpoint>, b: &'a Arc<Endpoint>) -> &'a Arc<Endpoint> {
     if b.load() < a.load() {
         b
@@ -358,6 +428,8 @@ impl Endpoint {
             health_path: AtomicU8::new(0),
             latency_ewma_us: AtomicU64::new(0f64.to_bits()),
             breaker: Mutex::new(Breaker::new(config.breaker, now)),
+            kv_usage: AtomicU64::new(f64::NAN.to_bits()),
+            prefixes: Mutex::default(),
         }
     }
 
@@ -418,6 +490,18 @@ impl Endpoint {
         let new = reading.source.as_byte();
         let old = self.queue_source.swap(new, Ordering::Relaxed);
         (old != new).then(|| QueueSource::from_byte(old))
+    }
+
+    /// The server's KV-cache usage in [0, 1] from the last scrape, if it exports one.
+    pub fn kv_usage(&self) -> Option<f64> {
+        let usage = f64::from_bits(self.kv_usage.load(Ordering::Relaxed));
+        (!usage.is_nan()).then_some(usage)
+    }
+
+    /// Records the KV-cache usage a scrape found (`None`: the page had none).
+    pub fn set_kv_usage(&self, usage: Option<f64>) {
+        let usage = usage.filter(|u| u.is_finite()).unwrap_or(f64::NAN);
+        self.kv_usage.store(usage.to_bits(), Ordering::Relaxed);
     }
 
     /// Whose queue metrics the last scrape found.
@@ -482,6 +566,22 @@ impl Endpoint {
 
     fn lock_breaker(&self) -> MutexGuard<'_, Breaker> {
         lock(&self.breaker)
+    }
+}
+
+// === impl Placement ===
+
+impl Placement {
+    pub fn new(blocks: Vec<u64>) -> Self {
+        Self {
+            blocks,
+            by_prefix: AtomicBool::new(false),
+        }
+    }
+
+    /// The endpoint that got the last attempt was chosen for its cached prefix.
+    pub fn by_prefix(&self) -> bool {
+        self.by_prefix.load(Ordering::Relaxed)
     }
 }
 

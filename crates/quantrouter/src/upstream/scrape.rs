@@ -57,6 +57,15 @@ pub const KNOWN: [QueueNames; 4] = [
     },
 ];
 
+/// KV-cache usage in [0, 1] under each server's name (vLLM's older name too), in the order
+/// tried: a page has at most one of them.
+pub const KV_USAGE: [&str; 4] = [
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio",
+];
+
 /// Whose queue metrics an endpoint's page had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueSource {
@@ -175,6 +184,7 @@ async fn scrape(
     // value (requests, not scrapes, decide whether an endpoint is broken).
     if let Ok(Some(page)) = tokio::time::timeout(timeout, page).await {
         let reading = read_queue(&page, names);
+        endpoint.set_kv_usage(read_kv_usage(&page));
         if let Some(before) = endpoint.set_queue(reading) {
             log_source_change(&endpoint, before, reading.source);
         }
@@ -236,35 +246,52 @@ pub fn read_queue(page: &[u8], configured: Option<&QueueMetrics>) -> QueueReadin
     }
 }
 
+/// The KV-cache usage on a metrics page, the fullest of its samples (one per model), under
+/// the first name of [`KV_USAGE`] the page has.
+pub fn read_kv_usage(page: &[u8]) -> Option<f64> {
+    let text = std::str::from_utf8(page).unwrap_or_default();
+    KV_USAGE.iter().find_map(|name| {
+        samples(text, name)
+            .filter(|v| v.is_finite())
+            .map(|v| v.clamp(0.0, 1.0))
+            .reduce(f64::max)
+    })
+}
+
 /// Sum of the samples of metric `name` (one per model or label set), if it has any.
 fn sum_samples(text: &str, name: &str) -> Option<u64> {
     let mut found = None;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        // The exact name, then labels or a space.
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        // The value follows the labels (which may hold spaces); a timestamp may follow it.
-        let after_labels = match rest.strip_prefix('{') {
-            Some(labels) => labels.rsplit_once('}').map_or("", |(_, after)| after),
-            None => rest,
-        };
-        let Some(value) = after_labels
-            .split_ascii_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
+    for value in samples(text, name) {
         let total = found.get_or_insert(0u64);
         if value.is_finite() && value >= 0.0 {
             *total = total.saturating_add(value as u64);
         }
     }
     found
+}
+
+/// The values of metric `name`'s samples.
+fn samples<'t>(text: &'t str, name: &'t str) -> impl Iterator<Item = f64> + 't {
+    text.lines()
+        .filter_map(move |line| sample_value(line, name))
+}
+
+/// The value of `line` if it is a sample of metric `name`.
+fn sample_value(line: &str, name: &str) -> Option<f64> {
+    let rest = line.strip_prefix(name)?;
+    // The exact name, then labels or a space.
+    if !(rest.starts_with('{') || rest.starts_with(' ')) {
+        return None;
+    }
+    // The value follows the labels (which may hold spaces); a timestamp may follow it.
+    let after_labels = match rest.strip_prefix('{') {
+        Some(labels) => labels.rsplit_once('}').map_or("", |(_, after)| after),
+        None => rest,
+    };
+    after_labels
+        .split_ascii_whitespace()
+        .next()
+        .and_then(|v| v.parse::<f64>().ok())
 }
 
 // === impl QueueSource ===
@@ -363,5 +390,16 @@ vllm:num_requests_running{model_name=\"a\"} 7.0\n";
         ] {
             assert_eq!(QueueSource::from_byte(source.as_byte()), source);
         }
+    }
+
+    #[test]
+    fn reads_each_servers_kv_cache_usage() {
+        for (i, name) in KV_USAGE.iter().enumerate() {
+            let page = format!("{name}{{model_name=\"a\"}} 0.25\n{name}{{model_name=\"b\"}} 0.5\n");
+            assert_eq!(read_kv_usage(page.as_bytes()), Some(0.5), "{i}: {name}");
+        }
+        assert_eq!(read_kv_usage(b"vllm:kv_cache_usage_perc 7\n"), Some(1.0));
+        assert_eq!(read_kv_usage(b"vllm:kv_cache_usage_perc_total 0.5\n"), None);
+        assert_eq!(read_kv_usage(b"tgi_queue_size 3\n"), None);
     }
 }
