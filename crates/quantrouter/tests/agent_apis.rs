@@ -613,3 +613,57 @@ async fn a_stream_cut_short_ends_with_the_apis_error_event() {
         assert!(!last["message"].as_str().unwrap().is_empty());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_rate_is_refused_in_each_apis_shape() {
+    use quantrouter::tenants::limiter::LimiterConfig;
+    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    let doc = json!({"version": 1, "tenants": [{"id": "agents",
+        "key_sha256": [quantrouter_policy::hash_key("sk-agents")],
+        "limits": {"requests_per_minute": 2}}]});
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(1),
+        redis: None,
+        redis_poll: Duration::from_secs(1),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    // A fixed minute: the limit must not reset between the requests.
+    let clock = Clock::manual(4_102_444_800_000);
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let tenants = Tenants::start(config, limiter, clock).await.unwrap();
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig::default(),
+        |_| {},
+        |c| c.tenants = Some(std::sync::Arc::new(tenants)),
+    )
+    .await;
+    let json = ("content-type", "application/json");
+    let send_as = |path: &str, body: Value, key: (&'static str, &'static str)| {
+        let url = format!("http://{}{path}", t.router.public_addr());
+        async move { send(&client(), "POST", &url, &body.to_string(), &[json, key]).await }
+    };
+    let anthropic_key = ("x-api-key", "sk-agents");
+    let bearer = ("authorization", "Bearer sk-agents");
+    let first = send_as("/v1/messages", message(SIMPLE, false), anthropic_key).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let second = send_as("/v1/responses", response(SIMPLE, false), bearer).await;
+    assert_eq!(second.status, 200, "{:?}", second.body);
+
+    let refused = send_as("/v1/messages", message(SIMPLE, false), anthropic_key).await;
+    assert_eq!(refused.status, 429, "{:?}", refused.body);
+    assert_eq!(refused.json()["type"], "error");
+    assert_eq!(refused.json()["error"]["type"], "rate_limit_error");
+    assert!(!refused.header("retry-after").is_empty());
+    let refused = send_as("/v1/responses", response(SIMPLE, false), bearer).await;
+    assert_eq!(refused.status, 429, "{:?}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "rate_limit_exceeded");
+    // Neither refusal reached an upstream.
+    assert_eq!((0..3).map(|p| t.requests(p)).sum::<u64>(), 2);
+}

@@ -298,9 +298,10 @@ async fn token_counts_are_corrected_from_usage_streamed_answers_included() {
 async fn a_tenant_near_its_daily_budget_routes_cheapest_then_is_refused_until_tomorrow() {
     let redis = RedisServer::start(None);
     let replicas = Replicas::start(2, r#"{"budget_per_day": 1.0}"#, &redis).await;
-    // A reasoning prompt that routes above int4 unless downgraded.
+    // A code prompt that routes above int4 unless downgraded (the outcome head's risk rule
+    // covers math and reasoning only, so only the budget can move it).
     let code = serde_json::json!({"model": "auto", "max_tokens": 64, "messages": [{"role": "user",
-        "content": "Explain briefly why the sky is blue."}]})
+        "content": support::CODE}]})
     .to_string();
     let cheapest = replicas.cheapest_feasible_when_downgraded(&code).await;
     let normal = replicas.post(0, &code).await;

@@ -266,8 +266,8 @@ async fn a_request_an_upstream_read_and_never_answered_is_sent_once_and_retried_
     let (drop_posts, posts) = (Arc::new(AtomicBool::new(false)), Arc::default());
     let hangs_up = reads_and_hangs_up(Arc::clone(&drop_posts), Arc::clone(&posts)).await;
     let sim = SimServer::bind(loopback(), sim_config()).await.unwrap();
-    // Both endpoints idle: the first listed gets each first attempt.
-    let set = set_on(serde_json::json!({"urls": [hangs_up, sim.url()]}));
+    // Both endpoints idle: by load alone, the first listed gets each first attempt.
+    let set = set_on(serde_json::json!({"urls": [hangs_up, sim.url()], "balance": "least_load"}));
     let router = router(set, |_| {}).await;
 
     // A first exchange leaves a kept-alive connection to the scripted upstream.
