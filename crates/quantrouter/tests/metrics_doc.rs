@@ -50,7 +50,14 @@ async fn docs_list_exactly_the_exported_metrics() {
             itl: Duration::from_millis(if i == FP16 { 30 } else { 0 }),
             ..SimConfig::default()
         },
-        |set| set.profiles[FP16].max_concurrency = 1,
+        |set| {
+            set.profiles[FP16].max_concurrency = 1;
+            // By load alone, the failing int4 endpoint gets the first attempt: a retry.
+            if let quantrouter_policy::Upstream::Static(upstream) = &mut set.profiles[INT4].upstream
+            {
+                upstream.balance = Some(quantrouter_policy::Balance::LeastLoad);
+            }
+        },
         |c| {
             c.resilience.scrape_interval = Duration::from_millis(50);
             c.resilience.admission.queue_timeout = Duration::from_millis(50);
