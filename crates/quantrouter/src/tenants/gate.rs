@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::{header, HeaderMap};
-use quantrouter_policy::limits::{LimitKind, Outcome, RateHeaders, Reservation};
+use quantrouter_policy::limits::{Outcome, RateHeaders, Reservation};
 use tokio::task::JoinHandle;
 
 use super::limiter::{unix_ms, Limiter, LimiterConfig, Ticket};
 use super::{bearer, ActiveTenant, ImplicitKeys, KeyRejected, RejectReason, TenantStore};
 use super::{TenantSnapshot, TenantsConfig};
+pub use crate::openai::{insert_rate_headers, LimitReached};
 
 /// A router's tenants: the active document, the limiter that counts against it, and the
 /// clock its windows are read on.
@@ -64,16 +65,6 @@ pub enum Charge {
     Reserved,
     /// Nothing was served: the request, its tokens and spend are given back.
     Nothing,
-}
-
-/// A request refused at a tenant's hard limit: 429 with the limit's OpenAI code.
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("{}", message(*limit, *retry_after_s, rate))]
-pub struct LimitReached {
-    pub limit: LimitKind,
-    pub retry_after_s: u64,
-    /// The `x-ratelimit-*` values the refusal carries.
-    pub rate: RateHeaders,
 }
 
 // === impl Clock ===
@@ -289,51 +280,6 @@ impl Drop for Reserved {
                 clock: self.clock.clone(),
             };
             rest.close(Charge::Nothing);
-        }
-    }
-}
-
-// === impl LimitReached ===
-
-impl LimitReached {
-    /// OpenAI's error `type` and `code`: rates can be retried shortly, budgets not.
-    pub fn kind(&self) -> (&'static str, &'static str) {
-        match self.limit {
-            LimitKind::Requests | LimitKind::Tokens => ("rate_limit_error", self.limit.code()),
-            LimitKind::BudgetPerDay | LimitKind::BudgetPerMonth => {
-                ("insufficient_quota", self.limit.code())
-            }
-        }
-    }
-}
-
-/// Adds OpenAI's `x-ratelimit-*` headers of the tenant's rate limits (none it lacks).
-pub fn insert_rate_headers(headers: &mut HeaderMap, rate: &RateHeaders) {
-    for (name, value) in rate.pairs() {
-        if let Ok(value) = http::HeaderValue::from_str(&value) {
-            headers.insert(http::HeaderName::from_static(name), value);
-        }
-    }
-}
-
-fn message(limit: LimitKind, retry_after_s: u64, rate: &RateHeaders) -> String {
-    let of = |state: Option<quantrouter_policy::limits::RateState>| {
-        state.map_or_else(String::new, |s| format!(" (limit {})", s.limit))
-    };
-    match limit {
-        LimitKind::Requests => format!(
-            "Rate limit reached for requests per minute{}. Retry after {retry_after_s} s.",
-            of(rate.requests)
-        ),
-        LimitKind::Tokens => format!(
-            "Rate limit reached for tokens per minute{}. Retry after {retry_after_s} s.",
-            of(rate.tokens)
-        ),
-        LimitKind::BudgetPerDay => {
-            format!("You exceeded your daily budget; it resets in {retry_after_s} s.")
-        }
-        LimitKind::BudgetPerMonth => {
-            format!("You exceeded your monthly budget; it resets in {retry_after_s} s.")
         }
     }
 }
