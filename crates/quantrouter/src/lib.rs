@@ -17,6 +17,7 @@ pub mod documents;
 pub mod epp;
 pub mod keda;
 pub mod openai;
+pub mod probes;
 pub mod profiles;
 pub mod resilience;
 pub mod routing;
