@@ -133,3 +133,14 @@ pub(super) fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
     })?;
     Ok(ProfileSet::from_json(&text)?)
 }
+
+/// The start-up profile set: the `--profiles` file if given, else the embedded default.
+pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), ReloadError> {
+    match path {
+        Some(path) => Ok((read_file(path)?, SourceKind::File)),
+        None => Ok((
+            ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
+            SourceKind::Embedded,
+        )),
+    }
+}

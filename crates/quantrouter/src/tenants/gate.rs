@@ -4,15 +4,13 @@
 //! used ([`Tenants::settle`], off the client's path once the answer ended). A request let
 //! through but never answered gives its reservation back when its [`Grant`] is dropped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use http::{header, HeaderMap};
 use quantrouter_policy::limits::{Outcome, RateHeaders, Reservation};
 use tokio::task::JoinHandle;
 
-use super::limiter::{unix_ms, Limiter, LimiterConfig, Ticket};
+use super::limiter::{Clock, Limiter, LimiterConfig, Ticket};
 use super::{bearer, ActiveTenant, ImplicitKeys, KeyRejected, RejectReason, TenantStore};
 use super::{TenantSnapshot, TenantsConfig};
 pub use crate::openai::{insert_rate_headers, LimitReached};
@@ -26,13 +24,6 @@ pub struct Tenants {
     pub clock: Clock,
     /// The document's followers (Redis, the watched file), stopped with the router.
     tasks: Vec<JoinHandle<()>>,
-}
-
-/// Unix milliseconds for limit windows: the system clock, or one a test sets, so a test
-/// can move a tenant into tomorrow's window without waiting for it.
-#[derive(Debug, Clone, Default)]
-pub struct Clock {
-    manual: Option<Arc<AtomicU64>>,
 }
 
 /// A request let through: its tenant, the `x-ratelimit-*` values for its answer, and what
@@ -65,36 +56,6 @@ pub enum Charge {
     Reserved,
     /// Nothing was served: the request, its tokens and spend are given back.
     Nothing,
-}
-
-// === impl Clock ===
-
-impl Clock {
-    /// The system clock.
-    pub fn system() -> Self {
-        Self::default()
-    }
-
-    /// A clock that reads `start_ms` until [`Clock::set`] moves it.
-    pub fn manual(start_ms: u64) -> Self {
-        Self {
-            manual: Some(Arc::new(AtomicU64::new(start_ms))),
-        }
-    }
-
-    /// Moves a manual clock (the system clock ignores it).
-    pub fn set(&self, unix_ms: u64) {
-        if let Some(manual) = &self.manual {
-            manual.store(unix_ms, Ordering::Relaxed);
-        }
-    }
-
-    pub fn now_ms(&self) -> u64 {
-        match &self.manual {
-            Some(manual) => manual.load(Ordering::Relaxed),
-            None => unix_ms(SystemTime::now()),
-        }
-    }
 }
 
 // === impl Tenants ===

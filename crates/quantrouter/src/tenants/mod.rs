@@ -36,8 +36,9 @@ pub mod labels;
 pub mod limiter;
 pub mod usage;
 
-pub use gate::{Clock, Grant, LimitReached, Tenants};
+pub use gate::{Grant, LimitReached, Tenants};
 pub use keys::{bearer, KeyIndex, KeyRejected};
+pub use limiter::Clock;
 
 /// The id of the tenant `--api-keys-file` keys belong to.
 pub const IMPLICIT_TENANT: &str = "default";
