@@ -8,6 +8,7 @@ pub mod admin;
 pub mod affinity;
 pub mod apis;
 pub mod app;
+pub mod bootstrap;
 pub mod calibration;
 pub mod classifier;
 pub mod cli;

@@ -25,7 +25,9 @@ pub mod diff;
 pub mod redis_source;
 pub mod source;
 
-pub use source::{initial_set, start, Embedded, FileSource, ProfileSource, Started};
+pub use source::{
+    initial_set, read_set_or_seed_list, start, Embedded, FileSource, ProfileSource, Started,
+};
 
 /// Where the active profile set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
