@@ -90,16 +90,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The router's one Redis (`--redis-url`) and key prefix, if it has one: profiles, the
+/// classifier, tenants, stored Responses and the KEDA numbers all live there.
+fn redis(args: &ServeArgs) -> Result<Option<(redis::Client, String)>, CliError> {
+    let Some(url) = &args.redis_url else {
+        return Ok(None);
+    };
+    let client = crate::documents::client(url, args.redis_ca_file.as_deref())
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    Ok(Some((client, args.redis_prefix.clone())))
+}
+
 /// With `--redis-url`, replicas share their tier numbers through the profile Redis.
 fn keda_config(args: &ServeArgs) -> Result<KedaConfig, CliError> {
-    let redis = match &args.redis_url {
-        Some(url) => Some(RedisTarget {
-            client: crate::documents::client(url, args.redis_ca_file.as_deref())
-                .map_err(|e| CliError::Invalid(e.to_string()))?,
-            prefix: args.redis_prefix.clone(),
-        }),
-        None => None,
-    };
+    let redis = redis(args)?.map(|(client, prefix)| RedisTarget { client, prefix });
     Ok(KedaConfig {
         redis,
         replica_id: replica_id(args.replica_id.clone(), std::env::var("HOSTNAME").ok()),
@@ -131,11 +135,9 @@ fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
 /// The profile sources in order of preference: Redis, then the file, then the embedded set.
 async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError> {
     let mut sources: Vec<Arc<dyn profiles::ProfileSource>> = Vec::new();
-    if let Some(url) = &args.redis_url {
-        let client = crate::documents::client(url, args.redis_ca_file.as_deref())
-            .map_err(|e| CliError::Invalid(e.to_string()))?;
+    if let Some((client, prefix)) = redis(args)? {
         let config = profiles::redis_source::RedisSourceConfig {
-            prefix: args.redis_prefix.clone(),
+            prefix,
             poll: Duration::from_millis(args.redis_poll_ms.max(10)),
             seed_endpoints: parse_seed_endpoints(&args.seed_endpoint)?,
         };
@@ -178,14 +180,7 @@ async fn start_tenants(
         }
         None => None,
     };
-    let redis = match &args.redis_url {
-        Some(url) => Some((
-            crate::documents::client(url, args.redis_ca_file.as_deref())
-                .map_err(|e| CliError::Invalid(e.to_string()))?,
-            args.redis_prefix.clone(),
-        )),
-        None => None,
-    };
+    let redis = redis(args)?;
     let config = TenantsConfig {
         file: args.tenants.clone(),
         file_interval: Duration::from_millis(args.profiles_poll_ms.max(10)),
@@ -203,14 +198,7 @@ async fn start_tenants(
 
 /// Stored Responses' placement: shared through the router's Redis when it has one.
 fn stored_responses(args: &ServeArgs) -> Result<crate::apis::stored::StoreConfig, CliError> {
-    let redis = match &args.redis_url {
-        Some(url) => Some((
-            crate::documents::client(url, args.redis_ca_file.as_deref())
-                .map_err(|e| CliError::Invalid(e.to_string()))?,
-            args.redis_prefix.clone(),
-        )),
-        None => None,
-    };
+    let redis = redis(args)?;
     Ok(crate::apis::stored::StoreConfig {
         redis,
         ..Default::default()
@@ -218,14 +206,7 @@ fn stored_responses(args: &ServeArgs) -> Result<crate::apis::stored::StoreConfig
 }
 
 async fn start_classifier(args: &ServeArgs) -> Result<Arc<ClassifierStore>, CliError> {
-    let redis = match &args.redis_url {
-        Some(url) => Some((
-            crate::documents::client(url, args.redis_ca_file.as_deref())
-                .map_err(|e| CliError::Invalid(e.to_string()))?,
-            args.redis_prefix.clone(),
-        )),
-        None => None,
-    };
+    let redis = redis(args)?;
     let config = ClassifierConfig {
         file: match &args.classifier {
             ClassifierChoice::File(path) => Some(path.clone()),
