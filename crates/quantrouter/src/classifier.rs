@@ -7,18 +7,15 @@
 //! outranks the built-in model. `--classifier off` routes on the structural score alone.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use arc_swap::ArcSwap;
-use futures_util::future::BoxFuture;
 use quantrouter_policy::classifier::TrainingMetrics;
 use quantrouter_policy::{Classifier, ClassifierDocument, DEFAULT_CLASSIFIER};
 use serde::Serialize;
-use tokio::task::JoinHandle;
 
-use crate::documents::follow::{self, document, stored_version, Follower};
-use crate::documents::{Document, RedisStore, StoreError};
+use crate::documents::store::{self, DocumentStore, Kind, Rejected, Sources};
+use crate::documents::Document;
 use crate::telemetry::{self, ReloadResult};
 
 /// Where the active model came from.
@@ -44,33 +41,17 @@ pub struct ActiveClassifier {
 }
 
 /// The active model, swapped atomically on reload.
-#[derive(Debug)]
-pub struct ClassifierStore {
-    current: ArcSwap<ActiveClassifier>,
-    /// Serialises `apply`, so a check against the active model and the swap are one step.
-    applying: Mutex<()>,
-}
+pub type ClassifierStore = DocumentStore<Models>;
 
 /// Why an offered model was not applied.
-#[derive(Debug, thiserror::Error)]
-pub enum RejectReason {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-    #[error("version {offered} is older than the active version {active}")]
-    Stale { offered: u64, active: u64 },
-    #[error("a model from {offered:?} does not replace the active one from {active:?}")]
-    Outranked {
-        offered: ClassifierSource,
-        active: ClassifierSource,
-    },
-    #[error("the classifier is off")]
-    Off,
-}
+pub type RejectReason = Rejected<ClassifierSource>;
+
+/// A running store with the tasks that keep it up to date.
+pub type Started = store::Started<Models>;
+
+/// Classifier models as a kind of document a [`DocumentStore`] keeps active.
+#[derive(Debug)]
+pub struct Models;
 
 /// Where a router takes its model from.
 #[derive(Debug, Clone)]
@@ -84,9 +65,6 @@ pub struct ClassifierConfig {
     /// Re-read interval of the Redis key, the safety net for missed update messages.
     pub redis_poll: Duration,
 }
-
-/// How long start-up waits for Redis before starting on the file or built-in model.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 // === impl ClassifierSource ===
 
@@ -224,71 +202,68 @@ impl Default for ClassifierStore {
             tracing::error!(%error, "the built-in classifier is invalid; routing on the structural score");
             Arc::new(ActiveClassifier::off())
         });
-        Self::with(active)
+        Self::holding(Models, active)
     }
 }
 
 impl ClassifierStore {
-    fn with(active: Arc<ActiveClassifier>) -> Self {
-        telemetry::classifier_applied(active.version);
-        Self {
-            current: ArcSwap::new(active),
-            applying: Mutex::new(()),
-        }
-    }
-
     /// No model: the structural score alone.
     pub fn off() -> Self {
-        Self::with(Arc::new(ActiveClassifier::off()))
-    }
-
-    pub fn load(&self) -> Arc<ActiveClassifier> {
-        self.current.load_full()
-    }
-
-    /// Swaps in `doc` unless it is invalid, older than the active model of the same
-    /// source, or from a lesser source than the active one.
-    pub fn apply(
-        &self,
-        doc: &ClassifierDocument,
-        source: ClassifierSource,
-        allow_same_version: bool,
-    ) -> Result<(), RejectReason> {
-        let _serialised = self.applying.lock().unwrap_or_else(|e| e.into_inner());
-        let active = self.current.load();
-        if active.source == ClassifierSource::Off {
-            return Err(RejectReason::Off);
-        }
-        if source.rank() < active.source.rank() {
-            return Err(RejectReason::Outranked {
-                offered: source,
-                active: active.source,
-            });
-        }
-        let stale = active.source == source
-            && if allow_same_version {
-                doc.version < active.version
-            } else {
-                doc.version <= active.version
-            };
-        if stale {
-            return Err(RejectReason::Stale {
-                offered: doc.version,
-                active: active.version,
-            });
-        }
-        let next = ActiveClassifier::from_document(doc, source)?;
-        telemetry::classifier_applied(next.version);
-        self.current.store(Arc::new(next));
-        Ok(())
+        Self::holding(Models, ActiveClassifier::off())
     }
 }
 
-/// A running store with the tasks that keep it up to date.
-#[derive(Debug)]
-pub struct Started {
-    pub store: Arc<ClassifierStore>,
-    pub tasks: Vec<JoinHandle<()>>,
+// === impl Kind for Models ===
+
+impl Kind for Models {
+    type Doc = ClassifierDocument;
+    type Active = ActiveClassifier;
+    type Source = ClassifierSource;
+
+    const WHAT: &'static str = "classifier";
+    const FILE: ClassifierSource = ClassifierSource::File;
+    const REDIS: ClassifierSource = ClassifierSource::Redis;
+    /// A model is about a megabyte: an unchanged one is recognised without reading it.
+    const LARGE: bool = true;
+
+    fn rank(source: ClassifierSource) -> u8 {
+        source.rank()
+    }
+
+    fn source(active: &ActiveClassifier) -> ClassifierSource {
+        active.source
+    }
+
+    fn version(active: &ActiveClassifier) -> u64 {
+        active.version
+    }
+
+    fn summary(active: &ActiveClassifier) -> String {
+        format!("sha256 {}", active.sha256)
+    }
+
+    fn admit(&self, active: &ActiveClassifier, _: &ClassifierDocument) -> Result<(), RejectReason> {
+        match active.source {
+            ClassifierSource::Off => Err(RejectReason::Off),
+            _ => Ok(()),
+        }
+    }
+
+    fn build(
+        &self,
+        doc: &ClassifierDocument,
+        source: ClassifierSource,
+    ) -> Result<ActiveClassifier, RejectReason> {
+        ActiveClassifier::from_document(doc, source)
+    }
+
+    fn applied(active: &ActiveClassifier) {
+        telemetry::classifier_applied(active.version);
+    }
+
+    fn offered(source: ClassifierSource, result: ReloadResult) {
+        telemetry::classifier_reload(source.label(), result);
+    }
 }
 
 /// Starts on Redis's model if it has a valid one within a second, else the file's, else the
@@ -302,142 +277,17 @@ pub async fn start(config: ClassifierConfig) -> Result<Started, RejectReason> {
             tasks: Vec::new(),
         });
     }
-    let store = Arc::new(ClassifierStore::with(builtin()?));
-    if let Some(path) = &config.file {
-        let doc = read_file(path)?;
-        store.apply(&doc, ClassifierSource::File, true)?;
-    }
-    let mut tasks = Vec::new();
-    if let Some((client, prefix)) = &config.redis {
-        let at_start = tokio::time::timeout(STARTUP_TIMEOUT, async {
-            let redis = RedisStore::<ClassifierDocument>::connect(client, prefix).await?;
-            let mut follower = ClassifierFollower::new(Arc::clone(&store));
-            follower.refresh(&redis).await
-        })
-        .await;
-        if !matches!(at_start, Ok(Ok(()))) {
-            tracing::warn!("redis did not give a classifier at start-up; starting without it");
-        }
-        let follower = ClassifierFollower::new(Arc::clone(&store));
-        tasks.push(follow::spawn(
-            client.clone(),
-            prefix.clone(),
-            config.redis_poll,
-            follower,
-        ));
-    }
-    if let Some(path) = config.file {
-        let store = Arc::clone(&store);
-        tasks.push(crate::documents::file::watch(
-            path,
-            config.file_interval,
-            move |path| {
-                offer(&store, read_file(path), ClassifierSource::File, true);
-            },
-        ));
-    }
-    let active = store.load();
-    tracing::info!(version = active.version, sha256 = %active.sha256, source = ?active.source, "classifier loaded");
-    Ok(Started { store, tasks })
+    let builtin = builtin()?;
+    let sources = Sources {
+        file: config.file,
+        file_interval: config.file_interval,
+        redis: config.redis,
+        redis_poll: config.redis_poll,
+    };
+    store::start(ClassifierStore::holding(Models, builtin), sources).await
 }
 
 /// A model file, parsed and validated.
 pub fn read_file(path: &Path) -> Result<ClassifierDocument, RejectReason> {
-    let text = crate::documents::read_file(path).map_err(|source| RejectReason::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    ClassifierDocument::from_json(&text)
-        .map_err(|e| RejectReason::Invalid(format!("{}: {e}", path.display())))
-}
-
-/// Applies an offered model or keeps the active one; logs and counts either way.
-fn offer(
-    store: &ClassifierStore,
-    doc: Result<ClassifierDocument, RejectReason>,
-    source: ClassifierSource,
-    allow_same_version: bool,
-) -> bool {
-    let result = doc.and_then(|doc| store.apply(&doc, source, allow_same_version));
-    let counted = match &result {
-        Ok(()) => {
-            let active = store.load();
-            tracing::info!(version = active.version, sha256 = %active.sha256, ?source, "classifier applied");
-            ReloadResult::Applied
-        }
-        Err(error @ RejectReason::Outranked { .. }) => {
-            tracing::info!(%error, ?source, "classifier not applied");
-            ReloadResult::Ignored
-        }
-        Err(error) => {
-            tracing::warn!(%error, ?source, "classifier rejected; keeping the active model");
-            ReloadResult::Rejected
-        }
-    };
-    telemetry::classifier_reload(source.label(), counted);
-    result.is_ok()
-}
-
-/// Applies the models Redis holds to a store.
-struct ClassifierFollower {
-    store: Arc<ClassifierStore>,
-    /// Length and head of the last document handled: a model is about a megabyte, so an
-    /// unchanged one is recognised without reading it.
-    seen: Option<(usize, Vec<u8>)>,
-    /// Why the key could not hold a document, when that was last reported.
-    unreadable: Option<String>,
-}
-
-impl ClassifierFollower {
-    fn new(store: Arc<ClassifierStore>) -> Self {
-        Self {
-            store,
-            seen: None,
-            unreadable: None,
-        }
-    }
-}
-
-impl Follower for ClassifierFollower {
-    type Doc = ClassifierDocument;
-    const WHAT: &'static str = "classifier";
-
-    fn refresh<'a>(
-        &'a mut self,
-        redis: &'a RedisStore<ClassifierDocument>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let fingerprint = match redis.fingerprint().await {
-                Ok(fingerprint) => fingerprint,
-                Err(StoreError::NotADocument { .. }) => None,
-                Err(error) => return Err(error),
-            };
-            if fingerprint.is_some() && fingerprint == self.seen {
-                return Ok(());
-            }
-            let text = match document(redis.active_raw().await)? {
-                None => return Ok(()),
-                Some(Err(unreadable)) => {
-                    if self.unreadable.as_deref() != Some(unreadable.as_str()) {
-                        let reason = RejectReason::Invalid(unreadable.clone());
-                        offer(&self.store, Err(reason), ClassifierSource::Redis, false);
-                        self.unreadable = Some(unreadable);
-                    }
-                    return Ok(());
-                }
-                Some(Ok(text)) => text,
-            };
-            self.seen = fingerprint;
-            self.unreadable = None;
-            let active = self.store.load();
-            let applied = active.source == ClassifierSource::Redis
-                && stored_version(&text) == Some(active.version);
-            if !applied {
-                let doc = ClassifierDocument::from_json(&text)
-                    .map_err(|e| RejectReason::Invalid(e.to_string()));
-                offer(&self.store, doc, ClassifierSource::Redis, false);
-            }
-            Ok(())
-        })
-    }
+    store::read_file(path)
 }

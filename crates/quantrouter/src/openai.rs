@@ -120,7 +120,70 @@ pub enum ApiError {
     /// The tenant is at a hard limit: a rate (`rate_limit_exceeded`) or a budget
     /// (`insufficient_quota`).
     #[error(transparent)]
-    LimitReached(#[from] crate::tenants::LimitReached),
+    LimitReached(#[from] LimitReached),
+}
+
+/// A request refused at a tenant's hard limit: 429 with the limit's OpenAI code. The tenant
+/// gate refuses; the error is defined here so that this module depends on no tenant code.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("{}", limit_message(*limit, *retry_after_s, rate))]
+pub struct LimitReached {
+    pub limit: quantrouter_policy::limits::LimitKind,
+    pub retry_after_s: u64,
+    /// The `x-ratelimit-*` values the refusal carries.
+    pub rate: quantrouter_policy::limits::RateHeaders,
+}
+
+impl LimitReached {
+    /// OpenAI's error `type` and `code`: rates can be retried shortly, budgets not.
+    pub fn kind(&self) -> (&'static str, &'static str) {
+        use quantrouter_policy::limits::LimitKind;
+        match self.limit {
+            LimitKind::Requests | LimitKind::Tokens => ("rate_limit_error", self.limit.code()),
+            LimitKind::BudgetPerDay | LimitKind::BudgetPerMonth => {
+                ("insufficient_quota", self.limit.code())
+            }
+        }
+    }
+}
+
+/// Adds OpenAI's `x-ratelimit-*` headers of the tenant's rate limits (none it lacks).
+pub fn insert_rate_headers(
+    headers: &mut http::HeaderMap,
+    rate: &quantrouter_policy::limits::RateHeaders,
+) {
+    for (name, value) in rate.pairs() {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(http::HeaderName::from_static(name), value);
+        }
+    }
+}
+
+fn limit_message(
+    limit: quantrouter_policy::limits::LimitKind,
+    retry_after_s: u64,
+    rate: &quantrouter_policy::limits::RateHeaders,
+) -> String {
+    use quantrouter_policy::limits::LimitKind;
+    let of = |state: Option<quantrouter_policy::limits::RateState>| {
+        state.map_or_else(String::new, |s| format!(" (limit {})", s.limit))
+    };
+    match limit {
+        LimitKind::Requests => format!(
+            "Rate limit reached for requests per minute{}. Retry after {retry_after_s} s.",
+            of(rate.requests)
+        ),
+        LimitKind::Tokens => format!(
+            "Rate limit reached for tokens per minute{}. Retry after {retry_after_s} s.",
+            of(rate.tokens)
+        ),
+        LimitKind::BudgetPerDay => {
+            format!("You exceeded your daily budget; it resets in {retry_after_s} s.")
+        }
+        LimitKind::BudgetPerMonth => {
+            format!("You exceeded your monthly budget; it resets in {retry_after_s} s.")
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -987,7 +1050,7 @@ impl ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if let ApiError::LimitReached(limit) = &self {
-            crate::tenants::gate::insert_rate_headers(headers, &limit.rate);
+            insert_rate_headers(headers, &limit.rate);
         }
         response
     }

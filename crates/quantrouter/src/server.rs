@@ -29,10 +29,11 @@ use crate::epp::Picker;
 use crate::keda::publish::Publisher;
 use crate::keda::scaler::Scaler;
 use crate::keda::Keda;
+use crate::probes::{health, scrape};
 use crate::profiles::ProfileStore;
 use crate::telemetry;
 use crate::tenants::{ImplicitKeys, Tenants};
-use crate::upstream::{health, scrape, UpstreamClient};
+use crate::upstream::UpstreamClient;
 
 pub use crate::app::{App, ServerConfig};
 

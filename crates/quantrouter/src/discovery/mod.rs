@@ -56,7 +56,7 @@ use quantrouter_policy::{ProfileSet, ServiceUpstream, Upstream};
 use tokio::task::JoinHandle;
 
 use crate::profiles::{DiscoveredEndpoints, ProfileStore, Snapshot};
-use crate::resilience::Schedule;
+use crate::resilience::backoff::Schedule;
 use crate::telemetry;
 
 /// The label the EndpointSlice controller puts on every slice of a service.
@@ -122,7 +122,7 @@ struct Watch {
     task: JoinHandle<()>,
 }
 
-/// The router's one backoff ([`crate::resilience::retry`]) as kube's `StreamBackoff` wants it.
+/// The router's one backoff ([`crate::resilience::backoff`]) as kube's `StreamBackoff` wants it.
 #[derive(Debug)]
 struct WatchBackoff(Schedule);
 
@@ -355,7 +355,7 @@ impl Drop for Watch {
 
 impl DiscoveryConfig {
     fn backoff(&self) -> ResetTimerBackoff<WatchBackoff> {
-        let backoff = crate::resilience::Backoff {
+        let backoff = crate::resilience::backoff::Backoff {
             base: self.min_backoff,
             cap: self.max_backoff,
             // The API server's watch errors carry no Retry-After.

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use super::{Document, RedisStore, StoreError};
-use crate::resilience::{Backoff, Schedule};
+use crate::resilience::backoff::{Backoff, Schedule};
 
 /// Reconnect waits: a first ceiling of 100 ms does not hammer a restarting Redis; at most
 /// 5 s, so an outage is recovered from within seconds.

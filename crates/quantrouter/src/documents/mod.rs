@@ -1,5 +1,7 @@
-//! Versioned JSON documents kept in Redis: profile sets and classifier models (each kind's
-//! [`Document`] impl lives with it, in `profiles` and `classifier`).
+//! Versioned JSON documents kept in Redis and files: profile sets, classifier models and
+//! tenant documents (each kind's [`Document`] impl lives with it, in `profiles`,
+//! `classifier` and `tenants`). [`store::DocumentStore`] keeps a kind's active value and
+//! starts following its sources.
 //!
 //! Each kind of document lives under `<prefix>:<key>` (the active document),
 //! `<prefix>:<key>:history` (previous documents, newest first, capped) and the pub/sub channel
@@ -14,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub mod file;
 pub mod follow;
 pub mod redis;
+pub mod store;
 
 pub use redis::{client, ClientError, HistoryEntry, RedisStore, StoreError};
 

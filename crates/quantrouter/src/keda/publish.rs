@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::{local_shares, KedaConfig, TierShare};
 use crate::profiles::ProfileStore;
-use crate::resilience::Backoff;
+use crate::resilience::backoff::Backoff;
 use crate::telemetry;
 
 /// A publish or a cleanup never waits longer than this (the profile store's bound).

@@ -6,14 +6,12 @@
 //! Every swap bumps a generation counter ([`ProfileStore::subscribe`]) so background tasks
 //! (Kubernetes discovery) can follow the profile set without polling.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use quantrouter_policy::{
-    Profile, ProfileSet, ProfileSetError, ServiceUpstream, Upstream, DEFAULT_PROFILE_SET,
-};
+use quantrouter_policy::{Profile, ProfileSet, ProfileSetError, ServiceUpstream, Upstream};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -27,7 +25,9 @@ pub mod diff;
 pub mod redis_source;
 pub mod source;
 
-pub use source::{start, Embedded, FileSource, ProfileSource, Started};
+pub use source::{
+    initial_set, read_set_or_seed_list, start, Embedded, FileSource, ProfileSource, Started,
+};
 
 /// Where the active profile set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -314,20 +314,10 @@ impl ProfileStore {
     }
 }
 
-/// The start-up profile set: the `--profiles` file if given, else the embedded default.
-pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), ReloadError> {
-    match path {
-        Some(path) => Ok((source::read_file(path)?, SourceKind::File)),
-        None => Ok((
-            ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
-            SourceKind::Embedded,
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quantrouter_policy::DEFAULT_PROFILE_SET;
 
     /// Discovery that knows one service.
     #[derive(Debug)]

@@ -133,3 +133,30 @@ pub(super) fn read_file(path: &Path) -> Result<ProfileSet, ReloadError> {
     })?;
     Ok(ProfileSet::from_json(&text)?)
 }
+
+/// The start-up profile set: the `--profiles` file if given, else the embedded default.
+pub fn initial_set(path: Option<&Path>) -> Result<(ProfileSet, SourceKind), ReloadError> {
+    match path {
+        Some(path) => Ok((read_file(path)?, SourceKind::File)),
+        None => Ok((
+            ProfileSet::from_json(DEFAULT_PROFILE_SET)?,
+            SourceKind::Embedded,
+        )),
+    }
+}
+
+/// A profile-set file, or a seed-format list whose `MODEL_ID`s get the endpoints of
+/// `seed_endpoints` (as `profiles validate`, `profiles push` and `profile-tier` read them).
+pub fn read_set_or_seed_list(
+    path: &Path,
+    seed_endpoints: &std::collections::BTreeMap<String, String>,
+) -> Result<ProfileSet, String> {
+    let text = crate::documents::read_file(path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let result = if quantrouter_policy::looks_like_seed_list(&text) {
+        quantrouter_policy::from_seed_list(&text, seed_endpoints, 1)
+    } else {
+        ProfileSet::from_json(&text)
+    };
+    result.map_err(|e| format!("{}:\n{e}", path.display()))
+}

@@ -1,10 +1,11 @@
 //! Resilience: small state machines with no I/O — the circuit breaker, the retry budget,
-//! the sliding window they share, and admission — and [`retry`], the one place that retries
-//! or backs off anything (upstream attempts and fallbacks, and the waits of the Redis source,
-//! discovery and the KEDA publisher), and the only caller of those state machines on the
+//! the sliding window they share, admission and the one [`backoff`] (also waited by the Redis
+//! sources, discovery and the KEDA publisher) — and [`retry`], the one place that retries
+//! upstream attempts and falls back, and the only caller of those state machines on the
 //! request path.
 
 pub mod admission;
+pub mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod retry;
@@ -13,9 +14,9 @@ pub mod window;
 use std::time::Duration;
 
 pub use admission::{Admission, AdmissionConfig, Overloaded, Permit};
+pub use backoff::{Backoff, Schedule};
 pub use breaker::{Admit, Breaker, BreakerConfig, CircuitState};
 pub use budget::{BudgetConfig, RetryBudget};
-pub use retry::{Backoff, Schedule};
 
 /// Every resilience setting, with its default's reason next to it.
 #[derive(Debug, Clone, Copy, PartialEq)]

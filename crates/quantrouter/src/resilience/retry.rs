@@ -1,8 +1,6 @@
 //! All retrying and backing off of the router, in one place.
 //!
-//! - [`Backoff`]: the one backoff (exponential, full jitter, capped, `Retry-After` honoured
-//!   up to a cap). Upstream retries use it here; the Redis profile source, Kubernetes
-//!   discovery and the KEDA publisher follow a [`Schedule`] of it.
+//! - [`Backoff`](super::Backoff) (in `backoff.rs`): upstream retries wait by it here.
 //! - [`is_retryable`]: what an attempt's outcome allows — nothing, sending the request again
 //!   at once (it never left: [`Sent::No`]), or another attempt elsewhere.
 //! - [`forward`]: a request's way through the upstreams, in named steps:
@@ -43,28 +41,6 @@ use crate::upstream::{
     is_event_stream, BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent,
     UpstreamBody, UpstreamClient, UpstreamError, UpstreamIncoming,
 };
-
-/// Backoff settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backoff {
-    /// First retry's ceiling: long enough for a connection refused by a restarting pod to
-    /// change, short next to any LLM request.
-    pub base: Duration,
-    /// Ceiling of any one wait: the retry happens within the client's patience.
-    pub cap: Duration,
-    /// Longest `Retry-After` honoured: a server asking for more is treated as unavailable
-    /// for this request rather than holding the client.
-    pub retry_after_cap: Duration,
-}
-
-/// A backoff in progress: the waits before each retry of one operation that keeps failing.
-#[derive(Debug, Clone, Copy)]
-pub struct Schedule {
-    backoff: Backoff,
-    retries: u32,
-    /// Uniform in [0, 1); fixed in tests.
-    jitter: fn() -> f64,
-}
 
 /// What one attempt came to, as far as retrying goes.
 #[derive(Debug, Clone, Copy)]
@@ -200,74 +176,6 @@ impl FallbackReason {
             Self::Context => "context",
             Self::Quality => "quality",
         }
-    }
-}
-
-// === impl Backoff ===
-
-impl Backoff {
-    /// The wait before retry number `retry` (0 = the first retry), for a uniform `jitter` in
-    /// [0, 1): full jitter over `min(cap, base·2^retry)`, so concurrent retries spread out.
-    /// A `Retry-After` from the failed answer sets a floor, up to `retry_after_cap`.
-    pub fn delay(&self, retry: u32, jitter: f64, retry_after: Option<Duration>) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32.checked_shl(retry.min(20)).unwrap_or(u32::MAX))
-            .min(self.cap);
-        let jittered = ceiling.mul_f64(jitter.clamp(0.0, 1.0));
-        match retry_after {
-            Some(asked) => jittered.max(asked.min(self.retry_after_cap)),
-            None => jittered,
-        }
-    }
-
-    /// A schedule of waits for an operation retried until it succeeds.
-    pub fn schedule(self) -> Schedule {
-        Schedule {
-            backoff: self,
-            retries: 0,
-            jitter: fastrand::f64,
-        }
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(25),
-            cap: Duration::from_secs(1),
-            retry_after_cap: Duration::from_secs(5),
-        }
-    }
-}
-
-// === impl Schedule ===
-
-impl Schedule {
-    /// The wait before the next retry; each call counts one.
-    pub fn next_delay(&mut self) -> Duration {
-        let wait = self.backoff.delay(self.retries, (self.jitter)(), None);
-        self.retries = self.retries.saturating_add(1);
-        wait
-    }
-
-    /// The operation succeeded: the next failure waits the shortest again.
-    pub fn reset(&mut self) {
-        self.retries = 0;
-    }
-
-    /// Retries since the last success.
-    pub fn retries(&self) -> u32 {
-        self.retries
-    }
-}
-
-impl Iterator for Schedule {
-    type Item = Duration;
-
-    /// Never ends: such operations are retried for as long as the router runs.
-    fn next(&mut self) -> Option<Duration> {
-        Some(self.next_delay())
     }
 }
 

@@ -4,17 +4,16 @@
 //! used ([`Tenants::settle`], off the client's path once the answer ended). A request let
 //! through but never answered gives its reservation back when its [`Grant`] is dropped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use http::{header, HeaderMap};
-use quantrouter_policy::limits::{LimitKind, Outcome, RateHeaders, Reservation};
+use quantrouter_policy::limits::{Outcome, RateHeaders, Reservation};
 use tokio::task::JoinHandle;
 
-use super::limiter::{unix_ms, Limiter, LimiterConfig, Ticket};
+use super::limiter::{Clock, Limiter, LimiterConfig, Ticket};
 use super::{bearer, ActiveTenant, ImplicitKeys, KeyRejected, RejectReason, TenantStore};
 use super::{TenantSnapshot, TenantsConfig};
+pub use crate::openai::{insert_rate_headers, LimitReached};
 
 /// A router's tenants: the active document, the limiter that counts against it, and the
 /// clock its windows are read on.
@@ -25,13 +24,6 @@ pub struct Tenants {
     pub clock: Clock,
     /// The document's followers (Redis, the watched file), stopped with the router.
     tasks: Vec<JoinHandle<()>>,
-}
-
-/// Unix milliseconds for limit windows: the system clock, or one a test sets, so a test
-/// can move a tenant into tomorrow's window without waiting for it.
-#[derive(Debug, Clone, Default)]
-pub struct Clock {
-    manual: Option<Arc<AtomicU64>>,
 }
 
 /// A request let through: its tenant, the `x-ratelimit-*` values for its answer, and what
@@ -64,46 +56,6 @@ pub enum Charge {
     Reserved,
     /// Nothing was served: the request, its tokens and spend are given back.
     Nothing,
-}
-
-/// A request refused at a tenant's hard limit: 429 with the limit's OpenAI code.
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("{}", message(*limit, *retry_after_s, rate))]
-pub struct LimitReached {
-    pub limit: LimitKind,
-    pub retry_after_s: u64,
-    /// The `x-ratelimit-*` values the refusal carries.
-    pub rate: RateHeaders,
-}
-
-// === impl Clock ===
-
-impl Clock {
-    /// The system clock.
-    pub fn system() -> Self {
-        Self::default()
-    }
-
-    /// A clock that reads `start_ms` until [`Clock::set`] moves it.
-    pub fn manual(start_ms: u64) -> Self {
-        Self {
-            manual: Some(Arc::new(AtomicU64::new(start_ms))),
-        }
-    }
-
-    /// Moves a manual clock (the system clock ignores it).
-    pub fn set(&self, unix_ms: u64) {
-        if let Some(manual) = &self.manual {
-            manual.store(unix_ms, Ordering::Relaxed);
-        }
-    }
-
-    pub fn now_ms(&self) -> u64 {
-        match &self.manual {
-            Some(manual) => manual.load(Ordering::Relaxed),
-            None => unix_ms(SystemTime::now()),
-        }
-    }
 }
 
 // === impl Tenants ===
@@ -289,51 +241,6 @@ impl Drop for Reserved {
                 clock: self.clock.clone(),
             };
             rest.close(Charge::Nothing);
-        }
-    }
-}
-
-// === impl LimitReached ===
-
-impl LimitReached {
-    /// OpenAI's error `type` and `code`: rates can be retried shortly, budgets not.
-    pub fn kind(&self) -> (&'static str, &'static str) {
-        match self.limit {
-            LimitKind::Requests | LimitKind::Tokens => ("rate_limit_error", self.limit.code()),
-            LimitKind::BudgetPerDay | LimitKind::BudgetPerMonth => {
-                ("insufficient_quota", self.limit.code())
-            }
-        }
-    }
-}
-
-/// Adds OpenAI's `x-ratelimit-*` headers of the tenant's rate limits (none it lacks).
-pub fn insert_rate_headers(headers: &mut HeaderMap, rate: &RateHeaders) {
-    for (name, value) in rate.pairs() {
-        if let Ok(value) = http::HeaderValue::from_str(&value) {
-            headers.insert(http::HeaderName::from_static(name), value);
-        }
-    }
-}
-
-fn message(limit: LimitKind, retry_after_s: u64, rate: &RateHeaders) -> String {
-    let of = |state: Option<quantrouter_policy::limits::RateState>| {
-        state.map_or_else(String::new, |s| format!(" (limit {})", s.limit))
-    };
-    match limit {
-        LimitKind::Requests => format!(
-            "Rate limit reached for requests per minute{}. Retry after {retry_after_s} s.",
-            of(rate.requests)
-        ),
-        LimitKind::Tokens => format!(
-            "Rate limit reached for tokens per minute{}. Retry after {retry_after_s} s.",
-            of(rate.tokens)
-        ),
-        LimitKind::BudgetPerDay => {
-            format!("You exceeded your daily budget; it resets in {retry_after_s} s.")
-        }
-        LimitKind::BudgetPerMonth => {
-            format!("You exceeded your monthly budget; it resets in {retry_after_s} s.")
         }
     }
 }

@@ -143,7 +143,7 @@ pub struct LimiterConfig {
     pub replica_ttl: Duration,
     /// The clock of the limit windows the heartbeat reads and re-seeds counters in (the
     /// router's, which a test may set).
-    pub clock: super::Clock,
+    pub clock: Clock,
 }
 
 /// Counts tenants' usage and decides each request against their limits.
@@ -216,7 +216,7 @@ struct Shared {
     /// How long after a new epoch requests stay local: every replica beats in that time,
     /// and re-seeds the counters before anybody admits on them.
     reseed_grace: Duration,
-    clock: super::Clock,
+    clock: Clock,
     replicas: AtomicU64,
     /// The tenants with limits, read every heartbeat so a replica's view of their counters
     /// is at most a heartbeat old when Redis goes away.
@@ -300,6 +300,43 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// Unix milliseconds for limit windows: the system clock, or one a test sets, so a test
+/// can move a tenant into tomorrow's window without waiting for it.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    manual: Option<Arc<AtomicU64>>,
+}
+
+// === impl Clock ===
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Self::default()
+    }
+
+    /// A clock that reads `start_ms` until [`Clock::set`] moves it.
+    pub fn manual(start_ms: u64) -> Self {
+        Self {
+            manual: Some(Arc::new(AtomicU64::new(start_ms))),
+        }
+    }
+
+    /// Moves a manual clock (the system clock ignores it).
+    pub fn set(&self, unix_ms: u64) {
+        if let Some(manual) = &self.manual {
+            manual.store(unix_ms, Ordering::Relaxed);
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        match &self.manual {
+            Some(manual) => manual.load(Ordering::Relaxed),
+            None => unix_ms(SystemTime::now()),
+        }
+    }
+}
+
 // === impl LimiterConfig ===
 
 impl LimiterConfig {
@@ -311,7 +348,7 @@ impl LimiterConfig {
             redis_timeout: Duration::from_millis(50),
             heartbeat: Duration::from_secs(2),
             replica_ttl: Duration::from_secs(10),
-            clock: super::Clock::system(),
+            clock: Clock::system(),
         }
     }
 }

@@ -12,21 +12,18 @@
 //! Keys are held only as SHA-256 digests; nothing here logs, shows or stores a key.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use arc_swap::ArcSwap;
-use futures_util::future::BoxFuture;
 use quantrouter_policy::limits::Quota;
 use quantrouter_policy::{
     is_valid_api_key, parse_key_hash, Downgrade, Overrides, TenantDocument, TenantLimits,
 };
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
-use tokio::task::JoinHandle;
 
-use crate::documents::follow::{self, document, stored_version, Follower};
-use crate::documents::{Document, RedisStore, StoreError};
+use crate::documents::store::{self, DocumentStore, Kind, Rejected, Sources};
+use crate::documents::Document;
 use crate::telemetry::TenantTelemetry;
 
 pub mod diff;
@@ -36,8 +33,9 @@ pub mod labels;
 pub mod limiter;
 pub mod usage;
 
-pub use gate::{Clock, Grant, LimitReached, Tenants};
+pub use gate::{Grant, LimitReached, Tenants};
 pub use keys::{bearer, KeyIndex, KeyRejected};
+pub use limiter::Clock;
 
 /// The id of the tenant `--api-keys-file` keys belong to.
 pub const IMPLICIT_TENANT: &str = "default";
@@ -45,9 +43,6 @@ pub const IMPLICIT_TENANT: &str = "default";
 /// Hex characters of a key hash that `/admin/tenants` shows: enough to tell keys apart, far
 /// too few to search for the key.
 pub const HASH_PREFIX_CHARS: usize = 8;
-
-/// How long start-up waits for Redis before starting on the file or no document.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where the active document came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -95,32 +90,20 @@ pub struct ImplicitKeys {
 }
 
 /// The active snapshot, swapped atomically on reload.
-#[derive(Debug)]
-pub struct TenantStore {
-    current: ArcSwap<TenantSnapshot>,
-    implicit: Option<ImplicitKeys>,
-    metrics_top: usize,
-    /// Serialises `apply`, so a check against the active document and the swap are one step.
-    applying: Mutex<()>,
-}
+pub type TenantStore = DocumentStore<TenantDocs>;
 
 /// Why an offered document was not applied.
-#[derive(Debug, thiserror::Error)]
-pub enum RejectReason {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-    #[error("version {offered} is older than the active version {active}")]
-    Stale { offered: u64, active: u64 },
-    #[error("a document from {offered:?} does not replace the active one from {active:?}")]
-    Outranked {
-        offered: TenantSource,
-        active: TenantSource,
-    },
+pub type RejectReason = Rejected<TenantSource>;
+
+/// A running store with the tasks that keep it up to date.
+pub type Started = store::Started<TenantDocs>;
+
+/// Tenant documents as a kind of document a [`DocumentStore`] keeps active, with what every
+/// snapshot is built with besides the document.
+#[derive(Debug)]
+pub struct TenantDocs {
+    implicit: Option<ImplicitKeys>,
+    metrics_top: usize,
 }
 
 /// Where a router takes its tenants from.
@@ -137,13 +120,6 @@ pub struct TenantsConfig {
     pub api_keys: Option<ImplicitKeys>,
     /// Tenants whose metrics carry their own label ([`labels::DEFAULT_TOP`]).
     pub metrics_top: usize,
-}
-
-/// A running store with the tasks that keep it up to date.
-#[derive(Debug)]
-pub struct Started {
-    pub store: Arc<TenantStore>,
-    pub tasks: Vec<JoinHandle<()>>,
 }
 
 // === impl TenantSource ===
@@ -319,53 +295,58 @@ impl TenantStore {
     pub fn new(implicit: Option<ImplicitKeys>, metrics_top: usize) -> Self {
         let snapshot =
             TenantSnapshot::build(None, implicit.as_ref(), TenantSource::None, metrics_top);
-        Self {
-            current: ArcSwap::from_pointee(snapshot),
+        let kind = TenantDocs {
             implicit,
             metrics_top,
-            applying: Mutex::new(()),
-        }
+        };
+        Self::holding(kind, snapshot)
+    }
+}
+
+// === impl Kind for TenantDocs ===
+
+impl Kind for TenantDocs {
+    type Doc = TenantDocument;
+    type Active = TenantSnapshot;
+    type Source = TenantSource;
+
+    const WHAT: &'static str = "tenants";
+    const FILE: TenantSource = TenantSource::File;
+    const REDIS: TenantSource = TenantSource::Redis;
+
+    fn rank(source: TenantSource) -> u8 {
+        source.rank()
     }
 
-    /// The active snapshot; a request keeps the one it loaded.
-    pub fn load(&self) -> Arc<TenantSnapshot> {
-        self.current.load_full()
+    fn source(active: &TenantSnapshot) -> TenantSource {
+        active.source
     }
 
-    /// Swaps in `doc` unless it is invalid, older than the active document of the same
-    /// source, or from a lesser source than the active one.
-    pub fn apply(
+    fn version(active: &TenantSnapshot) -> u64 {
+        active.version
+    }
+
+    fn summary(active: &TenantSnapshot) -> String {
+        format!("{} tenants", active.tenants.len())
+    }
+
+    fn admit(&self, _: &TenantSnapshot, doc: &TenantDocument) -> Result<(), RejectReason> {
+        doc.validate()
+            .map_err(|e| RejectReason::Invalid(e.to_string()))
+    }
+
+    fn build(
         &self,
         doc: &TenantDocument,
         source: TenantSource,
-        allow_same_version: bool,
-    ) -> Result<(), RejectReason> {
-        let _serialised = self.applying.lock().unwrap_or_else(|e| e.into_inner());
-        doc.validate()
-            .map_err(|e| RejectReason::Invalid(e.to_string()))?;
-        let active = self.current.load();
-        if source.rank() < active.source.rank() {
-            return Err(RejectReason::Outranked {
-                offered: source,
-                active: active.source,
-            });
-        }
-        let stale = active.source == source
-            && if allow_same_version {
-                doc.version < active.version
-            } else {
-                doc.version <= active.version
-            };
-        if stale {
-            return Err(RejectReason::Stale {
-                offered: doc.version,
-                active: active.version,
-            });
-        }
-        let next =
-            TenantSnapshot::build(Some(doc), self.implicit.as_ref(), source, self.metrics_top);
-        self.current.store(Arc::new(next));
-        Ok(())
+    ) -> Result<TenantSnapshot, RejectReason> {
+        let implicit = self.implicit.as_ref();
+        Ok(TenantSnapshot::build(
+            Some(doc),
+            implicit,
+            source,
+            self.metrics_top,
+        ))
     }
 }
 
@@ -408,148 +389,19 @@ impl Document for TenantDocument {
 /// none; then follows the file and Redis. An unreadable or invalid `--tenants` file at
 /// start-up is an error: the operator asked for those tenants.
 pub async fn start(config: TenantsConfig) -> Result<Started, RejectReason> {
-    let store = Arc::new(TenantStore::new(
-        config.api_keys.clone(),
-        config.metrics_top,
-    ));
-    if let Some(path) = &config.file {
-        let doc = read_file(path)?;
-        store.apply(&doc, TenantSource::File, true)?;
-    }
-    let mut tasks = Vec::new();
-    if let Some((client, prefix)) = &config.redis {
-        let at_start = tokio::time::timeout(STARTUP_TIMEOUT, async {
-            let redis = RedisStore::<TenantDocument>::connect(client, prefix).await?;
-            TenantFollower::new(Arc::clone(&store))
-                .refresh(&redis)
-                .await
-        })
-        .await;
-        if !matches!(at_start, Ok(Ok(()))) {
-            tracing::warn!("redis did not give a tenant document at start-up; starting without it");
-        }
-        let follower = TenantFollower::new(Arc::clone(&store));
-        tasks.push(follow::spawn(
-            client.clone(),
-            prefix.clone(),
-            config.redis_poll,
-            follower,
-        ));
-    }
-    if let Some(path) = config.file {
-        let store = Arc::clone(&store);
-        tasks.push(crate::documents::file::watch(
-            path,
-            config.file_interval,
-            move |path| {
-                offer(&store, read_file(path), TenantSource::File, true);
-            },
-        ));
-    }
-    let active = store.load();
-    tracing::info!(
-        version = active.version,
-        source = active.source.as_str(),
-        tenants = active.tenants.len(),
-        "tenants loaded"
-    );
-    Ok(Started { store, tasks })
+    let store = TenantStore::new(config.api_keys, config.metrics_top);
+    let sources = Sources {
+        file: config.file,
+        file_interval: config.file_interval,
+        redis: config.redis,
+        redis_poll: config.redis_poll,
+    };
+    store::start(store, sources).await
 }
 
 /// A tenant file, parsed and validated (the stored format: hashes, no plain keys).
 pub fn read_file(path: &Path) -> Result<TenantDocument, RejectReason> {
-    let text = crate::documents::read_file(path).map_err(|source| RejectReason::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    TenantDocument::from_json(&text)
-        .map_err(|e| RejectReason::Invalid(format!("{}: {e}", path.display())))
-}
-
-/// Applies an offered document or keeps the active one; logs either way.
-fn offer(
-    store: &TenantStore,
-    doc: Result<TenantDocument, RejectReason>,
-    source: TenantSource,
-    allow_same_version: bool,
-) -> bool {
-    let result = doc.and_then(|doc| store.apply(&doc, source, allow_same_version));
-    match &result {
-        Ok(()) => {
-            let active = store.load();
-            tracing::info!(
-                version = active.version,
-                source = source.as_str(),
-                tenants = active.tenants.len(),
-                "tenants applied"
-            );
-        }
-        Err(error @ RejectReason::Outranked { .. }) => {
-            tracing::info!(%error, source = source.as_str(), "tenant document not applied");
-        }
-        Err(error) => {
-            tracing::warn!(%error, source = source.as_str(), "tenant document rejected; keeping the active one");
-        }
-    }
-    result.is_ok()
-}
-
-/// Applies the documents Redis holds to a store.
-struct TenantFollower {
-    store: Arc<TenantStore>,
-    /// The last document text handled: a rejected one is reported once, not every poll.
-    seen: Option<String>,
-    /// Why the key could not hold a document, when that was last reported.
-    unreadable: Option<String>,
-}
-
-impl TenantFollower {
-    fn new(store: Arc<TenantStore>) -> Self {
-        Self {
-            store,
-            seen: None,
-            unreadable: None,
-        }
-    }
-}
-
-impl Follower for TenantFollower {
-    type Doc = TenantDocument;
-    const WHAT: &'static str = "tenants";
-
-    fn refresh<'a>(
-        &'a mut self,
-        redis: &'a RedisStore<TenantDocument>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let text = match document(redis.active_raw().await)? {
-                None => return Ok(()),
-                Some(Err(unreadable)) => {
-                    if self.unreadable.as_deref() != Some(unreadable.as_str()) {
-                        let reason = RejectReason::Invalid(unreadable.clone());
-                        offer(&self.store, Err(reason), TenantSource::Redis, false);
-                        self.unreadable = Some(unreadable);
-                    }
-                    return Ok(());
-                }
-                Some(Ok(text)) => text,
-            };
-            self.unreadable = None;
-            if self.seen.as_deref() == Some(text.as_str()) {
-                return Ok(());
-            }
-            let active = self.store.load();
-            let applied = active.source == TenantSource::Redis
-                && stored_version(&text) == Some(active.version);
-            if !applied {
-                let doc = TenantDocument::from_json(&text)
-                    .map_err(|e| RejectReason::Invalid(e.to_string()));
-                offer(&self.store, doc, TenantSource::Redis, false);
-            }
-            self.seen = Some(text);
-            Ok(())
-        })
-    }
+    store::read_file(path)
 }
 
 #[cfg(test)]

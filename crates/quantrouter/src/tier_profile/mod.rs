@@ -13,7 +13,8 @@ use clap::Args;
 use quantrouter_policy::ProfileSet;
 use tokio::time::Instant;
 
-use crate::cli::{self, CliError, RedisArgs};
+use crate::cli::documents::{connect_store, store_error, RedisArgs};
+use crate::cli::error::CliError;
 use crate::documents::RedisStore;
 
 pub mod client;
@@ -129,7 +130,7 @@ pub fn run(args: ProfileTierArgs) -> Result<(), CliError> {
     let setup = Setup::new(&args)?;
     if let (Some(path), Some(id)) = (&args.merge, &args.id) {
         // Fail before measuring, not after.
-        with_profile(cli::read_profile_file(path, &[])?, id)?;
+        with_profile(read_profile_file(path)?, id)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -140,7 +141,7 @@ pub fn run(args: ProfileTierArgs) -> Result<(), CliError> {
 
 async fn measure_and_write(args: &ProfileTierArgs, setup: &Setup) -> Result<(), CliError> {
     if let (Some(redis), None, Some(id)) = (&setup.redis, &args.merge, &args.id) {
-        let store = cli::connect_store(redis).await?;
+        let store = connect_store(redis).await?;
         with_profile(active_set(&store).await?, id)?;
     }
     let items: Vec<&EvalItem> = setup.eval.iter().flatten().collect();
@@ -280,7 +281,7 @@ async fn write_measurement(
     };
     let mut merged = None;
     if let Some(path) = &args.merge {
-        let mut set = cli::read_profile_file(path, &[])?;
+        let mut set = read_profile_file(path)?;
         apply(&mut set, id, measured)?;
         set.version += 1;
         write_set(path, &set)?;
@@ -290,10 +291,10 @@ async fn write_measurement(
     let Some(redis) = &setup.redis else {
         return Ok(());
     };
-    let store = cli::connect_store(redis).await?;
+    let store = connect_store(redis).await?;
     let version = match merged {
         // The file as `profiles push` would push it.
-        Some(set) => store.push(set).await.map_err(cli::store_error)?,
+        Some(set) => store.push(set).await.map_err(store_error)?,
         // Read, update, and write back only if nobody pushed in between.
         None => {
             let mut set = active_set(&store).await?;
@@ -303,7 +304,7 @@ async fn write_measurement(
             store
                 .push_expecting(&set, expected as i64)
                 .await
-                .map_err(cli::store_error)?
+                .map_err(store_error)?
         }
     };
     eprintln!("pushed version {version}");
@@ -327,16 +328,12 @@ fn with_profile(set: ProfileSet, id: &str) -> Result<ProfileSet, CliError> {
 }
 
 async fn active_set(store: &RedisStore<ProfileSet>) -> Result<ProfileSet, CliError> {
-    store
-        .active()
-        .await
-        .map_err(cli::store_error)?
-        .ok_or_else(|| {
-            CliError::Invalid(format!(
-                "no profile set at {} to update; push one first, or use --merge FILE",
-                store.keys().active
-            ))
-        })
+    store.active().await.map_err(store_error)?.ok_or_else(|| {
+        CliError::Invalid(format!(
+            "no profile set at {} to update; push one first, or use --merge FILE",
+            store.keys().active
+        ))
+    })
 }
 
 /// Replaces the file in one rename, so a router watching it never reads half a document.
@@ -441,4 +438,9 @@ fn api_key(var: Option<&str>) -> Result<Option<String>, CliError> {
             "environment variable {var} (named by an --*api-key-env flag) is unset or empty"
         ))),
     }
+}
+
+/// The profile-set file (or seed-format list) a measured profile is merged into.
+fn read_profile_file(path: &std::path::Path) -> Result<ProfileSet, CliError> {
+    crate::profiles::read_set_or_seed_list(path, &Default::default()).map_err(CliError::Invalid)
 }

@@ -1,5 +1,5 @@
-//! Upstream vLLM servers: a [`Pool`] of endpoints per profile, the queue scraper
-//! ([`scrape`]), active health checks ([`health`]), upstream API keys ([`credential`]), the
+//! Upstream vLLM servers: a [`Pool`] of endpoints per profile, what the probes
+//! ([`crate::probes`]) found on them ([`queue`]), upstream API keys ([`credential`]), the
 //! HTTP client ([`client`], hyper-util over rustls),
 //! and the response body wrapper that keeps accounting honest for the whole life of a stream
 //! (with SSE events found in [`sse`]) and turns a mid-stream failure into an SSE error event.
@@ -8,10 +8,9 @@
 mod client;
 pub mod context;
 pub mod credential;
-pub mod health;
 pub mod keepalive;
 pub mod pool;
-pub mod scrape;
+pub mod queue;
 mod sse;
 pub mod stream_check;
 

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::client::Transport;
 use super::credential::Credential;
-use super::scrape::{QueueReading, QueueSource};
+use super::queue::{QueueReading, QueueSource};
 use super::UpstreamError;
 use crate::resilience::{Admission, Admit, Breaker, CircuitState, ResilienceConfig, RetryBudget};
 

@@ -15,9 +15,9 @@ use http::{header, Request, StatusCode};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Endpoint, Pool, UpstreamClient};
 use crate::profiles::ProfileStore;
 use crate::resilience::CircuitState;
+use crate::upstream::{Endpoint, Pool, UpstreamClient};
 
 /// Runs until aborted: a pass over every endpoint every `interval` (±20% so replicas and
 /// endpoints spread out), each check bounded by `timeout`, and in between a check of each

@@ -4,7 +4,8 @@
 //!
 //! The queue is read under the names of the server behind the endpoint: vLLM, SGLang,
 //! llama.cpp or TGI, detected from what the page exposes ([`KNOWN`]), or the names a profile
-//! sets in `upstream.metrics`.
+//! sets in `upstream.metrics`. What a scrape found is written into the endpoint
+//! ([`crate::upstream::queue`]); routing reads it there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,46 +17,13 @@ use quantrouter_policy::QueueMetrics;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{Endpoint, Pool, UpstreamClient};
 use crate::profiles::{ProfileStore, Snapshot};
 use crate::telemetry;
+use crate::upstream::queue::{QueueReading, QueueSource, KNOWN};
+use crate::upstream::{Endpoint, Pool, UpstreamClient};
 
 /// A metrics page larger than this is not an inference server's; stop reading.
 const MAX_PAGE: usize = 1 << 20;
-
-/// The queue metrics of one kind of server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueNames {
-    pub server: &'static str,
-    /// Requests waiting to start.
-    pub waiting: &'static str,
-    /// Requests being generated.
-    pub running: &'static str,
-}
-
-/// The servers people run behind a router, in the order detection tries them.
-pub const KNOWN: [QueueNames; 4] = [
-    QueueNames {
-        server: "vllm",
-        waiting: "vllm:num_requests_waiting",
-        running: "vllm:num_requests_running",
-    },
-    QueueNames {
-        server: "sglang",
-        waiting: "sglang:num_queue_reqs",
-        running: "sglang:num_running_reqs",
-    },
-    QueueNames {
-        server: "llamacpp",
-        waiting: "llamacpp:requests_deferred",
-        running: "llamacpp:requests_processing",
-    },
-    QueueNames {
-        server: "tgi",
-        waiting: "tgi_queue_size",
-        running: "tgi_batch_current_size",
-    },
-];
 
 /// KV-cache usage in [0, 1] under each server's name (vLLM's older name too), in the order
 /// tried: a page has at most one of them.
@@ -65,27 +33,6 @@ pub const KV_USAGE: [&str; 4] = [
     "sglang:token_usage",
     "llamacpp:kv_cache_usage_ratio",
 ];
-
-/// Whose queue metrics an endpoint's page had.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueSource {
-    /// Not scraped yet, or every scrape failed to connect.
-    Unknown,
-    /// One of [`KNOWN`], by index.
-    Known(usize),
-    /// The names the profile sets.
-    Configured,
-    /// The page had no queue metric the router reads (or there was no page).
-    Missing,
-}
-
-/// What one scrape found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueReading {
-    pub waiting: Option<u64>,
-    pub running: Option<u64>,
-    pub source: QueueSource,
-}
 
 /// Runs until aborted: every `interval` (jittered ±10% so replicas spread out), scrape
 /// every endpoint of the active snapshot concurrently, each bounded by `timeout`.
@@ -292,38 +239,6 @@ fn sample_value(line: &str, name: &str) -> Option<f64> {
         .split_ascii_whitespace()
         .next()
         .and_then(|v| v.parse::<f64>().ok())
-}
-
-// === impl QueueSource ===
-
-impl QueueSource {
-    pub(super) fn as_byte(self) -> u8 {
-        match self {
-            Self::Unknown => 0,
-            // KNOWN has four entries.
-            Self::Known(i) => 1 + i as u8,
-            Self::Configured => 100,
-            Self::Missing => 101,
-        }
-    }
-
-    pub(super) fn from_byte(byte: u8) -> Self {
-        match byte {
-            0 => Self::Unknown,
-            100 => Self::Configured,
-            101 => Self::Missing,
-            i => Self::Known(usize::from(i - 1).min(KNOWN.len() - 1)),
-        }
-    }
-
-    /// The page had a queue metric the router reads; `None` before the first page.
-    pub fn found(self) -> Option<bool> {
-        match self {
-            Self::Unknown => None,
-            Self::Known(_) | Self::Configured => Some(true),
-            Self::Missing => Some(false),
-        }
-    }
 }
 
 #[cfg(test)]

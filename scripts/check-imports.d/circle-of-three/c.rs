@@ -1,0 +1,5 @@
+pub struct C;
+
+pub fn make() -> crate::a::A {
+    todo!()
+}

@@ -1,0 +1,3 @@
+use super::super::other::O as Other;
+
+pub struct T(pub Other);

@@ -1,0 +1,3 @@
+use crate::m::T;
+
+pub struct Top(pub T);

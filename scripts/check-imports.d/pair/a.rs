@@ -1,0 +1,7 @@
+use crate::b::B;
+
+pub struct A;
+
+pub fn both() -> (A, B) {
+    (A, B)
+}
