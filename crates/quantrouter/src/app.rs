@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
 use crate::apis::stored::{ResponseStore, StoreConfig};
+use crate::calibration::outcomes::OutcomeLog;
 use crate::calibration::Calibrator;
 use crate::classifier::ClassifierStore;
 use crate::keda::{Keda, KedaConfig};
@@ -115,7 +116,12 @@ impl App {
         Self {
             keda,
             tenants,
-            calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
+            calibrator: Arc::new(
+                Calibrator::new(config.resilience.calibration).with_outcomes(OutcomeLog::new(
+                    config.stored_responses.redis.clone(),
+                    config.log_prompts,
+                )),
+            ),
             responses: Arc::new(ResponseStore::new(config.stored_responses.clone())),
             sessions: crate::affinity::Sessions::default(),
             store,
