@@ -95,6 +95,8 @@ pub struct App {
     pub responses: Arc<ResponseStore>,
     /// Which profile recent conversations went to (`policy.affinity.session`).
     pub sessions: crate::affinity::Sessions,
+    /// Cached ratings of `policy.second_opinion`.
+    pub second_opinions: crate::second_opinion::SecondOpinions,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -124,6 +126,7 @@ impl App {
             ),
             responses: Arc::new(ResponseStore::new(config.stored_responses.clone())),
             sessions: crate::affinity::Sessions::default(),
+            second_opinions: crate::second_opinion::SecondOpinions::default(),
             store,
             client,
             metrics: telemetry::metrics_handle(),

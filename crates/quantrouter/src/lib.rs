@@ -20,6 +20,7 @@ pub mod openai;
 pub mod profiles;
 pub mod resilience;
 pub mod routing;
+pub mod second_opinion;
 pub mod server;
 pub mod telemetry;
 pub mod tenants;
