@@ -5,7 +5,10 @@
 //! the router and ranks a held-out set of the same workload better than the built-in one.
 //!
 //! The workload: generated word problems; the cheap sim answers those with more than
-//! [`LIMIT`] numbers wrongly (`wrong_when`), the reference sim answers all rightly.
+//! [`LIMIT`] numbers wrongly (`wrong_when`), the reference sim answers all rightly. The same
+//! run measures the second opinion (`policy.second_opinion`) on the held-out set: what it
+//! does to the ranking, how often it changes a decision, and what it adds to a decision's
+//! time (printed; docs/routing.md has the figures).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,12 +17,13 @@ mod support;
 use std::time::Duration;
 
 use quantrouter::classifier::{self, ClassifierConfig};
+use quantrouter::profiles::SourceKind;
 use quantrouter::resilience::BudgetConfig;
 use quantrouter::server::ServerConfig;
 use quantrouter_policy::classifier::{outcome_from_value, routing_curve, OutcomeRecord};
 use quantrouter_policy::{
-    Calibration, ClassifierDocument, OutcomeSink, ProfileSet, RequiredQuality, StaticUpstream,
-    Upstream, DEFAULT_PROFILE_SET,
+    Calibration, ClassifierDocument, OutcomeSink, ProfileSet, RequiredQuality, SecondOpinion,
+    StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
 use support::redis_server::RedisServer;
 use support::{eventually, send, start_router, Reply};
@@ -113,24 +117,83 @@ async fn post(router: &quantrouter::server::Server, path: &str, body: &str) -> R
     .await
 }
 
-/// The router's risk for each held-out problem (`POST /v1/route`), and its APGR against the
-/// sim's labels.
-async fn apgr(router: &quantrouter::server::Server, held_out: &[(String, OutcomeRecord)]) -> f64 {
-    let mut scores = Vec::new();
-    for (text, _) in held_out {
-        let reply = post(router, "/v1/route", &chat(text)).await;
-        assert_eq!(reply.status, 200);
-        scores.push(reply.json()["risk"].as_f64().unwrap_or(0.0));
+/// What the router made of the held-out set (`POST /v1/route`).
+struct Ranked {
+    /// APGR of the router's risk against the sim's labels.
+    apgr: f64,
+    /// Decisions a second opinion changed, and those it took part in.
+    changed: usize,
+    rated: usize,
+    /// Each decision's time, in milliseconds, sorted.
+    times: Vec<f64>,
+}
+
+impl Ranked {
+    fn percentile(&self, p: f64) -> f64 {
+        self.times[((self.times.len() - 1) as f64 * p).round() as usize]
     }
+}
+
+async fn rank(
+    router: &quantrouter::server::Server,
+    held_out: &[(String, OutcomeRecord)],
+) -> Ranked {
+    let mut scores = Vec::new();
+    let (mut changed, mut rated, mut times) = (0, 0, Vec::new());
+    for (text, _) in held_out {
+        let started = std::time::Instant::now();
+        let reply = post(router, "/v1/route", &chat(text)).await;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(reply.status, 200);
+        let answer = reply.json();
+        scores.push(answer["risk"].as_f64().unwrap_or(0.0));
+        if let Some(opinion) = answer.get("second_opinion") {
+            rated += 1;
+            changed += usize::from(opinion["changed"] == true);
+        }
+    }
+    times.sort_by(f64::total_cmp);
     let records: Vec<&OutcomeRecord> = held_out.iter().map(|(_, r)| r).collect();
-    routing_curve(&scores, &records).apgr.unwrap()
+    Ranked {
+        apgr: routing_curve(&scores, &records).apgr.unwrap(),
+        changed,
+        rated,
+        times,
+    }
+}
+
+/// Replaces the router's set with `set` under a newer version.
+fn apply(router: &quantrouter::server::Server, set: &ProfileSet) {
+    let mut set = set.clone();
+    set.version = router.app.store.load().set.version + 1;
+    router
+        .app
+        .store
+        .apply(set, SourceKind::Embedded, false)
+        .unwrap();
+}
+
+/// The loop's set as routing sees it: the default required quality, and a risk tolerance
+/// the sim's ratings split at (0 to 2 cheap, 3 and up not), with a second opinion in a band
+/// around it or not.
+fn measured(set: &ProfileSet, second_opinion: bool) -> ProfileSet {
+    let mut set = set.clone();
+    set.policy.required_quality = RequiredQuality::default();
+    set.policy.risk_tolerance = 0.25;
+    set.policy.second_opinion = second_opinion.then(|| SecondOpinion {
+        band: [0.1, 0.4],
+        profile: "llama8b-fp8".into(),
+        timeout_ms: 150,
+        streams: false,
+    });
+    set
 }
 
 /// Two sims, the cheap one wrong past [`LIMIT`] numbers, and a set that serves everything
 /// from the cheap one and samples all of it against the reference.
 async fn tiers() -> (ProfileSet, Vec<SimServer>) {
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-    set.profiles.retain(|p| p.tier != "fp8");
+    set.profiles.retain(|p| p.tier != "int4");
     let mut sims = Vec::new();
     for profile in &mut set.profiles {
         let config = SimConfig {
@@ -138,7 +201,7 @@ async fn tiers() -> (ProfileSet, Vec<SimServer>) {
             ..SimConfig::default()
         };
         let sim = SimServer::bind(support::loopback(), config).await.unwrap();
-        let quantities_over = (profile.tier == "int4").then_some(LIMIT);
+        let quantities_over = (profile.tier == "fp8").then_some(LIMIT);
         sim.set_faults(Faults {
             wrong_when: Some(WrongWhen { quantities_over }),
             ..Faults::default()
@@ -193,7 +256,7 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
     .store;
     let (set, _sims) = tiers().await;
     let client = redis.client();
-    let router = start_router(set, move |c: &mut ServerConfig| {
+    let router = start_router(set.clone(), move |c: &mut ServerConfig| {
         c.classifier = classifiers;
         c.stored_responses.redis = Some((client, PREFIX.into()));
         c.resilience.calibration = BudgetConfig {
@@ -209,7 +272,7 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
     for (text, _) in &traffic {
         let reply = post(&router, "/v1/chat/completions", &chat(text)).await;
         assert_eq!(reply.status, 200);
-        assert_eq!(reply.header("x-quantrouter-tier"), "int4");
+        assert_eq!(reply.header("x-quantrouter-tier"), "fp8");
     }
     let written = eventually(Duration::from_secs(20), || async {
         stream_length(&redis).await >= TRAFFIC * 9 / 10
@@ -220,7 +283,10 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
     // The records are what the sims did: disagreement exactly where the rule is wrong.
     let url = format!("{}/{PREFIX}", redis.url());
     let held_out = workload(2, HELD_OUT);
-    let before = apgr(&router, &held_out).await;
+    apply(&router, &measured(&set, false));
+    let before = rank(&router, &held_out).await;
+    apply(&router, &measured(&set, true));
+    let before_rated = rank(&router, &held_out).await;
 
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.json");
@@ -256,10 +322,39 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
     })
     .await;
     assert!(serving, "the router serves the pushed model");
-    let after = apgr(&router, &held_out).await;
-    eprintln!("held-out APGR: built-in {before:.3}, pushed {after:.3}");
+    apply(&router, &measured(&set, false));
+    let after = rank(&router, &held_out).await;
+    apply(&router, &measured(&set, true));
+    let after_rated = rank(&router, &held_out).await;
+    for (model, plain, rated) in [
+        ("built-in", &before, &before_rated),
+        ("pushed", &after, &after_rated),
+    ] {
+        eprintln!(
+            "{model} model: APGR {:.3}, with the second opinion {:.3} ({} of {} rated, {} \
+             decisions changed); decision p50/p99 {:.2}/{:.2} ms, with it {:.2}/{:.2} ms",
+            plain.apgr,
+            rated.apgr,
+            rated.rated,
+            HELD_OUT,
+            rated.changed,
+            plain.percentile(0.5),
+            plain.percentile(0.99),
+            rated.percentile(0.5),
+            rated.percentile(0.99),
+        );
+    }
+    let (before, after) = (before.apgr, after.apgr);
     assert!(
         after > before + 0.1 && after > 0.75,
         "APGR on the held-out set: built-in {before:.3}, pushed {after:.3}"
+    );
+    // The sim's ratings follow its own rule: where the built-in head is unsure, they rank
+    // better than it does.
+    assert!(before_rated.rated > 0);
+    assert!(
+        before_rated.apgr > before,
+        "built-in {before:.3}, with the second opinion {:.3}",
+        before_rated.apgr
     );
 }
