@@ -358,3 +358,29 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
         before_rated.apgr
     );
 }
+
+#[test]
+fn records_of_another_feature_list_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("outcomes.jsonl");
+    let line = serde_json::json!({"features": {"quantities": 0.4, "verbs": 0.2}, "inputs": 20,
+        "task_class": "math", "cheap_profile": "a", "reference_profile": "b", "agreed": true});
+    std::fs::write(&records, format!("{line}\n")).unwrap();
+    let out = dir.path().join("model.json");
+    let (code, _, stderr) = support::cli(&[
+        "classifier",
+        "train",
+        "--base",
+        "builtin",
+        "--outcomes",
+        records.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("line 1") && stderr.contains("`verbs`"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}

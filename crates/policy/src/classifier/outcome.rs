@@ -819,6 +819,41 @@ mod tests {
     }
 
     #[test]
+    fn traffic_records_read_their_inputs_and_refuse_another_feature_list() {
+        let inputs = OutcomeInputs::of_text("Sam buys 3 apples at $1.50 each.", 4096);
+        let line = serde_json::json!({"features": inputs.named(), "inputs": OUTCOME_INPUTS,
+            "task_class": "math", "cheap_profile": "a", "reference_profile": "b",
+            "agreed": false});
+        let rows = parse_outcomes(&line.to_string()).unwrap();
+        assert_eq!(rows[0].inputs, Some(inputs));
+        assert_eq!(rows[0].inputs(4096), inputs);
+        assert!(!rows[0].weak_correct && rows[0].strong_correct);
+        assert_eq!(
+            (rows[0].source.as_str(), rows[0].category.as_str()),
+            ("traffic", "math")
+        );
+
+        let mut renamed = line.clone();
+        renamed["features"]["bogus"] = 0.5.into();
+        let error = parse_outcomes(&renamed.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`bogus`") && error.contains("another feature list"),
+            "{error}"
+        );
+        let mut counted = line.clone();
+        counted["inputs"] = (OUTCOME_INPUTS + 1).into();
+        let error = parse_outcomes(&counted.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("21 inputs"), "{error}");
+        let mut classless = line;
+        classless.as_object_mut().unwrap().remove("task_class");
+        assert!(parse_outcomes(&classless.to_string()).is_err());
+    }
+
+    #[test]
     fn covered_classes_are_those_with_a_tenth_of_the_records() {
         let classes = [TaskClass::Math; 18]
             .into_iter()

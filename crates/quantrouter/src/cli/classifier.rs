@@ -348,9 +348,14 @@ fn outcome_report(
                 }],
                 wants_json: false,
             };
-            match model.and_then(|m| m.outcome_logit(&prompt, window)) {
-                Some(logit) => logit,
-                None => score(&prompt, weights, model).0.complexity,
+            // A traffic record has the head's inputs, not the prompt.
+            let head = model.and_then(|m| m.outcome());
+            match (head, &r.inputs) {
+                (Some(head), Some(inputs)) => head.logit(inputs),
+                _ => match model.and_then(|m| m.outcome_logit(&prompt, window)) {
+                    Some(logit) => logit,
+                    None => score(&prompt, weights, model).0.complexity,
+                },
             }
         })
         .collect();
@@ -457,6 +462,11 @@ fn pairs(values: &[String], flag: &str) -> Result<Vec<(String, String)>, CliErro
         .collect()
 }
 
+/// A model file, validated.
+pub fn read_model(path: &Path) -> Result<ClassifierDocument, CliError> {
+    crate::classifier::read_file(path).map_err(|e| CliError::Invalid(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::redis_source;
@@ -474,9 +484,4 @@ mod tests {
         assert_eq!(redis_source("outcomes.jsonl"), None);
         assert_eq!(redis_source("http://h/x"), None);
     }
-}
-
-/// A model file, validated.
-pub fn read_model(path: &Path) -> Result<ClassifierDocument, CliError> {
-    crate::classifier::read_file(path).map_err(|e| CliError::Invalid(e.to_string()))
 }
