@@ -190,11 +190,14 @@ pub fn outcome_from_value(
         return Err("a record with `features` needs its `task_class`".into());
     }
     let (weak, strong) = match (raw.weak_correct, raw.strong_correct, raw.agreed) {
-        (Some(weak), Some(strong), _) => (weak, strong),
+        (Some(weak), Some(strong), None) => (weak, strong),
         (None, None, Some(agreed)) => (agreed, true),
         (None, _, None) => return Err("missing field `weak_correct` (or `agreed`)".into()),
-        (_, None, None) | (_, _, Some(_)) => {
-            return Err("missing field `strong_correct` (or `agreed`)".into())
+        (_, None, None) => return Err("missing field `strong_correct` (or `agreed`)".into()),
+        (_, _, Some(_)) => {
+            return Err(
+                "give either `agreed` or `weak_correct` and `strong_correct`, not both".into(),
+            )
         }
     };
     let traffic = inputs.is_some();

@@ -100,10 +100,15 @@ impl OutcomeLog {
             match result {
                 Ok(()) => telemetry::outcome_record("redis", "written"),
                 Err(error) => {
-                    if let Some(shared) = &self.redis {
-                        *shared.conn.lock().await = None;
+                    // Without Redis every record fails alike: the metric says so, the log
+                    // would only repeat it.
+                    match &self.redis {
+                        Some(shared) => {
+                            *shared.conn.lock().await = None;
+                            tracing::warn!(%error, "outcome record not written to Redis");
+                        }
+                        None => tracing::debug!(%error, "outcome record not written to Redis"),
                     }
-                    tracing::warn!(%error, "outcome record not written to Redis");
                     telemetry::outcome_record("redis", "error");
                 }
             }
