@@ -103,4 +103,38 @@ mod tests {
         assert_eq!(Rating::new(9).unwrap().risk(), 1.0);
         assert!((Rating::new(3).unwrap().risk() - 1.0 / 3.0).abs() < 1e-12);
     }
+
+    #[test]
+    fn the_set_check_names_what_is_wrong_with_a_second_opinion() {
+        let check = |opinion: &str| {
+            let mut set: serde_json::Value =
+                serde_json::from_str(crate::DEFAULT_PROFILE_SET).unwrap();
+            set["policy"]["second_opinion"] = serde_json::from_str(opinion).unwrap();
+            crate::ProfileSet::from_json(&set.to_string())
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert_eq!(check(r#"{"profile": "llama8b-awq"}"#), None);
+        let wrong = [
+            (r#"{"profile": "nope"}"#, "policy.second_opinion.profile"),
+            (
+                r#"{"profile": "llama8b-awq", "band": [0.7, 0.3]}"#,
+                "lower bound",
+            ),
+            (
+                r#"{"profile": "llama8b-awq", "band": [0.2, 1.5]}"#,
+                "[0, 1]",
+            ),
+            (r#"{"profile": "llama8b-awq", "timeout_ms": 0}"#, "1..=5000"),
+            (
+                r#"{"profile": "llama8b-awq", "timeout_ms": 9000}"#,
+                "1..=5000",
+            ),
+            (r#"{"profile": "llama8b-awq", "bands": [0, 1]}"#, "bands"),
+        ];
+        for (opinion, message) in wrong {
+            let error = check(opinion).unwrap_or_default();
+            assert!(error.contains(message), "{opinion}: {error}");
+        }
+    }
 }
