@@ -384,3 +384,43 @@ fn records_of_another_feature_list_are_refused_by_name() {
     );
     assert!(!out.exists());
 }
+
+/// `quantrouter_outcome_records_total{destination="redis", result}` so far.
+fn outcome_records(result: &str) -> u64 {
+    quantrouter::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .find(|l| {
+            l.starts_with("quantrouter_outcome_records_total{")
+                && l.contains("destination=\"redis\"")
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_costs_records_not_requests() {
+    let (_socket, address) = support::refusing_address();
+    let client = redis::Client::open(format!("redis://{address}")).unwrap();
+    let (set, _sims) = tiers().await;
+    let router = start_router(set, move |c: &mut ServerConfig| {
+        c.stored_responses.redis = Some((client, PREFIX.into()));
+        c.resilience.calibration = BudgetConfig {
+            ratio: 1.0,
+            floor: 10_000,
+            window: Duration::from_secs(60),
+        };
+    })
+    .await;
+    let before = outcome_records("error");
+    for (text, _) in workload(3, 5) {
+        let reply = post(&router, "/v1/chat/completions", &chat(&text)).await;
+        assert_eq!(reply.status, 200);
+    }
+    let counted = eventually(Duration::from_secs(10), || async {
+        outcome_records("error") >= before + 5
+    })
+    .await;
+    assert!(counted, "{} errors", outcome_records("error") - before);
+}
