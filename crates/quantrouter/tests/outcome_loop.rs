@@ -403,7 +403,12 @@ fn outcome_records(result: &str) -> u64 {
 async fn a_redis_that_refuses_costs_records_not_requests() {
     let (_socket, address) = support::refusing_address();
     let client = redis::Client::open(format!("redis://{address}")).unwrap();
-    let (set, _sims) = tiers().await;
+    let (mut set, _sims) = tiers().await;
+    // The file beside the stream still gets every record.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outcomes.jsonl");
+    let calibration = set.policy.calibration.as_mut().unwrap();
+    calibration.outcomes.as_mut().unwrap().file = Some(file.to_str().unwrap().into());
     let router = start_router(set, move |c: &mut ServerConfig| {
         c.stored_responses.redis = Some((client, PREFIX.into()));
         c.resilience.calibration = BudgetConfig {
@@ -418,9 +423,21 @@ async fn a_redis_that_refuses_costs_records_not_requests() {
         let reply = post(&router, "/v1/chat/completions", &chat(&text)).await;
         assert_eq!(reply.status, 200);
     }
+    // The file is written after the stream failed: wait for both.
+    let lines = || std::fs::read_to_string(&file).unwrap_or_default();
     let counted = eventually(Duration::from_secs(10), || async {
-        outcome_records("error") >= before + 5
+        outcome_records("error") >= before + 5 && lines().lines().count() == 5
     })
     .await;
     assert!(counted, "{} errors", outcome_records("error") - before);
+    let lines = lines();
+    let records = quantrouter_policy::classifier::parse_outcomes(&lines).unwrap();
+    assert_eq!(records.len(), 5);
+    assert!(records
+        .iter()
+        .all(|r| r.inputs.is_some() && r.prompt.is_empty() && r.source == "traffic"));
+    assert!(
+        !lines.contains("brings"),
+        "no prompt text without --log-prompts"
+    );
 }
