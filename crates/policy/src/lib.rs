@@ -33,6 +33,7 @@ mod features;
 pub mod limits;
 mod profile;
 mod quality;
+pub mod second_opinion;
 mod seed;
 mod select;
 mod tenant;
@@ -50,15 +51,16 @@ pub use classifier::{
 };
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
-    ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, Policy, Profile,
-    ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
-    RequiredQuality, ServiceUpstream, StaticUpstream, StreamCheck, Transport, Upstream,
-    UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
+    ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, OutcomeSink, Policy,
+    Profile, ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
+    RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream, StreamCheck, Transport,
+    Upstream, UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,
     AnswerChoice, AnswerProblem, StartChoice,
 };
+pub use second_opinion::{Rating, SecondOpinionUse};
 pub use seed::{from_seed_list, looks_like_seed_list, SeedProfile};
 pub use select::{
     decide, queue_wait_ms, stable_percent, Candidate, Downgrade, Overrides, ProfileLoad, Reason,

@@ -94,6 +94,9 @@ pub struct Policy {
     /// Live agreement sampling against a reference tier; absent: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// A rating by a cheap tier for prompts of uncertain risk; absent: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub second_opinion: Option<SecondOpinion>,
     /// How strongly requests stick to the endpoint and profile holding their KV cache.
     pub affinity: Affinity,
 }
@@ -123,6 +126,43 @@ pub struct Calibration {
     /// Ceiling on the estimated cost of the reference requests per hour, in the profile
     /// prices' currency.
     pub max_extra_cost_per_hour: f64,
+    /// Write an outcome record for every finished comparison; absent: none are written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcomes: Option<OutcomeSink>,
+}
+
+/// `policy.calibration.outcomes`: where the outcome records of sampled requests go
+/// (`docs/routing.md`, "Learning from the router's own traffic").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutcomeSink {
+    /// The Redis stream `<prefix>:outcomes` of the router's Redis (`--redis-url`).
+    pub redis: bool,
+    /// A JSON-lines file on each replica; past `max_len` lines it is moved to `FILE.1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Records kept: the stream is trimmed to about this many (`XADD … MAXLEN ~`).
+    pub max_len: u64,
+    /// The stream expires this long after its last record.
+    pub ttl_s: u64,
+}
+
+/// `policy.second_opinion`: when the outcome head's risk for a request falls inside `band`,
+/// `profile` rates the request's difficulty with one digit, and the rating replaces the risk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecondOpinion {
+    /// The risks, inclusive, for which a rating is asked.
+    #[serde(default = "SecondOpinion::default_band")]
+    pub band: [f64; 2],
+    /// The profile asked (normally the cheapest tier).
+    pub profile: String,
+    /// How long the rating may take; past it the model's risk stands. 1..=5000.
+    #[serde(default = "SecondOpinion::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Whether streamed requests are rated too (their client waits for the first token).
+    #[serde(default)]
+    pub streams: bool,
 }
 
 /// Weights of the utility terms; only their ratios matter.
@@ -456,6 +496,14 @@ impl ProfileSet {
                 );
             }
         }
+        if let Some(o) = &self.policy.second_opinion {
+            if !self.profiles.iter().any(|p| p.id == o.profile && p.enabled) {
+                err(
+                    "policy.second_opinion.profile".into(),
+                    "must name an enabled profile in `profiles`",
+                );
+            }
+        }
         if !self.profiles.iter().any(|p| p.id == self.default_profile) {
             err(
                 "default_profile".into(),
@@ -552,8 +600,36 @@ impl Default for Policy {
             risk_tolerance: 0.0,
             stream_check: None,
             calibration: None,
+            second_opinion: None,
             affinity: Affinity::default(),
         }
+    }
+}
+
+/// The most records `policy.calibration.outcomes.max_len` may keep.
+const MAX_OUTCOME_RECORDS: u64 = 10_000_000;
+
+impl Default for OutcomeSink {
+    /// A hundred thousand records (tens of MB in Redis) retrain the head many times over; a
+    /// week keeps a stream no router writes to any more from lingering.
+    fn default() -> Self {
+        Self {
+            redis: true,
+            file: None,
+            max_len: 100_000,
+            ttl_s: 7 * 24 * 3600,
+        }
+    }
+}
+
+impl SecondOpinion {
+    fn default_band() -> [f64; 2] {
+        [0.35, 0.65]
+    }
+
+    /// A rating call against a tier answering its first token in tens of milliseconds.
+    fn default_timeout_ms() -> u64 {
+        150
     }
 }
 
@@ -633,6 +709,43 @@ impl Policy {
                 c.max_extra_cost_per_hour,
                 err,
             );
+            if let Some(o) = &c.outcomes {
+                if !(1..=MAX_OUTCOME_RECORDS).contains(&o.max_len) {
+                    err(
+                        "policy.calibration.outcomes.max_len".into(),
+                        "must be in 1..=10000000",
+                    );
+                }
+                if o.ttl_s == 0 {
+                    err("policy.calibration.outcomes.ttl_s".into(), "must be > 0");
+                }
+                if !o.redis && o.file.as_deref().is_none_or(|f| f.trim().is_empty()) {
+                    err(
+                        "policy.calibration.outcomes".into(),
+                        "needs a destination: \"redis\": true or a \"file\"",
+                    );
+                }
+            }
+        }
+        if let Some(o) = &self.second_opinion {
+            let [low, high] = o.band;
+            if !(0.0..=1.0).contains(&low) || !(0.0..=1.0).contains(&high) {
+                err(
+                    "policy.second_opinion.band".into(),
+                    "both bounds must be in [0, 1]",
+                );
+            } else if low >= high {
+                err(
+                    "policy.second_opinion.band".into(),
+                    "the lower bound must be below the upper one",
+                );
+            }
+            if !(1..=5000).contains(&o.timeout_ms) {
+                err(
+                    "policy.second_opinion.timeout_ms".into(),
+                    "must be in 1..=5000",
+                );
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::features::{Features, TaskClass};
 use crate::profile::{Mode, Profile, ProfileIndex, ProfileSet};
+use crate::second_opinion::{Rating, SecondOpinionUse};
 
 /// What the caller knows about one request besides its features.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +39,9 @@ pub struct Overrides<'a> {
     pub downgrade: Option<Downgrade>,
     /// Replaces `policy.risk_tolerance` (a tenant's, or a request header's).
     pub risk_tolerance: Option<f64>,
+    /// A tier's rating of the prompt (`policy.second_opinion`): replaces the outcome head's
+    /// risk, where the head speaks for the prompt.
+    pub second_opinion: Option<Rating>,
 }
 
 /// How a request of a tenant past its soft limit is routed: the cost weight is multiplied
@@ -132,6 +136,9 @@ pub struct RoutingDecision {
     pub risk: Option<f64>,
     /// The risk tolerance the request was routed with.
     pub risk_tolerance: f64,
+    /// The second opinion that replaced the risk, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub second_opinion: Option<SecondOpinionUse>,
     pub latency_budget_ms: f64,
     pub expected_output_tokens: u32,
     /// Every enabled profile the request may use, in profile-set order.
@@ -187,9 +194,14 @@ pub fn decide(
         })
         .max(1);
     let context_out = u64::from(req.max_tokens.unwrap_or(expected_out));
+    // A second opinion stands in for the head's risk, where the head speaks at all.
+    let rated = req
+        .overrides
+        .second_opinion
+        .filter(|_| features.risk.is_some());
+    let prompt_risk = rated.map(Rating::risk).or(features.risk);
     // An explicit minimum quality is the caller's own bar: the risk rule stays out of it.
-    let risk = features
-        .risk
+    let risk = prompt_risk
         .filter(|_| req.overrides.min_quality.is_none())
         .map(|r| Risk {
             risk: r,
@@ -249,7 +261,12 @@ pub fn decide(
         complexity: features.complexity,
         task_class: features.task_class,
         required_quality: required,
-        risk: features.risk,
+        risk: prompt_risk,
+        second_opinion: rated.map(|rating| SecondOpinionUse {
+            rating,
+            model_risk: features.risk.unwrap_or_default(),
+            changed: without_rating(set, req, load).is_ok_and(|d| d.profile != profile),
+        }),
         risk_tolerance: req
             .overrides
             .risk_tolerance
@@ -258,6 +275,17 @@ pub fn decide(
         expected_output_tokens: expected_out,
         candidates,
     })
+}
+
+/// The decision the outcome head's own risk would have made.
+fn without_rating(
+    set: &ProfileSet,
+    req: &RouteRequest<'_>,
+    load: &[ProfileLoad],
+) -> Result<RoutingDecision, RouteError> {
+    let mut plain = *req;
+    plain.overrides.second_opinion = None;
+    decide(set, &plain, load)
 }
 
 /// How far below the required quality the risk rule reaches, as a share of the range from

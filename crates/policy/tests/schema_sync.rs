@@ -192,6 +192,16 @@ fn schema_property_names_match_the_rust_fields() {
         sample_rate: 0.01,
         reference_profile: set.profiles[0].id.clone(),
         max_extra_cost_per_hour: 1.0,
+        outcomes: Some(quantrouter_policy::OutcomeSink {
+            file: Some("/var/lib/quantrouter/outcomes.jsonl".into()),
+            ..Default::default()
+        }),
+    });
+    set.policy.second_opinion = Some(quantrouter_policy::SecondOpinion {
+        band: [0.35, 0.65],
+        profile: set.profiles[2].id.clone(),
+        timeout_ms: 150,
+        streams: false,
     });
     set.validate().unwrap();
     let mut from_types = BTreeSet::new();

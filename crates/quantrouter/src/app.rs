@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
 use crate::apis::stored::{ResponseStore, StoreConfig};
+use crate::calibration::outcomes::OutcomeLog;
 use crate::calibration::Calibrator;
 use crate::classifier::ClassifierStore;
 use crate::keda::{Keda, KedaConfig};
@@ -94,6 +95,8 @@ pub struct App {
     pub responses: Arc<ResponseStore>,
     /// Which profile recent conversations went to (`policy.affinity.session`).
     pub sessions: crate::affinity::Sessions,
+    /// Cached ratings of `policy.second_opinion`.
+    pub second_opinions: crate::second_opinion::SecondOpinions,
     pub(crate) client: UpstreamClient,
     pub(crate) shutting_down: AtomicBool,
     /// Turns true when the shutdown grace is over: streams still open end then.
@@ -115,9 +118,15 @@ impl App {
         Self {
             keda,
             tenants,
-            calibrator: Arc::new(Calibrator::new(config.resilience.calibration)),
+            calibrator: Arc::new(
+                Calibrator::new(config.resilience.calibration).with_outcomes(OutcomeLog::new(
+                    config.stored_responses.redis.clone(),
+                    config.log_prompts,
+                )),
+            ),
             responses: Arc::new(ResponseStore::new(config.stored_responses.clone())),
             sessions: crate::affinity::Sessions::default(),
+            second_opinions: crate::second_opinion::SecondOpinions::default(),
             store,
             client,
             metrics: telemetry::metrics_handle(),

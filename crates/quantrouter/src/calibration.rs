@@ -3,8 +3,11 @@
 //! reports of several replicas into proposed quality numbers.
 //!
 //! A sampled answer ([`Sample`]) is compared with the reference's in a task of its own,
-//! after the client has it whole. A suggestion is only ever printed: an operator reads it and
-//! pushes a profile set.
+//! after the client has it whole, and with `policy.calibration.outcomes` the comparison is
+//! written as an outcome record ([`outcomes`]). A suggestion is only ever printed: an
+//! operator reads it and pushes a profile set.
+
+pub mod outcomes;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,19 +21,22 @@ use quantrouter_policy::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::openai::{answer_choices, find_usage, Usage};
+use crate::openai::{answer_choices, find_usage, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::retry::{self, Plan};
 use crate::resilience::{BudgetConfig, ResilienceConfig, RetryBudget};
 use crate::telemetry;
 use crate::tier_profile::matchers::{agree, json_payload, last_number, MatchKind};
 use crate::upstream::{BodyLimits, UpstreamClient};
+use quantrouter_policy::classifier::{OutcomeInputs, TrafficOutcome, OUTCOME_INPUTS};
 
 /// The reference requests of one router: what was sampled, what it cost, what agreed.
 #[derive(Debug)]
 pub struct Calibrator {
     started: Instant,
     state: Mutex<State>,
+    /// Where outcome records go when the policy asks for them.
+    outcomes: outcomes::OutcomeLog,
 }
 
 #[derive(Debug)]
@@ -196,7 +202,14 @@ impl Calibrator {
                 skipped: 0,
                 not_comparable: 0,
             }),
+            outcomes: outcomes::OutcomeLog::default(),
         }
+    }
+
+    /// Outcome records go to `log` (the router's Redis, and whether they may carry prompts).
+    pub fn with_outcomes(mut self, log: outcomes::OutcomeLog) -> Self {
+        self.outcomes = log;
+        self
     }
 
     /// Whether a request that could be sampled (a non-streamed answer from another profile
@@ -389,6 +402,42 @@ impl Sample {
                 .record(profile, task_class, result == "agree");
         }
         telemetry::tier_agreement(profile, task_class.as_str(), result);
+        if let (Some(sink), "agree" | "disagree") = (&self.policy.outcomes, result) {
+            if let Some(record) = self.outcome_record(result == "agree") {
+                self.calibrator.outcomes.write(sink, &record).await;
+            }
+        }
+    }
+
+    /// The comparison as an outcome record: the prompt as the outcome head reads it (the
+    /// same parse and window as routing), never its text unless `--log-prompts`.
+    fn outcome_record(&self, agreed: bool) -> Option<TrafficOutcome> {
+        let endpoint = match self.path {
+            "/v1/completions" => Endpoint::Completions,
+            _ => Endpoint::Chat,
+        };
+        let parsed = ParsedRequest::parse(&self.body, endpoint).ok()?;
+        let prompt = parsed.prompt();
+        let window = self
+            .snapshot
+            .set
+            .policy
+            .complexity
+            .scoring_window_chars
+            .max(1);
+        let profiles = &self.snapshot.set.profiles;
+        Some(TrafficOutcome {
+            features: OutcomeInputs::of(&prompt, window).named(),
+            inputs: OUTCOME_INPUTS,
+            task_class: self.decision.task_class,
+            cheap_profile: profiles[self.served].id.clone(),
+            reference_profile: profiles[self.reference].id.clone(),
+            agreed,
+            prompt: self.calibrator.outcomes.log_prompts().then(|| {
+                let texts: Vec<&str> = prompt.segments.iter().map(|s| s.text).collect();
+                texts.join("\n\n")
+            }),
+        })
     }
 
     /// The reference profile's whole answer, sent as a pinned request (admission, breaker
@@ -461,6 +510,7 @@ mod tests {
             sample_rate: 0.1,
             reference_profile: "llama8b-fp16".into(),
             max_extra_cost_per_hour: 1.0,
+            outcomes: None,
         });
         set
     }
@@ -511,6 +561,7 @@ mod tests {
             sample_rate: rate,
             reference_profile: "llama8b-fp16".into(),
             max_extra_cost_per_hour: limit,
+            outcomes: None,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod probes;
 pub mod profiles;
 pub mod resilience;
 pub mod routing;
+pub mod second_opinion;
 pub mod server;
 pub mod telemetry;
 pub mod tenants;

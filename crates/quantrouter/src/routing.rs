@@ -7,7 +7,7 @@ use std::time::Duration;
 use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
     conversation_key, decide, prefix_blocks, score, AffinityUse, Classification, Classifier,
-    Overrides, ProfileIndex, ProfileLoad, ProfileSet, Reason, RouteError, RouteRequest,
+    Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason, RouteError, RouteRequest,
     RoutingDecision,
 };
 
@@ -78,7 +78,7 @@ pub fn route(
     request_key: &str,
     tenant: Option<(&ActiveTenant, bool)>,
 ) -> Result<Routed, ApiError> {
-    route_among(
+    route_rated(
         snapshot,
         classifier,
         parsed,
@@ -88,6 +88,46 @@ pub fn route(
         tenant,
         None,
     )
+}
+
+/// [`route`], with a second opinion's rating (`policy.second_opinion`) in place of the
+/// outcome head's risk.
+#[allow(clippy::too_many_arguments)]
+pub fn route_rated(
+    snapshot: &Snapshot,
+    classifier: Option<&Classifier>,
+    parsed: &ParsedRequest<'_>,
+    headers: &HeaderMap,
+    aliases: &[String],
+    request_key: &str,
+    tenant: Option<(&ActiveTenant, bool)>,
+    rating: Option<Rating>,
+) -> Result<Routed, ApiError> {
+    route_with(
+        snapshot,
+        classifier,
+        parsed,
+        headers,
+        aliases,
+        request_key,
+        tenant,
+        None,
+        rating,
+    )
+}
+
+/// Whether the request is routed by the risk rule at all: not pinned (by header or model
+/// name) and without its own minimum quality. A malformed header counts as no: routing
+/// refuses it anyway.
+pub fn routes_by_risk(
+    snapshot: &Snapshot,
+    parsed: &ParsedRequest<'_>,
+    headers: &HeaderMap,
+    aliases: &[String],
+) -> bool {
+    !headers.contains_key(PROFILE_HEADER)
+        && !headers.contains_key(MIN_QUALITY_HEADER)
+        && matches!(resolve_model(snapshot, &parsed.model, aliases), Ok(None))
 }
 
 /// [`route`], with the profiles `among` allows (by index) the only ones available: the
@@ -103,6 +143,31 @@ pub fn route_among(
     tenant: Option<(&ActiveTenant, bool)>,
     among: Option<&[bool]>,
 ) -> Result<Routed, ApiError> {
+    route_with(
+        snapshot,
+        classifier,
+        parsed,
+        headers,
+        aliases,
+        request_key,
+        tenant,
+        among,
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn route_with(
+    snapshot: &Snapshot,
+    classifier: Option<&Classifier>,
+    parsed: &ParsedRequest<'_>,
+    headers: &HeaderMap,
+    aliases: &[String],
+    request_key: &str,
+    tenant: Option<(&ActiveTenant, bool)>,
+    among: Option<&[bool]>,
+    rating: Option<Rating>,
+) -> Result<Routed, ApiError> {
     let set = &snapshot.set;
     let pinned = match header_str(headers, PROFILE_HEADER)? {
         Some(id) => Some(id),
@@ -117,6 +182,7 @@ pub fn route_among(
             (0.0..=1.0).contains(&v)
         })?,
         profile: pinned,
+        second_opinion: rating,
         ..Overrides::default()
     };
     let overrides = match tenant {
@@ -447,6 +513,13 @@ pub fn explain(
         "candidates": candidates,
         "decision_us": decision_us,
     });
+    if let Some(used) = &decision.second_opinion {
+        answer["second_opinion"] = serde_json::json!({
+            "rating": used.rating.digit(),
+            "model_risk": used.model_risk,
+            "changed": used.changed,
+        });
+    }
     if let Some(c) = classification {
         let classes: serde_json::Map<String, serde_json::Value> = TASK_CLASSES
             .iter()

@@ -83,6 +83,14 @@ pub const TENANT_LIMITS_LOCAL: &str = "quantrouter_tenant_limits_local";
 /// Calibration: sampled answers of a profile compared with the reference profile's, by
 /// profile, task class and result (`agree`, `disagree`, `error`: the reference failed).
 pub const TIER_AGREEMENT: &str = "quantrouter_tier_agreement_total";
+/// Outcome records of calibration comparisons, by destination and result (`written`,
+/// `dropped`: too many writes in flight, `error`).
+pub const OUTCOME_RECORDS: &str = "quantrouter_outcome_records_total";
+/// Second opinions (`policy.second_opinion`), by result (`rated`, `cached`, `timeout`,
+/// `error`).
+pub const SECOND_OPINIONS: &str = "quantrouter_second_opinions_total";
+/// How long a second opinion's rating call took.
+pub const SECOND_OPINION_DURATION: &str = "quantrouter_second_opinion_duration_seconds";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -249,6 +257,18 @@ fn describe() {
     metrics::describe_counter!(
         TIER_AGREEMENT,
         "Sampled answers compared with the calibration reference's, by profile, task class and result."
+    );
+    metrics::describe_counter!(
+        OUTCOME_RECORDS,
+        "Outcome records of calibration comparisons, by destination and result."
+    );
+    metrics::describe_counter!(
+        SECOND_OPINIONS,
+        "Second opinions on uncertain prompts, by result."
+    );
+    metrics::describe_histogram!(
+        SECOND_OPINION_DURATION,
+        "Duration of second-opinion rating calls."
     );
 }
 
@@ -472,6 +492,19 @@ pub fn tier_agreement(profile: &str, task_class: &'static str, result: &'static 
     counter!(TIER_AGREEMENT, "profile" => profile.to_owned(), "task_class" => task_class,
         "result" => result)
     .increment(1);
+}
+
+/// One outcome record to `destination` (`redis`, `file`) and what became of it.
+pub fn outcome_record(destination: &'static str, result: &'static str) {
+    counter!(OUTCOME_RECORDS, "destination" => destination, "result" => result).increment(1);
+}
+
+/// One second opinion asked (or found cached) and what became of it.
+pub fn second_opinion(result: &'static str, elapsed: Option<Duration>) {
+    counter!(SECOND_OPINIONS, "result" => result).increment(1);
+    if let Some(elapsed) = elapsed {
+        histogram!(SECOND_OPINION_DURATION).record(elapsed.as_secs_f64());
+    }
 }
 
 pub fn admission_rejected(profile: &str) {

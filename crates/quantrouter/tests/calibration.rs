@@ -57,6 +57,7 @@ fn calibration(sample_rate: f64, budget: f64) -> Calibration {
         sample_rate,
         reference_profile: "llama8b-fp16".into(),
         max_extra_cost_per_hour: budget,
+        outcomes: None,
     }
 }
 

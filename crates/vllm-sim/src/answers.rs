@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
 
+use crate::faults::WrongWhen;
 use crate::generate::{filler, SplitMix64};
 use crate::tier_eval::{self, MatchKind, TaskClass};
 
@@ -60,6 +61,74 @@ pub(crate) fn draw(prompt_hash: u64, seed: u64, stream: u64) -> u64 {
 /// The top 53 bits as a float in [0, 1).
 fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The instruction of a difficulty rating (`policy.second_opinion`), as the router sends it
+/// in the system message.
+pub const RATING_INSTRUCTION: &str = "Rate how hard the following request is for you to \
+answer correctly, from 0 (trivial) to 9 (beyond you). Reply with a single digit.";
+
+/// Whether a chat request is the router's difficulty rating: its system message, first,
+/// is the rating instruction (`cache_text` is each message's role and text, a line each).
+pub(crate) fn is_rating(cache_text: &str) -> bool {
+    cache_text
+        .strip_prefix("system\n")
+        .is_some_and(|rest| rest.starts_with(RATING_INSTRUCTION))
+}
+
+/// The numbers of a text: runs of digits, with a decimal point inside.
+pub(crate) fn quantities(text: &str) -> Vec<f64> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len()
+            && (bytes[i].is_ascii_digit()
+                || (bytes[i] == b'.' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit)))
+        {
+            i += 1;
+        }
+        if let Ok(n) = text[start..i].parse::<f64>() {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// A word problem's answer under `wrong_when`: the sum of its numbers, or, wrong, the sum
+/// plus 1 to 9 (`shape`), as the last number of the text.
+pub(crate) fn word_problem_answer(numbers: &[f64], wrong: bool, shape: u64) -> String {
+    let sum: f64 = numbers.iter().sum();
+    let answer = match wrong {
+        true => sum + (1 + (shape >> 8) % 9) as f64,
+        false => sum,
+    };
+    match answer.fract() == 0.0 && answer.abs() < 1e15 {
+        true => format!("The answer is {}.", answer as i64),
+        false => format!("The answer is {answer}."),
+    }
+}
+
+/// The digit a rating answers with: 7 to 9 for a message the rule answers wrongly (more so
+/// the further past its limit), 0 to 3 for one it answers rightly (more numbers, higher).
+pub(crate) fn rating(quantities: usize, rule: Option<WrongWhen>) -> u8 {
+    let limit = rule.and_then(|r| r.quantities_over);
+    match (rule.is_some_and(|r| r.wrong(quantities)), limit) {
+        (true, Some(limit)) => 7 + (quantities - limit as usize - 1).min(2) as u8,
+        (true, None) => 9,
+        (false, Some(limit)) => (3 * quantities / (limit as usize + 1)).min(3) as u8,
+        (false, None) => (quantities / 2).min(3) as u8,
+    }
+}
+
+/// The draw that shapes a wrong answer, for callers outside this module.
+pub(crate) fn shape(prompt_hash: u64, seed: u64) -> u64 {
+    draw(prompt_hash, seed, SHAPE_STREAM)
 }
 
 // === impl Known ===
@@ -199,6 +268,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn word_problems_sum_their_numbers_and_ratings_follow_the_rule() {
+        let numbers = quantities("Ann has 3 apples, buys 12 more at 1.5 each; 2024 total?");
+        assert_eq!(numbers, vec![3.0, 12.0, 1.5, 2024.0]);
+        assert_eq!(
+            word_problem_answer(&[3.0, 12.0], false, 0),
+            "The answer is 15."
+        );
+        assert_ne!(
+            word_problem_answer(&[3.0, 12.0], true, 0),
+            "The answer is 15."
+        );
+        assert_eq!(word_problem_answer(&[1.5], false, 0), "The answer is 1.5.");
+        let rule = Some(WrongWhen {
+            quantities_over: Some(4),
+        });
+        assert!((0..=4).all(|n| rating(n, rule) <= 3));
+        assert!((5..=20).all(|n| rating(n, rule) >= 7));
+        assert!(rating(2, rule) < rating(4, rule));
+        assert!(is_rating(&format!(
+            "system\n{RATING_INSTRUCTION}\nuser\n1 2\n"
+        )));
+        assert!(!is_rating("user\nRate how hard\n"));
     }
 
     #[test]

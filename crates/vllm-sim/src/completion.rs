@@ -134,7 +134,19 @@ async fn prepare(
     let known = answers::lookup(request.user_text.as_deref());
     let class = known.map_or(TaskClass::General, |k| k.class());
     let (hash, seed) = (request.digest.hash(), state.config.seed);
-    let wrong = answers::answers_wrong(hash, seed, plan.wrong_rate.of(class));
+    // A word problem under `wrong_when`: its numbers decide, not a draw.
+    let numbers = match (known, plan.wrong_when) {
+        (None, Some(_)) => answers::quantities(request.user_text.as_deref().unwrap_or_default()),
+        _ => Vec::new(),
+    };
+    let rated = answers::is_rating(&request.cache_text);
+    let by_rule = !numbers.is_empty() && !rated;
+    let wrong = match by_rule {
+        true => plan
+            .wrong_when
+            .is_some_and(|rule| rule.wrong(numbers.len())),
+        false => answers::answers_wrong(hash, seed, plan.wrong_rate.of(class)),
+    };
     if plan.acts() || wrong {
         state
             .metrics
@@ -145,6 +157,15 @@ async fn prepare(
         apply_early_faults(&plan).await?;
     }
     let generation = match known {
+        _ if rated => {
+            let text = request.user_text.as_deref().unwrap_or_default();
+            let digit = answers::rating(answers::quantities(text).len(), plan.wrong_when);
+            Generation::fixed(digit.to_string(), request.max_tokens)
+        }
+        _ if by_rule && !plan.degenerate => Generation::fixed(
+            answers::word_problem_answer(&numbers, wrong, answers::shape(hash, seed)),
+            request.max_tokens,
+        ),
         Some(known) if !plan.degenerate => {
             Generation::fixed(known.answer(wrong, hash, seed), request.max_tokens)
         }

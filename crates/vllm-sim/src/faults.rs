@@ -38,6 +38,20 @@ pub struct Faults {
     /// draw per seed and prompt. A shipped eval-set prompt has its item's class and gets a
     /// wrong answer its check rejects; any other prompt is `general` and gets other words.
     pub wrong_rate: BTreeMap<String, f64>,
+    /// Wrong answers that depend on what the prompt says, not on a draw. With it set, a
+    /// prompt outside the eval set that holds numbers is a word problem: its right answer is
+    /// the sum of the numbers of its last user message ("The answer is 42."), the same on
+    /// every simulator; a wrong one is off by 1 to 9. `{}` is never wrong: a reference tier.
+    /// A difficulty rating the router asks for (`policy.second_opinion`) follows the rule.
+    pub wrong_when: Option<WrongWhen>,
+}
+
+/// `wrong_when`: the conditions under which a word problem is answered wrongly (any one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WrongWhen {
+    /// Wrong when the last user message holds more than this many numbers.
+    pub quantities_over: Option<u32>,
 }
 
 /// Why a fault set was rejected.
@@ -70,6 +84,7 @@ pub(crate) struct FaultPlan {
     pub(crate) reset_after_chunks: Option<u64>,
     pub(crate) degenerate: bool,
     pub(crate) wrong_rate: WrongRates,
+    pub(crate) wrong_when: Option<WrongWhen>,
 }
 
 /// An error response chosen by `error_rate`.
@@ -109,6 +124,7 @@ impl Default for Faults {
             reset_after_chunks: None,
             degenerate: false,
             wrong_rate: BTreeMap::new(),
+            wrong_when: None,
         }
     }
 }
@@ -143,6 +159,17 @@ impl Faults {
             && self.reset_after_chunks.is_none()
             && !self.degenerate
             && self.wrong_rate.values().all(|&rate| rate <= 0.0)
+            && self.wrong_when.is_none()
+    }
+}
+
+// === impl WrongWhen ===
+
+impl WrongWhen {
+    /// Whether the rule makes the answer to a message holding `quantities` numbers wrong.
+    pub(crate) fn wrong(&self, quantities: usize) -> bool {
+        self.quantities_over
+            .is_some_and(|limit| quantities > limit as usize)
     }
 }
 
@@ -177,7 +204,7 @@ impl WrongRates {
 
 impl FaultPlan {
     pub(crate) fn is_noop(&self) -> bool {
-        !self.acts() && self.wrong_rate.is_zero()
+        !self.acts() && self.wrong_rate.is_zero() && self.wrong_when.is_none()
     }
 
     /// Whether a fault other than wrong answers applies to this request.
@@ -257,6 +284,7 @@ impl FaultState {
             reset_after_chunks: faults.reset_after_chunks,
             degenerate: faults.degenerate,
             wrong_rate: active.wrong_rate,
+            wrong_when: faults.wrong_when,
         };
         (!plan.is_noop()).then_some(plan)
     }
@@ -329,6 +357,19 @@ mod tests {
         assert_eq!(plan.wrong_rate.of(TaskClass::General), 0.0);
         state.set(serde_json::from_str(r#"{"wrong_rate": {"math": 0.0}}"#).unwrap());
         assert!(state.plan().is_none());
+    }
+
+    #[test]
+    fn wrong_when_alone_makes_a_plan_and_reads_the_count() {
+        let state = FaultState::default();
+        state.set(serde_json::from_str(r#"{"wrong_when": {"quantities_over": 4}}"#).unwrap());
+        let rule = state.plan().and_then(|p| p.wrong_when).unwrap();
+        assert!(!rule.wrong(4));
+        assert!(rule.wrong(5));
+        state.set(serde_json::from_str(r#"{"wrong_when": {}}"#).unwrap());
+        let never = state.plan().and_then(|p| p.wrong_when).unwrap();
+        assert!(!never.wrong(100));
+        assert!(serde_json::from_str::<Faults>(r#"{"wrong_when": {"numbers": 3}}"#).is_err());
     }
 
     #[test]

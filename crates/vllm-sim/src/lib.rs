@@ -40,7 +40,8 @@ mod state;
 pub mod tier_eval;
 pub mod tls;
 
+pub use answers::RATING_INSTRUCTION;
 pub use config::{MetricsFlavor, SimConfig, DEFAULT_BLOCK_SIZE};
-pub use faults::{Faults, FaultsError};
+pub use faults::{Faults, FaultsError, WrongWhen};
 pub use metrics::SimStats;
 pub use server::SimServer;

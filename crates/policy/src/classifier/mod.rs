@@ -31,13 +31,14 @@ pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
 pub use outcome::{
-    fit_outcomes, parse_outcomes, OutcomeHead, OutcomeInputs, OutcomeRecord, OUTCOME_FEATURES,
+    fit_outcomes, outcome_from_value, parse_outcomes, OutcomeHead, OutcomeInputs, OutcomeRecord,
+    TrafficOutcome, OUTCOME_FEATURES, OUTCOME_INPUTS,
 };
 pub use routing_eval::{
     cross_validate, length_scores, random_scores, routing_curve, FoldReport,
     OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
 };
-pub use train::{fit, train, train_with_outcomes, TrainOptions};
+pub use train::{fit, retrain_outcomes, train, train_with_outcomes, TrainOptions};
 
 /// Task classes in output order.
 pub const TASK_CLASSES: [TaskClass; 5] = [

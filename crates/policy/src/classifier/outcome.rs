@@ -58,22 +58,71 @@ const NEWTON_STEPS: usize = 12;
 /// A task class the outcome data covered: at least this share of its records.
 const COVERED_SHARE: f64 = 0.10;
 
-/// One prompt with whether a cheap and a reference model answered it correctly.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// One prompt with whether a cheap and a reference model answered it correctly: from a
+/// benchmark (the prompt's text) or from the router's own traffic (the prompt's inputs as the
+/// head read them, and whether the served answer agreed with the reference's).
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutcomeRecord {
-    #[serde(default)]
     pub id: String,
-    /// The benchmark or stream it came from (`unknown` when not given).
-    #[serde(default = "unknown")]
+    /// The benchmark or stream it came from (`unknown` when not given; `traffic` for a
+    /// record the router wrote).
     pub source: String,
-    /// The part of the benchmark (an MMLU subject); held out together.
-    #[serde(default = "unknown")]
+    /// The part of the benchmark (an MMLU subject); held out together. A traffic record's is
+    /// its task class.
     pub category: String,
+    /// Empty for a traffic record written without `--log-prompts`.
     pub prompt: String,
-    #[serde(alias = "cheap_ok")]
+    /// A traffic record's inputs, as the outcome head read the prompt; `None`: read from
+    /// `prompt`.
+    pub inputs: Option<OutcomeInputs>,
+    /// The task class the router gave the prompt (traffic records).
+    pub task_class: Option<TaskClass>,
     pub weak_correct: bool,
-    #[serde(alias = "reference_ok")]
     pub strong_correct: bool,
+}
+
+/// One line as written: a benchmark's (`prompt`, `weak_correct`/`cheap_ok`,
+/// `strong_correct`/`reference_ok`) or the router's (`features`, `inputs`, `task_class`,
+/// `cheap_profile`, `reference_profile`, `agreed`).
+#[derive(Debug, Deserialize)]
+struct RawRecord {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    source: Option<String>,
+    #[serde(default)]
+    category: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default, alias = "cheap_ok")]
+    weak_correct: Option<bool>,
+    #[serde(default, alias = "reference_ok")]
+    strong_correct: Option<bool>,
+    #[serde(default)]
+    features: Option<std::collections::BTreeMap<String, f32>>,
+    /// How many inputs the head that wrote `features` had.
+    #[serde(default)]
+    inputs: Option<usize>,
+    #[serde(default)]
+    task_class: Option<TaskClass>,
+    #[serde(default)]
+    agreed: Option<bool>,
+}
+
+/// What the router writes for one sampled request (`policy.calibration.outcomes`): the
+/// prompt's inputs by name (zeros left out), never its text unless asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrafficOutcome {
+    pub features: std::collections::BTreeMap<&'static str, f32>,
+    /// [`OUTCOME_INPUTS`] of the router that wrote it: a reader with another feature list
+    /// refuses the record.
+    pub inputs: usize,
+    pub task_class: TaskClass,
+    pub cheap_profile: String,
+    pub reference_profile: String,
+    pub agreed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
 }
 
 /// The fitted head, as the classifier document stores it (`weights.outcome`).
@@ -100,26 +149,77 @@ fn unknown() -> String {
 }
 
 /// Parses outcome JSONL: `{"prompt", "weak_correct", "strong_correct"}` (or `cheap_ok`,
-/// `reference_ok`), optionally `id`, `source`, `category`; other fields are ignored.
+/// `reference_ok`), optionally `id`, `source`, `category`; or the router's traffic records
+/// (`features`, `inputs`, `task_class`, `agreed`). Other fields are ignored.
 pub fn parse_outcomes(jsonl: &str) -> Result<Vec<OutcomeRecord>, DataError> {
     let mut out = Vec::new();
     for (n, raw) in jsonl.lines().enumerate() {
         if raw.trim().is_empty() {
             continue;
         }
-        let mut record: OutcomeRecord = serde_json::from_str(raw).map_err(|e| DataError::Line {
+        let line = |message: String| DataError::Line {
             line: n + 1,
-            message: e.to_string(),
-        })?;
-        if record.id.is_empty() {
-            record.id = format!("line-{}", n + 1);
-        }
+            message,
+        };
+        let value = serde_json::from_str(raw).map_err(|e| line(e.to_string()))?;
+        let record = outcome_from_value(value, &format!("line-{}", n + 1)).map_err(line)?;
         out.push(record);
     }
     if out.is_empty() {
         return Err(DataError::Empty);
     }
     Ok(out)
+}
+
+/// One outcome record from its JSON; `fallback_id` names it when it carries no `id`. A
+/// traffic record's `agreed` counts as `cheap_ok = agreed, reference_ok = true`: the
+/// reference is the yardstick, and agreeing with it is what the cheap tier can be right by.
+pub fn outcome_from_value(
+    value: serde_json::Value,
+    fallback_id: &str,
+) -> Result<OutcomeRecord, String> {
+    let raw: RawRecord = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let inputs = match &raw.features {
+        Some(features) => Some(OutcomeInputs::from_named(features, raw.inputs)?),
+        None => None,
+    };
+    if inputs.is_none() && raw.prompt.is_none() {
+        return Err("missing field `prompt` (or a traffic record's `features`)".into());
+    }
+    if inputs.is_some() && raw.task_class.is_none() {
+        return Err("a record with `features` needs its `task_class`".into());
+    }
+    let (weak, strong) = match (raw.weak_correct, raw.strong_correct, raw.agreed) {
+        (Some(weak), Some(strong), None) => (weak, strong),
+        (None, None, Some(agreed)) => (agreed, true),
+        (None, _, None) => return Err("missing field `weak_correct` (or `agreed`)".into()),
+        (_, None, None) => return Err("missing field `strong_correct` (or `agreed`)".into()),
+        (_, _, Some(_)) => {
+            return Err(
+                "give either `agreed` or `weak_correct` and `strong_correct`, not both".into(),
+            )
+        }
+    };
+    let traffic = inputs.is_some();
+    Ok(OutcomeRecord {
+        id: raw
+            .id
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| fallback_id.to_owned()),
+        source: raw.source.unwrap_or_else(|| match traffic {
+            true => "traffic".into(),
+            false => unknown(),
+        }),
+        category: raw.category.unwrap_or_else(|| match raw.task_class {
+            Some(class) if traffic => class.as_str().to_owned(),
+            _ => unknown(),
+        }),
+        prompt: raw.prompt.unwrap_or_default(),
+        inputs,
+        task_class: raw.task_class,
+        weak_correct: weak,
+        strong_correct: strong,
+    })
 }
 
 // === impl OutcomeRecord ===
@@ -135,6 +235,12 @@ impl OutcomeRecord {
     /// The fold of a record for `k`-fold cross-validation, by a stable hash of its id.
     pub fn fold(&self, seed: u64, k: u64) -> u64 {
         hash(seed, &self.id) % k.max(1)
+    }
+
+    /// What the head reads of the record: a traffic record's stored inputs, else its prompt.
+    pub fn inputs(&self, window: usize) -> OutcomeInputs {
+        self.inputs
+            .unwrap_or_else(|| OutcomeInputs::of_text(&self.prompt, window))
     }
 }
 
@@ -165,6 +271,45 @@ impl OutcomeInputs {
 
     fn choices(&self) -> bool {
         self.0[CHOICES] > 0.5
+    }
+
+    /// The inputs by name, zeros left out: what a traffic record stores.
+    pub fn named(&self) -> std::collections::BTreeMap<&'static str, f32> {
+        OUTCOME_FEATURES
+            .iter()
+            .zip(self.0)
+            .filter(|(_, v)| *v != 0.0)
+            .map(|(name, v)| (*name, v))
+            .collect()
+    }
+
+    /// Inputs from a traffic record's names; a name the head does not read, a count of
+    /// inputs other than this head's, or a non-finite value is refused: the record was
+    /// written by a router with another feature list, and its numbers mean something else.
+    pub fn from_named(
+        named: &std::collections::BTreeMap<String, f32>,
+        inputs: Option<usize>,
+    ) -> Result<Self, String> {
+        if let Some(n) = inputs.filter(|&n| n != OUTCOME_INPUTS) {
+            return Err(format!(
+                "the record's features come from a head of {n} inputs, this one reads \
+                 {OUTCOME_INPUTS} ({OUTCOME_FEATURES:?}): train from records of this version"
+            ));
+        }
+        let mut out = [0f32; OUTCOME_INPUTS];
+        for (name, &value) in named {
+            let Some(i) = OUTCOME_FEATURES.iter().position(|n| n == name) else {
+                return Err(format!(
+                    "feature `{name}` is not an input of the outcome head ({OUTCOME_FEATURES:?}): \
+                     the record was written by a router with another feature list"
+                ));
+            };
+            if !value.is_finite() {
+                return Err(format!("feature `{name}` is not a finite number"));
+            }
+            out[i] = value;
+        }
+        Ok(Self(out))
     }
 }
 
@@ -476,7 +621,7 @@ pub fn fit_outcomes(
 ) -> OutcomeHead {
     let examples: Vec<(OutcomeInputs, f64)> = records
         .iter()
-        .map(|r| (OutcomeInputs::of_text(&r.prompt, window), r.target()))
+        .map(|r| (r.inputs(window), r.target()))
         .collect();
     let theta = newton(&examples);
     let to_f32 = |s: &[f64]| s.iter().map(|&v| v as f32).collect::<Vec<f32>>();
@@ -638,6 +783,8 @@ mod tests {
                     source: "s".into(),
                     category: "c".into(),
                     prompt,
+                    inputs: None,
+                    task_class: None,
                     weak_correct: n < 4 || i % 5 == 0,
                     strong_correct: true,
                 }
@@ -672,6 +819,41 @@ mod tests {
             parse_outcomes("{\"prompt\": \"a\"}"),
             Err(DataError::Line { line: 1, .. })
         ));
+    }
+
+    #[test]
+    fn traffic_records_read_their_inputs_and_refuse_another_feature_list() {
+        let inputs = OutcomeInputs::of_text("Sam buys 3 apples at $1.50 each.", 4096);
+        let line = serde_json::json!({"features": inputs.named(), "inputs": OUTCOME_INPUTS,
+            "task_class": "math", "cheap_profile": "a", "reference_profile": "b",
+            "agreed": false});
+        let rows = parse_outcomes(&line.to_string()).unwrap();
+        assert_eq!(rows[0].inputs, Some(inputs));
+        assert_eq!(rows[0].inputs(4096), inputs);
+        assert!(!rows[0].weak_correct && rows[0].strong_correct);
+        assert_eq!(
+            (rows[0].source.as_str(), rows[0].category.as_str()),
+            ("traffic", "math")
+        );
+
+        let mut renamed = line.clone();
+        renamed["features"]["bogus"] = 0.5.into();
+        let error = parse_outcomes(&renamed.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`bogus`") && error.contains("another feature list"),
+            "{error}"
+        );
+        let mut counted = line.clone();
+        counted["inputs"] = (OUTCOME_INPUTS + 1).into();
+        let error = parse_outcomes(&counted.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("21 inputs"), "{error}");
+        let mut classless = line;
+        classless.as_object_mut().unwrap().remove("task_class");
+        assert!(parse_outcomes(&classless.to_string()).is_err());
     }
 
     #[test]

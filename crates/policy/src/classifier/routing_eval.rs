@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::data::hash;
-use super::outcome::{fit_outcomes, OutcomeInputs, OutcomeRecord};
+use super::outcome::{fit_outcomes, OutcomeRecord};
 use crate::features::TaskClass;
 
 /// Folds of a benchmark that has a single category.
@@ -195,7 +195,7 @@ pub fn cross_validate(
             let held_records: Vec<&OutcomeRecord> = held.iter().map(|&i| &records[i]).collect();
             let scores: Vec<f64> = held_records
                 .iter()
-                .map(|r| head.logit(&OutcomeInputs::of_text(&r.prompt, window)))
+                .map(|r| head.logit(&r.inputs(window)))
                 .collect();
             for (&i, &s) in held.iter().zip(&scores) {
                 held_out_scores[i] = s;
@@ -282,6 +282,8 @@ mod tests {
             source: "s".into(),
             category: "c".into(),
             prompt: "p".repeat(i + 1),
+            inputs: None,
+            task_class: None,
             weak_correct: weak,
             strong_correct: strong,
         }

@@ -81,24 +81,60 @@ pub fn train_with_outcomes(
     let mut classifier = fit(&train, options);
     let window = ComplexityWeights::default().scoring_window_chars;
     if !outcomes.is_empty() {
-        let classes = covered_classes(outcomes.iter().map(|r| {
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: &r.prompt,
-                }],
-                wants_json: false,
-            };
-            let features = Features::extract(&prompt, &ComplexityWeights::default())
-                .unwrap_or_else(|_| Features::without_text(&prompt, &ComplexityWeights::default()));
-            classifier.classify(&prompt, &features, window).task_class
-        }));
+        let classes = outcome_classes(&classifier, outcomes, window);
         let records: Vec<&OutcomeRecord> = outcomes.iter().collect();
         classifier.outcome = Some(fit_outcomes(&records, window, classes));
     }
     let mut metrics = TrainingMetrics::counted(data, options.seed);
     metrics.outcome_records = outcomes.len();
     ClassifierDocument::new(&classifier, FeatureSettings::new(options.bits), metrics)
+}
+
+/// `base` with its outcome head refitted to `outcomes` alone, every other head kept: the
+/// loop that learns from the router's own traffic (`classifier train --base`), which needs
+/// no labelled prompts. Records without a task class are classified by `base`. The base's
+/// metrics stay, but for the outcome figures, which described the head replaced.
+pub fn retrain_outcomes(
+    base: &ClassifierDocument,
+    outcomes: &[OutcomeRecord],
+) -> Result<ClassifierDocument, super::ClassifierError> {
+    let mut classifier = base.classifier()?;
+    let window = ComplexityWeights::default().scoring_window_chars;
+    let classes = outcome_classes(&classifier, outcomes, window);
+    let records: Vec<&OutcomeRecord> = outcomes.iter().collect();
+    classifier.outcome = Some(fit_outcomes(&records, window, classes));
+    let mut metrics = base.metrics.clone();
+    metrics.outcome_records = outcomes.len();
+    metrics.outcomes = None;
+    Ok(ClassifierDocument::new(
+        &classifier,
+        base.features.clone(),
+        metrics,
+    ))
+}
+
+/// The task classes the outcome records cover: a traffic record carries the router's; a
+/// benchmark's prompt is classified by `classifier`.
+fn outcome_classes(
+    classifier: &Classifier,
+    outcomes: &[OutcomeRecord],
+    window: usize,
+) -> Vec<crate::features::TaskClass> {
+    covered_classes(outcomes.iter().map(|r| {
+        if let Some(class) = r.task_class {
+            return class;
+        }
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text: &r.prompt,
+            }],
+            wants_json: false,
+        };
+        let features = Features::extract(&prompt, &ComplexityWeights::default())
+            .unwrap_or_else(|_| Features::without_text(&prompt, &ComplexityWeights::default()));
+        classifier.classify(&prompt, &features, window).task_class
+    }))
 }
 
 /// Fits a model to `data` (all of it, whatever its split).

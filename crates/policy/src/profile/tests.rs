@@ -307,6 +307,7 @@ fn stream_check_and_calibration_are_optional_and_checked() {
         sample_rate: 1.5,
         reference_profile: "nope".into(),
         max_extra_cost_per_hour: 0.0,
+        outcomes: None,
     });
     assert_eq!(
         errors_of(&bad),

@@ -606,3 +606,30 @@ fn the_risk_rule_keeps_the_tenant_floor_and_an_explicit_minimum_quality() {
     };
     assert_eq!(tier(&s, &route_features(&s, &f, explicit)), "fp16");
 }
+
+#[test]
+fn a_second_opinion_replaces_the_risk_where_the_head_speaks() {
+    let s = with_tolerance(0.1);
+    let rated = |digit| Overrides {
+        second_opinion: crate::Rating::new(digit),
+        ..Overrides::default()
+    };
+    // The head's 0.3 sends the hard problem to FP8; a rating of 9 (risk 1) keeps it on FP16.
+    let f = hard_math(&s, Some(0.3));
+    let d = route_features(&s, &f, rated(9));
+    assert_eq!(tier(&s, &d), "fp16");
+    assert_eq!(d.risk, Some(1.0));
+    let used = d.second_opinion.unwrap();
+    assert_eq!(
+        (used.rating.digit(), used.model_risk, used.changed),
+        (9, 0.3, true)
+    );
+    // A rating that agrees with the head changes nothing, and says so.
+    let d = route_features(&s, &f, rated(1));
+    assert_eq!(tier(&s, &d), "fp8");
+    assert!(!d.second_opinion.unwrap().changed);
+    // Without the head's risk (its class uncovered) a rating is not used.
+    let d = route_features(&s, &hard_math(&s, None), rated(0));
+    assert_eq!(tier(&s, &d), "fp16");
+    assert_eq!((d.risk, d.second_opinion), (None, None));
+}

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use quantrouter_policy::classifier::{
     cross_validate, evaluate, leave_one_source_out, length_scores, parse_labelled, parse_outcomes,
-    random_scores, routing_curve, train_with_outcomes, LabelledPrompt, OutcomeRecord, RoutingCurve,
-    Split, TrainOptions,
+    random_scores, retrain_outcomes, routing_curve, train_with_outcomes, LabelledPrompt,
+    OutcomeRecord, RoutingCurve, Split, TrainOptions,
 };
 use quantrouter_policy::{
     score, ClassifierDocument, ComplexityWeights, ProfileSet, Prompt, Role, Segment, TaskClass,
@@ -73,14 +73,21 @@ pub struct TrainArgs {
     /// A source leave-one-source-out never holds out: always trained on (repeatable).
     #[arg(long = "keep-in-training")]
     pub keep_in_training: Vec<String>,
-    /// Outcome JSONL (`{"prompt", "weak_correct", "strong_correct", "source", "category"}`):
-    /// also train the outcome head on them. Several files may follow one flag.
+    /// Outcome JSONL (`{"prompt", "weak_correct", "strong_correct", "source", "category"}`,
+    /// or the router's traffic records), or `redis://HOST:PORT[/PREFIX]`: the router's
+    /// stream `PREFIX:outcomes` (default prefix `quantrouter`). Also train the outcome head
+    /// on them. Several may follow one flag.
     #[arg(long, num_args = 1..)]
     pub outcomes: Vec<PathBuf>,
     /// Also report the outcome head held out by `category` (one head per category trained
     /// without it; a benchmark of one category by five folds), kept in the metrics.
     #[arg(long = "cross-validate", value_enum)]
     pub cross_validate: Option<CrossValidate>,
+    /// Refit only the outcome head of this model (a file, or `builtin`) to `--outcomes`,
+    /// keeping its other heads: no `--data` needed. The loop that learns from the router's
+    /// own traffic.
+    #[arg(long, conflicts_with = "data")]
+    pub base: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -98,9 +105,10 @@ pub struct EvalArgs {
     /// Which prompts to measure on.
     #[arg(long, value_enum, default_value = "all")]
     pub split: SplitChoice,
-    /// Outcome JSONL: rank the prompts by the outcome head (without one: by the
-    /// complexity) and print APGR, CPT(50%), CPT(80%), the curve and the random and
-    /// prompt-length baselines. Several files may follow one flag.
+    /// Outcome JSONL (or `redis://HOST:PORT[/PREFIX]`, the router's stream): rank the
+    /// prompts by the outcome head (without one: by the complexity) and print APGR,
+    /// CPT(50%), CPT(80%), the curve and the random and prompt-length baselines. Several
+    /// may follow one flag.
     #[arg(long, num_args = 1..)]
     pub outcomes: Vec<PathBuf>,
 }
@@ -122,6 +130,9 @@ pub fn run(command: ClassifierCommand) -> Result<(), CliError> {
 }
 
 fn run_train(args: &TrainArgs) -> Result<(), CliError> {
+    if let Some(base) = &args.base {
+        return run_retrain(args, base);
+    }
     if args.data.data.is_empty() {
         return Err(CliError::Invalid("--data is required".into()));
     }
@@ -194,6 +205,35 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `train --base`: the base model with its outcome head refitted to the records.
+fn run_retrain(args: &TrainArgs, base: &Path) -> Result<(), CliError> {
+    if args.outcomes.is_empty() {
+        return Err(CliError::Invalid("--base needs --outcomes".into()));
+    }
+    let base = match base.to_str() {
+        Some("builtin") => ClassifierDocument::from_json(quantrouter_policy::DEFAULT_CLASSIFIER)
+            .map_err(|e| CliError::Invalid(e.to_string()))?,
+        _ => read_model(base)?,
+    };
+    let outcomes = read_outcomes(&args.outcomes)?;
+    eprintln!(
+        "refitting the outcome head on {} outcome records",
+        outcomes.len()
+    );
+    let mut doc =
+        retrain_outcomes(&base, &outcomes).map_err(|e| CliError::Invalid(e.to_string()))?;
+    if args.cross_validate.is_some() {
+        let window = ComplexityWeights::default().scoring_window_chars;
+        let cv = cross_validate(&outcomes, window, args.data.seed);
+        println!("outcome head, held out by category:\n{cv}");
+        doc.metrics.outcomes = Some(cv);
+    }
+    std::fs::write(&args.out, doc.to_json() + "\n")
+        .map_err(|e| CliError::Io(format!("writing {}: {e}", args.out.display())))?;
+    println!("wrote {} (sha256 {})", args.out.display(), doc.sha256);
+    Ok(())
+}
+
 fn run_eval(args: &EvalArgs) -> Result<(), CliError> {
     if args.data.data.is_empty() && args.outcomes.is_empty() {
         return Err(CliError::Invalid("--data or --outcomes is required".into()));
@@ -234,10 +274,29 @@ fn run_eval(args: &EvalArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Outcome records from files, in the order given.
+/// Outcome records from files and router streams, in the order given.
 fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
     let mut records = Vec::new();
     for path in paths {
+        if let Some((url, prefix)) = path.to_str().and_then(redis_source) {
+            let client = crate::documents::client(&url, None)
+                .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))?;
+            let key = crate::calibration::outcomes::stream_key(&prefix);
+            let read = super::block_on(async {
+                crate::calibration::outcomes::read_stream(&client, &key)
+                    .await
+                    .map_err(CliError::Invalid)
+            })?;
+            if read.is_empty() {
+                return Err(CliError::Invalid(format!(
+                    "{}: the stream {key} holds no outcome records",
+                    path.display()
+                )));
+            }
+            eprintln!("{} outcome records from the stream {key}", read.len());
+            records.extend(read);
+            continue;
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| CliError::Invalid(format!("reading {}: {e}", path.display())))?;
         records.extend(
@@ -246,6 +305,21 @@ fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
         );
     }
     Ok(records)
+}
+
+/// `redis://HOST:PORT[/PREFIX]` (or `rediss://`) as the server's URL and the key prefix;
+/// the path is the router's key prefix, not a database number.
+fn redis_source(source: &str) -> Option<(String, String)> {
+    let (scheme, rest) = source.split_once("://")?;
+    if scheme != "redis" && scheme != "rediss" {
+        return None;
+    }
+    let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = match prefix.trim_matches('/') {
+        "" => "quantrouter",
+        prefix => prefix,
+    };
+    Some((format!("{scheme}://{host}"), prefix.to_owned()))
 }
 
 /// RouteLLM's figures for each source of the records and for all of them: the model's
@@ -274,9 +348,14 @@ fn outcome_report(
                 }],
                 wants_json: false,
             };
-            match model.and_then(|m| m.outcome_logit(&prompt, window)) {
-                Some(logit) => logit,
-                None => score(&prompt, weights, model).0.complexity,
+            // A traffic record has the head's inputs, not the prompt.
+            let head = model.and_then(|m| m.outcome());
+            match (head, &r.inputs) {
+                (Some(head), Some(inputs)) => head.logit(inputs),
+                _ => match model.and_then(|m| m.outcome_logit(&prompt, window)) {
+                    Some(logit) => logit,
+                    None => score(&prompt, weights, model).0.complexity,
+                },
             }
         })
         .collect();
@@ -386,4 +465,23 @@ fn pairs(values: &[String], flag: &str) -> Result<Vec<(String, String)>, CliErro
 /// A model file, validated.
 pub fn read_model(path: &Path) -> Result<ClassifierDocument, CliError> {
     crate::classifier::read_file(path).map_err(|e| CliError::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_source;
+
+    #[test]
+    fn a_redis_source_names_the_server_and_the_key_prefix() {
+        assert_eq!(
+            redis_source("redis://127.0.0.1:6379"),
+            Some(("redis://127.0.0.1:6379".into(), "quantrouter".into()))
+        );
+        assert_eq!(
+            redis_source("rediss://h:1/team:a/"),
+            Some(("rediss://h:1".into(), "team:a".into()))
+        );
+        assert_eq!(redis_source("outcomes.jsonl"), None);
+        assert_eq!(redis_source("http://h/x"), None);
+    }
 }

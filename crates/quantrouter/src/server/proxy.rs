@@ -88,9 +88,19 @@ pub(super) async fn proxy(
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
     let snapshot = app.store.load();
     let grant = admit_tenant(app, tenant, &parsed, &snapshot).await?;
-    // Route: the policy's decision, with the request's and the tenant's overrides.
+    // Route: the policy's decision, with the request's and the tenant's overrides, and a
+    // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
     let headers = &received.parts.headers;
-    let routed = decide(app, &snapshot, &parsed, headers, key, grant.as_ref())?;
+    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, headers).await;
+    let routed = decide(
+        app,
+        &snapshot,
+        &parsed,
+        headers,
+        key,
+        grant.as_ref(),
+        rating,
+    )?;
     let resilience = &app.config.resilience;
     let deadline = started + routing::timeout(headers)?.unwrap_or(resilience.default_deadline);
     // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
@@ -363,9 +373,10 @@ fn decide(
     headers: &HeaderMap,
     key: &str,
     grant: Option<&Grant>,
+    rating: Option<quantrouter_policy::Rating>,
 ) -> Result<Routed, ApiError> {
     let classifier = app.config.classifier.load();
-    let mut routed = routing::route(
+    let mut routed = routing::route_rated(
         snapshot,
         classifier.model.as_ref(),
         parsed,
@@ -373,6 +384,7 @@ fn decide(
         &app.config.aliases,
         key,
         grant.map(|g| (&*g.tenant, g.downgraded)),
+        rating,
     )?;
     app.sessions.settle(snapshot, &mut routed, true);
     app.keda.on_route(snapshot, routed.decision.profile);
@@ -801,6 +813,9 @@ fn finish_head(
             headers.insert(name, value);
         }
     }
+    if let Some(v) = crate::second_opinion::header(decision) {
+        headers.insert(crate::second_opinion::HEADER, v);
+    }
     if let Some(f) = served.fallback {
         let value = format!(
             "from={}; to={}; reason={}",
@@ -966,7 +981,8 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let model = classifier.model.as_ref();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let mut routed = routing::route(
+    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
+    let mut routed = routing::route_rated(
         &snapshot,
         model,
         &parsed,
@@ -974,6 +990,7 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         &app.config.aliases,
         key,
         tenant.as_deref().map(|t| (t, false)),
+        rating,
     )?;
     // A dry run reads the conversation's memory but adds no turn to it.
     app.sessions.settle(&snapshot, &mut routed, false);
