@@ -31,7 +31,8 @@ pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
 pub use outcome::{
-    fit_outcomes, parse_outcomes, OutcomeHead, OutcomeInputs, OutcomeRecord, OUTCOME_FEATURES,
+    fit_examples, fit_outcomes, parse_outcomes, ChoiceTrees, OutcomeExample, OutcomeHead,
+    OutcomeInputs, OutcomeRecord, Tree, OUTCOME_FEATURES,
 };
 pub use routing_eval::{
     cross_validate, length_scores, random_scores, routing_curve, FoldReport,

@@ -64,6 +64,15 @@ pub struct OutcomeCrossValidation {
 /// Smallest reference-over-cheap accuracy gap a fold needs to count in the mean.
 pub const MIN_GAP: f64 = 0.05;
 
+/// Whether the reference answers at least [`MIN_GAP`] of the records more than the cheap
+/// model does, counted in records: a difference of two accuracies can round a gap of
+/// exactly five points (5 of 100) below it.
+fn leads_enough(records: &[&OutcomeRecord]) -> bool {
+    let count = |ok: fn(&OutcomeRecord) -> bool| records.iter().filter(|r| ok(r)).count();
+    let lead = count(|r| r.strong_correct) as f64 - count(|r| r.weak_correct) as f64;
+    lead >= (MIN_GAP * records.len() as f64).ceil()
+}
+
 /// The curve of `scores[i]` (higher: send to the reference) over `records[i]`.
 pub fn routing_curve(scores: &[f64], records: &[&OutcomeRecord]) -> RoutingCurve {
     let n = records.len().max(1) as f64;
@@ -201,7 +210,7 @@ pub fn cross_validate(
                 held_out_scores[i] = s;
             }
             let curve = routing_curve(&scores, &held_records);
-            let counted = curve.reference_accuracy - curve.cheap_accuracy >= MIN_GAP;
+            let counted = leads_enough(&held_records);
             folds.push(FoldReport {
                 held_out: name.clone(),
                 prompts: held.len(),
