@@ -319,6 +319,19 @@ mod tests {
         assert!(g.cpt80.unwrap() <= b.cpt80.unwrap());
     }
 
+    /// A lead of exactly `MIN_GAP` counts (86 against 81 of 100: as a difference of two
+    /// accuracies it rounds to just under 0.05), one question less does not.
+    #[test]
+    fn a_lead_of_exactly_the_minimum_gap_counts() {
+        let of = |strong: usize, weak: usize| -> Vec<OutcomeRecord> {
+            (0..100).map(|i| record(i, i < weak, i < strong)).collect()
+        };
+        let leads = |r: Vec<OutcomeRecord>| leads_enough(&r.iter().collect::<Vec<_>>());
+        assert!(86.0 / 100.0 - 81.0 / 100.0 < MIN_GAP);
+        assert!(leads(of(86, 81)));
+        assert!(!leads(of(85, 81)));
+    }
+
     #[test]
     fn no_gap_means_no_apgr() {
         let records: Vec<OutcomeRecord> = (0..10).map(|i| record(i, true, true)).collect();
