@@ -49,6 +49,15 @@ fn features_and_decision(c: &mut Criterion) {
             }
         }
     }
+    // A multiple-choice question: the outcome head scores it by its trees, not a linear row.
+    let question = "Which of the following is NOT a property of every group?\n\
+                    A. closure\nB. associativity\nC. commutativity\nD. an identity element\n\
+                    Answer:";
+    let set = set_with(3);
+    group.throughput(Throughput::Bytes(question.len() as u64));
+    group.bench_function("classifier/3_profiles/choices_132B", |b| {
+        b.iter(|| black_box(route(&set, Some(&model), black_box(question))))
+    });
     group.finish();
 }
 

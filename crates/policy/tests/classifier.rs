@@ -163,8 +163,11 @@ fn held_out_categories_are_ranked_within_the_targets() {
         gsm8k.pooled.apgr.unwrap() > gsm8k.length.apgr.unwrap(),
         "{cv}"
     );
-    // MMLU by subject: each subject scored by a head that never saw it, pooled.
+    // MMLU by subject: each subject scored by a head that never saw it, then the mean over
+    // the subjects whose reference leads by at least MIN_GAP, and all of them pooled.
     let mmlu = of("routellm_mmlu");
+    assert!(mmlu.mean_apgr.unwrap() >= 0.60, "{cv}");
+    assert!(mmlu.folds.iter().filter(|f| f.apgr.is_some()).count() >= 15);
     assert!(mmlu.pooled.apgr.unwrap() >= 0.60, "{cv}");
     assert!(
         mmlu.pooled.apgr.unwrap() > mmlu.length.apgr.unwrap(),

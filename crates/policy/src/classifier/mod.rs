@@ -31,8 +31,9 @@ pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
 pub use outcome::{
-    fit_outcomes, outcome_from_value, parse_outcomes, OutcomeHead, OutcomeInputs, OutcomeRecord,
-    TrafficOutcome, OUTCOME_FEATURES, OUTCOME_INPUTS,
+    fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, OutcomeExample,
+    OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree, OUTCOME_FEATURES,
+    OUTCOME_INPUTS,
 };
 pub use routing_eval::{
     cross_validate, length_scores, random_scores, routing_curve, FoldReport,

@@ -6,14 +6,18 @@
 //! outcome records — per prompt, whether a cheap and a reference model answered correctly —
 //! and reads what makes one prompt of a kind harder than another: how many quantities and
 //! sentences, operators, fractions and decimals, rare (long) words, negations, and the
-//! answer's format (a multiple-choice question has its own weights, since its options say
-//! more about it than its length does).
+//! answer's format.
 //!
-//! It is a logistic regression on the soft target `(1 + reference_ok − cheap_ok) / 2`, so
-//! `2σ(z) − 1` estimates `P(cheap worse) − P(cheap better)`: the net probability that the
-//! cheaper answer loses what the reference's gets right. That, clamped to [0,1], is the
-//! `risk` the policy compares with `risk_tolerance`. Fitted by Newton's method from zero
-//! (the objective is convex and small), so training is deterministic.
+//! Its target is the soft `(1 + reference_ok − cheap_ok) / 2`, whose expectation `p` makes
+//! `2p − 1 = P(cheap worse) − P(cheap better)`: the net probability that the cheaper answer
+//! loses what the reference's gets right. That, clamped to [0,1], is the `risk` the policy
+//! compares with `risk_tolerance`. A free-form prompt is scored by a logistic regression
+//! fitted by Newton's method from zero. A multiple-choice prompt is scored by a small
+//! ensemble of boosted regression trees fitted to the target minus its category's mean, so
+//! that they learn what ranks questions within a subject rather than what tells subjects
+//! apart (the means are dropped afterwards). Both fits are deterministic.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +59,17 @@ pub const OUTCOME_WINDOW: usize = 2048;
 /// L2 penalty on the weights (not the bias): small data, so keep the weights modest.
 const PENALTY: f64 = 1.0;
 const NEWTON_STEPS: usize = 12;
+/// The multiple-choice trees: how many, how deep, how much each adds, and the fewest
+/// records a leaf holds (fewer make a leaf's mean mostly noise).
+const TREES: usize = 50;
+const TREE_DEPTH: u32 = 3;
+const LEARNING_RATE: f64 = 0.1;
+const MIN_LEAF: usize = 30;
+/// Deepest and most trees a document may hold (bounds its size and the decision time).
+const MAX_TREE_DEPTH: u32 = 8;
+const MAX_TREES: usize = 1000;
+/// The trees estimate a probability; it is kept off 0 and 1 before taking its logit.
+const P_EDGE: f64 = 0.005;
 /// A task class the outcome data covered: at least this share of its records.
 const COVERED_SHARE: f64 = 0.10;
 
@@ -133,11 +148,48 @@ pub struct OutcomeHead {
     pub features: Vec<String>,
     /// Weights for a prompt without answer choices.
     pub free_form: Vec<f32>,
-    /// Weights for a multiple-choice prompt.
+    /// Linear weights for a multiple-choice prompt, used when there are no `choice_trees`
+    /// (documents written before them).
     pub choices: Vec<f32>,
     pub bias: f32,
     /// The task classes the outcome data covered; the policy uses the risk of these only.
     pub task_classes: Vec<TaskClass>,
+    /// What scores a multiple-choice prompt, when the training records had any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice_trees: Option<ChoiceTrees>,
+}
+
+/// Boosted regression trees: `p = base + Σ leaf` estimates the soft target of a prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChoiceTrees {
+    /// Every tree is complete and this deep: `2^depth − 1` splits, `2^depth` leaves.
+    pub depth: u32,
+    /// The mean target of the training records.
+    pub base: f32,
+    pub trees: Vec<Tree>,
+}
+
+/// One complete binary tree, splits in breadth-first order (the children of split `k` are
+/// `2k + 1` and `2k + 2`); an input above the threshold goes right.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tree {
+    /// Index of the input each split reads.
+    pub inputs: Vec<u8>,
+    pub thresholds: Vec<f32>,
+    /// What each leaf adds to `p`, left to right.
+    pub leaves: Vec<f32>,
+}
+
+/// One outcome as the fit sees it: a prompt's inputs, the two verdicts, and the category
+/// held out together (records of one category share a mean the trees do not learn).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutcomeExample<'a> {
+    pub inputs: OutcomeInputs,
+    pub cheap_ok: bool,
+    pub reference_ok: bool,
+    pub category: &'a str,
 }
 
 /// What one prompt looks like to the head.
@@ -227,9 +279,9 @@ pub fn outcome_from_value(
 impl OutcomeRecord {
     /// The head's soft target: 1 when only the reference was right, 0 when only the cheap
     /// model was, ½ when they agree.
+    #[cfg(test)]
     fn target(&self) -> f64 {
-        0.5 + 0.5
-            * (f64::from(u8::from(self.strong_correct)) - f64::from(u8::from(self.weak_correct)))
+        soft_target(self.weak_correct, self.strong_correct)
     }
 
     /// The fold of a record for `k`-fold cross-validation, by a stable hash of its id.
@@ -565,6 +617,9 @@ fn is_word_byte(b: u8) -> bool {
 impl OutcomeHead {
     /// The head's logit for a prompt: higher means the reference is more likely needed.
     pub fn logit(&self, inputs: &OutcomeInputs) -> f64 {
+        if let (true, Some(trees)) = (inputs.choices(), &self.choice_trees) {
+            return trees.logit(inputs);
+        }
         let w = if inputs.choices() {
             &self.choices
         } else {
@@ -609,7 +664,67 @@ impl OutcomeHead {
         if !self.bias.is_finite() {
             return Err(("weights.outcome.bias", "must be finite".into()));
         }
+        match &self.choice_trees {
+            Some(trees) => trees.check(),
+            None => Ok(()),
+        }
+    }
+}
+
+// === impl ChoiceTrees ===
+
+impl ChoiceTrees {
+    fn logit(&self, inputs: &OutcomeInputs) -> f64 {
+        let mut p = self.base;
+        for tree in &self.trees {
+            p += tree.leaf(inputs, self.depth);
+        }
+        let p = f64::from(p).clamp(P_EDGE, 1.0 - P_EDGE);
+        (p / (1.0 - p)).ln()
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        const AT: &str = "weights.outcome.choice_trees";
+        if !(1..=MAX_TREE_DEPTH).contains(&self.depth) {
+            return Err((AT, format!("depth must be in 1..={MAX_TREE_DEPTH}")));
+        }
+        if self.trees.len() > MAX_TREES || !self.base.is_finite() {
+            return Err((AT, format!("at most {MAX_TREES} trees and a finite base")));
+        }
+        let splits = (1usize << self.depth) - 1;
+        for tree in &self.trees {
+            let ok = tree.inputs.len() == splits
+                && tree.thresholds.len() == splits
+                && tree.leaves.len() == splits + 1
+                && tree.inputs.iter().all(|&i| usize::from(i) < OUTCOME_INPUTS)
+                && tree
+                    .thresholds
+                    .iter()
+                    .chain(&tree.leaves)
+                    .all(|v| v.is_finite());
+            if !ok {
+                return Err((
+                    AT,
+                    format!(
+                        "every tree needs {splits} inputs below {OUTCOME_INPUTS}, {splits} \
+                         finite thresholds and {} finite leaves",
+                        splits + 1
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+impl Tree {
+    fn leaf(&self, inputs: &OutcomeInputs, depth: u32) -> f32 {
+        let mut node = 0;
+        for _ in 0..depth {
+            let right = inputs.0[usize::from(self.inputs[node])] > self.thresholds[node];
+            node = 2 * node + 1 + usize::from(right);
+        }
+        self.leaves[node - self.inputs.len()]
     }
 }
 
@@ -619,11 +734,25 @@ pub fn fit_outcomes(
     window: usize,
     task_classes: Vec<TaskClass>,
 ) -> OutcomeHead {
-    let examples: Vec<(OutcomeInputs, f64)> = records
+    let examples: Vec<OutcomeExample<'_>> = records
         .iter()
-        .map(|r| (r.inputs(window), r.target()))
+        .map(|r| OutcomeExample {
+            inputs: r.inputs(window),
+            cheap_ok: r.weak_correct,
+            reference_ok: r.strong_correct,
+            category: &r.category,
+        })
         .collect();
-    let theta = newton(&examples);
+    fit_examples(&examples, task_classes)
+}
+
+/// Fits the head to prompts already turned into inputs: the linear rows on all of them, the
+/// trees on the multiple-choice ones (when there are enough to split).
+pub fn fit_examples(examples: &[OutcomeExample<'_>], task_classes: Vec<TaskClass>) -> OutcomeHead {
+    let rows: Vec<(OutcomeInputs, f64)> = examples.iter().map(|e| (e.inputs, e.target())).collect();
+    let theta = newton(&rows);
+    let choices: Vec<&OutcomeExample<'_>> =
+        examples.iter().filter(|e| e.inputs.choices()).collect();
     let to_f32 = |s: &[f64]| s.iter().map(|&v| v as f32).collect::<Vec<f32>>();
     OutcomeHead {
         features: OUTCOME_FEATURES.iter().map(|s| (*s).to_owned()).collect(),
@@ -631,6 +760,150 @@ pub fn fit_outcomes(
         choices: to_f32(&theta[OUTCOME_INPUTS..2 * OUTCOME_INPUTS]),
         bias: theta[2 * OUTCOME_INPUTS] as f32,
         task_classes,
+        choice_trees: (choices.len() >= 2 * MIN_LEAF).then(|| boost(&choices)),
+    }
+}
+
+// === impl OutcomeExample ===
+
+impl OutcomeExample<'_> {
+    fn target(&self) -> f64 {
+        soft_target(self.cheap_ok, self.reference_ok)
+    }
+}
+
+/// 1 when only the reference was right, 0 when only the cheap model was, ½ when they agree.
+fn soft_target(cheap_ok: bool, reference_ok: bool) -> f64 {
+    0.5 + 0.5 * (f64::from(u8::from(reference_ok)) - f64::from(u8::from(cheap_ok)))
+}
+
+/// Gradient boosting with squared loss on the target less its category's mean: within a
+/// category, which questions the reference is more likely needed for.
+fn boost(examples: &[&OutcomeExample<'_>]) -> ChoiceTrees {
+    let n = examples.len();
+    let targets: Vec<f64> = examples.iter().map(|e| e.target()).collect();
+    let base = targets.iter().sum::<f64>() / n as f64;
+    let mut categories: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    for (e, t) in examples.iter().zip(&targets) {
+        let c = categories.entry(e.category).or_default();
+        c.0 += t;
+        c.1 += 1;
+    }
+    let mut residual: Vec<f64> = examples
+        .iter()
+        .zip(&targets)
+        .map(|(e, t)| {
+            let (sum, count) = categories[e.category];
+            t - sum / count as f64
+        })
+        .collect();
+    // The records in order of each input's value (ties by position): a split search is one
+    // pass per input and level.
+    let order: Vec<Vec<usize>> = (0..OUTCOME_INPUTS)
+        .map(|f| {
+            let mut at: Vec<usize> = (0..n).collect();
+            at.sort_by(|&a, &b| {
+                examples[a].inputs.0[f]
+                    .total_cmp(&examples[b].inputs.0[f])
+                    .then(a.cmp(&b))
+            });
+            at
+        })
+        .collect();
+    let trees = (0..TREES)
+        .map(|_| {
+            let tree = grow(examples, &order, &residual);
+            for (r, e) in residual.iter_mut().zip(examples) {
+                *r -= f64::from(tree.leaf(&e.inputs, TREE_DEPTH));
+            }
+            tree
+        })
+        .collect();
+    ChoiceTrees {
+        depth: TREE_DEPTH,
+        base: base as f32,
+        trees,
+    }
+}
+
+/// One regression tree of [`TREE_DEPTH`] on the residuals, grown level by level: each node
+/// takes the split that most reduces the squared error, leaving at least [`MIN_LEAF`]
+/// records on either side; a node without one sends everything left.
+fn grow(examples: &[&OutcomeExample<'_>], order: &[Vec<usize>], residual: &[f64]) -> Tree {
+    let splits = (1usize << TREE_DEPTH) - 1;
+    let mut inputs = vec![0u8; splits];
+    let mut thresholds = vec![f32::MAX; splits];
+    let mut node = vec![0usize; examples.len()];
+    for level in 0..TREE_DEPTH {
+        let first = (1usize << level) - 1;
+        let width = 1usize << level;
+        let mut total = vec![(0.0f64, 0usize); width];
+        for (i, &k) in node.iter().enumerate() {
+            total[k - first].0 += residual[i];
+            total[k - first].1 += 1;
+        }
+        // Per node: (reduction of the squared error, input, threshold).
+        let mut best: Vec<Option<(f64, usize, f32)>> = vec![None; width];
+        for (f, sorted) in order.iter().enumerate() {
+            let mut left = vec![(0.0f64, 0usize); width];
+            let mut last = vec![f32::NEG_INFINITY; width];
+            for &i in sorted {
+                let k = node[i] - first;
+                let v = examples[i].inputs.0[f];
+                let (sl, nl) = left[k];
+                let (s, n) = total[k];
+                if nl >= MIN_LEAF && n - nl >= MIN_LEAF && v > last[k] {
+                    let (sr, nr) = (s - sl, n - nl);
+                    let gain = sl * sl / nl as f64 + sr * sr / nr as f64 - s * s / n as f64;
+                    if best[k].map_or(gain > 1e-12, |b| gain > b.0) {
+                        best[k] = Some((gain, f, between(last[k], v)));
+                    }
+                }
+                left[k].0 += residual[i];
+                left[k].1 += 1;
+                last[k] = v;
+            }
+        }
+        for (k, b) in best.iter().enumerate() {
+            if let Some((_, f, t)) = *b {
+                inputs[first + k] = f as u8;
+                thresholds[first + k] = t;
+            }
+        }
+        for (i, k) in node.iter_mut().enumerate() {
+            let right = examples[i].inputs.0[usize::from(inputs[*k])] > thresholds[*k];
+            *k = 2 * *k + 1 + usize::from(right);
+        }
+    }
+    let mut sums = vec![(0.0f64, 0usize); splits + 1];
+    for (i, &k) in node.iter().enumerate() {
+        sums[k - splits].0 += residual[i];
+        sums[k - splits].1 += 1;
+    }
+    let leaves = sums
+        .iter()
+        .map(|&(s, n)| {
+            if n == 0 {
+                0.0
+            } else {
+                (LEARNING_RATE * s / n as f64) as f32
+            }
+        })
+        .collect();
+    Tree {
+        inputs,
+        thresholds,
+        leaves,
+    }
+}
+
+/// A threshold that sends `low` left and `high` right.
+fn between(low: f32, high: f32) -> f32 {
+    let t = (f64::from(low) + (f64::from(high) - f64::from(low)) / 2.0) as f32;
+    if t >= high {
+        low
+    } else {
+        t
     }
 }
 
@@ -801,6 +1074,95 @@ mod tests {
         assert!(hard > easy, "{hard} <= {easy}");
         assert!(OutcomeHead::risk_of(hard) > OutcomeHead::risk_of(easy));
         assert!(a.check().is_ok());
+    }
+
+    /// A multiple-choice question of `category`: long or short, with or without a negation.
+    fn question(i: usize, long: bool, not: bool, verdicts: (bool, bool)) -> OutcomeRecord {
+        let stem = if long {
+            "Which property of the described system holds, given the lengthy setup above"
+        } else {
+            "Which holds"
+        };
+        let not = if not { " NOT" } else { "" };
+        OutcomeRecord {
+            id: i.to_string(),
+            source: "s".into(),
+            category: if long { "long" } else { "short" }.into(),
+            prompt: format!("{stem}{not}?\nA. one\nB. two\nC. three\nD. four\nAnswer:"),
+            inputs: None,
+            task_class: None,
+            weak_correct: verdicts.0,
+            strong_correct: verdicts.1,
+        }
+    }
+
+    /// Between the two categories, length says almost everything (the long one's questions
+    /// need the reference far more often); within each, a negation adds a little. The trees
+    /// learn the within-category difference, which is all that ranks a workload of one kind.
+    #[test]
+    fn choice_trees_rank_within_a_category_not_between() {
+        let (need, agree, cheap_only) = ((false, true), (true, true), (true, false));
+        let mut records = Vec::new();
+        for i in 0..40 {
+            records.push(question(i, true, true, need));
+            records.push(question(
+                100 + i,
+                true,
+                false,
+                if i < 30 { need } else { agree },
+            ));
+            records.push(question(
+                200 + i,
+                false,
+                true,
+                if i < 10 { agree } else { cheap_only },
+            ));
+            records.push(question(300 + i, false, false, cheap_only));
+        }
+        let refs: Vec<&OutcomeRecord> = records.iter().collect();
+        let head = fit_outcomes(&refs, 4096, vec![TaskClass::Reasoning]);
+        assert_eq!(head, fit_outcomes(&refs, 4096, vec![TaskClass::Reasoning]));
+        assert!(head.choice_trees.is_some() && head.check().is_ok());
+        let logit = |r: OutcomeRecord| head.logit(&OutcomeInputs::of_text(&r.prompt, 4096));
+        let short_not = logit(question(0, false, true, agree));
+        let long_plain = logit(question(0, true, false, agree));
+        assert!(short_not > long_plain, "{short_not} <= {long_plain}");
+        assert!(logit(question(0, true, true, agree)) > long_plain);
+        // Calibrated on the records as a whole: the mean target is 0.46, a risk near zero.
+        let risk = OutcomeHead::risk_of(logit(question(0, true, true, agree)));
+        assert!((0.0..0.5).contains(&risk), "{risk}");
+    }
+
+    #[test]
+    fn a_head_without_trees_scores_choices_linearly_and_bad_trees_are_named() {
+        let records: Vec<OutcomeRecord> = (0..80)
+            .map(|i| question(i, i % 2 == 0, i % 3 == 0, (i % 4 == 0, true)))
+            .collect();
+        let refs: Vec<&OutcomeRecord> = records.iter().collect();
+        let head = fit_outcomes(&refs, 4096, vec![]);
+        let mut json = serde_json::to_value(&head).unwrap();
+        json.as_object_mut().unwrap().remove("choice_trees");
+        let linear: OutcomeHead = serde_json::from_value(json).unwrap();
+        assert!(linear.choice_trees.is_none() && linear.check().is_ok());
+        let inputs = OutcomeInputs::of_text(&records[0].prompt, 4096);
+        let row: f32 = linear
+            .choices
+            .iter()
+            .zip(&inputs.0)
+            .map(|(w, x)| w * x)
+            .sum();
+        assert_eq!(linear.logit(&inputs), f64::from(row + linear.bias));
+        assert_ne!(head.logit(&inputs), linear.logit(&inputs));
+        let broken = |edit: fn(&mut ChoiceTrees)| {
+            let mut head = head.clone();
+            edit(head.choice_trees.as_mut().unwrap());
+            head.check().unwrap_err().0
+        };
+        let at = "weights.outcome.choice_trees";
+        assert_eq!(broken(|t| t.trees[0].inputs[0] = OUTCOME_INPUTS as u8), at);
+        assert_eq!(broken(|t| t.trees[0].leaves.push(0.0)), at);
+        assert_eq!(broken(|t| t.trees[1].thresholds[2] = f32::NAN), at);
+        assert_eq!(broken(|t| t.depth = MAX_TREE_DEPTH + 1), at);
     }
 
     #[test]
