@@ -200,8 +200,7 @@ impl Prices {
     fn record(&self, labels: &RequestLabels, usage: Usage) {
         telemetry::usage(
             labels,
-            usage.prompt_tokens,
-            usage.completion_tokens,
+            (usage.prompt_tokens, usage.completion_tokens),
             self.actual.cost(usage),
             self.counterfactual.cost(usage),
         );
