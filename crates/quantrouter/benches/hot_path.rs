@@ -24,7 +24,7 @@ use http::HeaderMap;
 use quantrouter::openai::{Endpoint, ParsedRequest};
 use quantrouter::profiles::{Snapshot, SourceKind};
 use quantrouter::resilience::ResilienceConfig;
-use quantrouter::routing::route;
+use quantrouter::routing::{route, RouteInput};
 use quantrouter_policy::{Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 const ITERATIONS: usize = 1000;
@@ -65,16 +65,16 @@ fn handle(
     body: &Bytes,
 ) -> Bytes {
     let parsed = ParsedRequest::parse(body, Endpoint::Chat).unwrap();
-    let routed = route(
-        snapshot,
-        Some(classifier),
-        &parsed,
+    let input = RouteInput {
+        classifier: Some(classifier),
         headers,
-        &[],
-        "bench-request",
-        None,
-    )
-    .unwrap();
+        aliases: &[],
+        request_key: "bench-request",
+        among: None,
+        rating: None,
+        among: None,
+    };
+    let routed = route(snapshot, &parsed, input).unwrap();
     let profile = routed.decision.profile;
     parsed.upstream_body(body, &snapshot.runtime[profile].model_json)
 }

@@ -78,13 +78,17 @@ async fn keda_tier(app: &App, tier: &str) -> Response<Full<Bytes>> {
                 .collect();
             tiers.sort_unstable();
             tiers.dedup();
-            let body = serde_json::json!({"error": {
-                "message": format!("no tier `{}` in the active profile set (tiers: {})",
-                    crate::keda::quoted(tier), tiers.join(", ")),
-                "type": "not_found_error",
-                "param": "tier",
-                "code": "unknown_tier",
-            }});
+            let message = format!(
+                "no tier `{}` in the active profile set (tiers: {})",
+                crate::keda::quoted(tier),
+                tiers.join(", ")
+            );
+            let body = crate::openai::error_body(
+                &message,
+                "not_found_error",
+                Some("tier"),
+                Some("unknown_tier"),
+            );
             json(StatusCode::NOT_FOUND, &body)
         }
     }
@@ -94,10 +98,12 @@ async fn keda_tier(app: &App, tier: &str) -> Response<Full<Bytes>> {
 /// only a short prefix of its hash.
 async fn tenants(app: &App) -> Response<Full<Bytes>> {
     let Some(tenants) = &app.tenants else {
-        let body = serde_json::json!({"error": {
-            "message": "no tenants are configured (--tenants, a tenant document in Redis, or --api-keys-file)",
-            "type": "not_found_error", "param": null, "code": "no_tenants",
-        }});
+        let body = crate::openai::error_body(
+            "no tenants are configured (--tenants, a tenant document in Redis, or --api-keys-file)",
+            "not_found_error",
+            None,
+            Some("no_tenants"),
+        );
         return json(StatusCode::NOT_FOUND, &body);
     };
     let snapshot = tenants.store.load();

@@ -22,12 +22,12 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::openai::{answer_choices, find_usage, Endpoint, ParsedRequest, Usage};
-use crate::profiles::Snapshot;
-use crate::resilience::retry::{self, Plan};
+use crate::profiles::{PerToken, Snapshot};
+use crate::resilience::retry::{self, Forwarder, Plan};
 use crate::resilience::{BudgetConfig, ResilienceConfig, RetryBudget};
 use crate::telemetry;
 use crate::tier_profile::matchers::{agree, json_payload, last_number, MatchKind};
-use crate::upstream::{BodyLimits, UpstreamClient};
+use crate::upstream::UpstreamClient;
 use quantrouter_policy::classifier::{OutcomeInputs, TrafficOutcome, OUTCOME_INPUTS};
 
 /// The reference requests of one router: what was sampled, what it cost, what agreed.
@@ -367,10 +367,7 @@ impl Sample {
 
     /// What `usage` costs at the reference's prices.
     fn reference_price(&self, usage: Usage) -> f64 {
-        let reference = &self.snapshot.set.profiles[self.reference];
-        (usage.prompt_tokens as f64 * reference.cost_per_1m_input_tokens
-            + usage.completion_tokens as f64 * reference.cost_per_1m_output_tokens)
-            / 1e6
+        PerToken::of(&self.snapshot.set.profiles[self.reference]).cost(usage)
     }
 
     async fn compare(self, served: Bytes, charge: Charge) {
@@ -467,25 +464,9 @@ impl Sample {
             path: self.path,
             body: self.body.clone(),
         };
-        let answer = retry::forward(&self.client, &self.config, &plan, &body_for)
+        Forwarder::new(&self.client, &self.config, plan, &body_for)
+            .ask()
             .await
-            .map_err(|e| e.to_string())?;
-        let status = answer.response.status();
-        if !status.is_success() {
-            return Err(format!("answered {status}"));
-        }
-        let limits = BodyLimits {
-            idle: self.config.idle_timeout,
-            deadline,
-            first_output_by: answer.sent_at + self.client.header_timeout,
-            sse: false,
-            strip_usage: false,
-        };
-        let served_by = &self.snapshot.runtime[self.reference].telemetry;
-        let incoming = answer.response.into_body();
-        retry::read_answer(incoming, answer.held, limits, started, served_by)
-            .await
-            .map_err(|e| e.to_string())
     }
 }
 

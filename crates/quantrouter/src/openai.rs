@@ -1031,14 +1031,7 @@ impl ApiError {
             ApiError::ContextLengthExceeded(_) => Some("messages".to_owned()),
             _ => None,
         };
-        let body = serde_json::json!({
-            "error": {
-                "message": self.to_string(),
-                "type": kind,
-                "param": param,
-                "code": code,
-            }
-        });
+        let body = error_body(&self.to_string(), kind, param.as_deref(), Some(code));
         let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
         *response.status_mut() = status;
         let headers = response.headers_mut();
@@ -1054,6 +1047,22 @@ impl ApiError {
         }
         response
     }
+}
+
+/// The OpenAI error object, `{"error": {"message", "type", "param", "code"}}`: the one
+/// place it is built, for the router's own errors and the events that end a stream.
+pub fn error_body(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> serde_json::Value {
+    serde_json::json!({"error": {
+        "message": message,
+        "type": kind,
+        "param": param,
+        "code": code,
+    }})
 }
 
 #[cfg(test)]

@@ -63,57 +63,25 @@ fn check_allowed(set: &ProfileSet, tenant: &ActiveTenant) -> Result<(), ApiError
     )))
 }
 
-/// Routes one request against a snapshot.
-///
-/// `aliases` are extra model names that mean adaptive routing; `request_key` keys canary
-/// assignment when the request names no `user`; `classifier` scores the prompt (none: the
-/// structural score alone); `tenant` bounds the choice by the caller's quality floor and
-/// allowed profiles, and routes it cheaper when it is past a soft limit (`true`).
-pub fn route(
-    snapshot: &Snapshot,
-    classifier: Option<&Classifier>,
-    parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-    aliases: &[String],
-    request_key: &str,
-    tenant: Option<(&ActiveTenant, bool)>,
-) -> Result<Routed, ApiError> {
-    route_rated(
-        snapshot,
-        classifier,
-        parsed,
-        headers,
-        aliases,
-        request_key,
-        tenant,
-        None,
-    )
-}
-
-/// [`route`], with a second opinion's rating (`policy.second_opinion`) in place of the
-/// outcome head's risk.
-#[allow(clippy::too_many_arguments)]
-pub fn route_rated(
-    snapshot: &Snapshot,
-    classifier: Option<&Classifier>,
-    parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-    aliases: &[String],
-    request_key: &str,
-    tenant: Option<(&ActiveTenant, bool)>,
-    rating: Option<Rating>,
-) -> Result<Routed, ApiError> {
-    route_with(
-        snapshot,
-        classifier,
-        parsed,
-        headers,
-        aliases,
-        request_key,
-        tenant,
-        None,
-        rating,
-    )
+/// What a request is routed with, besides the snapshot and the parsed request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    /// Scores the prompt (none: the structural score alone).
+    pub classifier: Option<&'a Classifier>,
+    pub headers: &'a HeaderMap,
+    /// Extra model names that mean adaptive routing.
+    pub aliases: &'a [String],
+    /// Keys canary assignment when the request names no `user`.
+    pub request_key: &'a str,
+    /// Bounds the choice by the caller's quality floor and allowed profiles, and routes it
+    /// cheaper when it is past a soft limit (`true`).
+    pub tenant: Option<(&'a ActiveTenant, bool)>,
+    /// The only profiles available (by index): the endpoint picker's subset hint leaves some
+    /// tiers without an endpoint it may choose.
+    pub among: Option<&'a [bool]>,
+    /// A second opinion's rating (`policy.second_opinion`), in place of the outcome head's
+    /// risk.
+    pub rating: Option<Rating>,
 }
 
 /// Whether the request is routed by the risk rule at all: not pinned (by header or model
@@ -130,44 +98,21 @@ pub fn routes_by_risk(
         && matches!(resolve_model(snapshot, &parsed.model, aliases), Ok(None))
 }
 
-/// [`route`], with the profiles `among` allows (by index) the only ones available: the
-/// endpoint picker's subset hint leaves some tiers without an endpoint it may choose.
-#[allow(clippy::too_many_arguments)]
-pub fn route_among(
+/// Routes one request against a snapshot.
+pub fn route(
     snapshot: &Snapshot,
-    classifier: Option<&Classifier>,
     parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-    aliases: &[String],
-    request_key: &str,
-    tenant: Option<(&ActiveTenant, bool)>,
-    among: Option<&[bool]>,
+    input: RouteInput<'_>,
 ) -> Result<Routed, ApiError> {
-    route_with(
-        snapshot,
+    let RouteInput {
         classifier,
-        parsed,
         headers,
         aliases,
         request_key,
         tenant,
         among,
-        None,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn route_with(
-    snapshot: &Snapshot,
-    classifier: Option<&Classifier>,
-    parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-    aliases: &[String],
-    request_key: &str,
-    tenant: Option<(&ActiveTenant, bool)>,
-    among: Option<&[bool]>,
-    rating: Option<Rating>,
-) -> Result<Routed, ApiError> {
+        rating,
+    } = input;
     let set = &snapshot.set;
     let pinned = match header_str(headers, PROFILE_HEADER)? {
         Some(id) => Some(id),

@@ -19,10 +19,9 @@ use tokio::time::Instant;
 use crate::app::App;
 use crate::openai::{answer_choices, ParsedRequest};
 use crate::profiles::Snapshot;
-use crate::resilience::retry::{self, Outgoing, Plan};
+use crate::resilience::retry::{Forwarder, Outgoing, Plan};
 use crate::routing;
 use crate::telemetry;
-use crate::upstream::BodyLimits;
 
 /// The rating's instruction, sent as the system message. vllm-sim recognises it.
 pub const INSTRUCTION: &str = "Rate how hard the following request is for you to answer \
@@ -242,26 +241,9 @@ async fn ask(
         path: "/v1/chat/completions",
         body: body.clone(),
     };
-    let config = &app.config.resilience;
-    let answer = retry::forward(&app.client, config, &plan, &body_for)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = answer.response.status();
-    if !status.is_success() {
-        return Err(format!("answered {status}"));
-    }
-    let limits = BodyLimits {
-        idle: config.idle_timeout,
-        deadline,
-        first_output_by: deadline,
-        sse: false,
-        strip_usage: false,
-    };
-    let served_by = &snapshot.runtime[profile].telemetry;
-    let incoming = answer.response.into_body();
-    let whole = retry::read_answer(incoming, answer.held, limits, started, served_by)
-        .await
-        .map_err(|e| e.to_string())?;
+    let whole = Forwarder::new(&app.client, &app.config.resilience, plan, &body_for)
+        .ask()
+        .await?;
     let text = match answer_choices(&whole).and_then(|c| c.into_iter().next()) {
         Some(quantrouter_policy::AnswerChoice::Text(text)) => text.into_owned(),
         _ => return Err("no text in the answer".into()),

@@ -38,7 +38,9 @@ use crate::upstream::UpstreamClient;
 pub use crate::app::{App, ServerConfig};
 
 mod agents;
+pub(crate) mod bookkeeping;
 mod connections;
+mod context;
 pub(crate) mod delivery;
 pub(crate) mod proxy;
 mod stack;

@@ -460,7 +460,9 @@ pub fn finished(labels: &RequestLabels, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-pub fn usage(labels: &RequestLabels, input: u64, output: u64, cost: f64, counterfactual: f64) {
+/// A request's `(input, output)` tokens, what they cost, and what they would have cost on
+/// the default profile.
+pub fn usage(labels: &RequestLabels, (input, output): (u64, u64), cost: f64, counterfactual: f64) {
     let handles = labels.profile.handles();
     handles.input_tokens.increment(input);
     handles.output_tokens.increment(output);

@@ -348,12 +348,7 @@ impl MessagesStream {
         let message = body["error"]["message"]
             .as_str()
             .unwrap_or("upstream error");
-        event(
-            out,
-            "error",
-            &json!({"type": "error",
-            "error": {"type": "api_error", "message": message}}),
-        );
+        event(out, "error", &super::anthropic_error("api_error", message));
     }
 
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {

@@ -95,16 +95,8 @@ impl AgentApi {
         message: &str,
     ) -> Value {
         match self {
-            Self::Messages => json!({"type": "error", "error": {
-                "type": anthropic_error_type(status, kind),
-                "message": message,
-            }}),
-            Self::Responses => json!({"error": {
-                "message": message,
-                "type": kind,
-                "param": null,
-                "code": code,
-            }}),
+            Self::Messages => anthropic_error(anthropic_error_type(status, kind), message),
+            Self::Responses => crate::openai::error_body(message, kind, None, code),
         }
     }
 }
@@ -180,6 +172,11 @@ impl Translation {
 
 /// Anthropic's error `type` for a status (its documented list); the OpenAI `type` decides
 /// where the status does not.
+/// Anthropic's error object: the one place it is built.
+pub(crate) fn anthropic_error(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
 fn anthropic_error_type(status: StatusCode, kind: &str) -> &'static str {
     match status.as_u16() {
         400 | 405 | 415 | 422 => "invalid_request_error",

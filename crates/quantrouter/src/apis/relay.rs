@@ -20,6 +20,7 @@ use super::responses::{self, ResponsesStream};
 use super::AgentApi;
 use crate::server::delivery::Relayed;
 use crate::server::ResponseBody;
+use crate::upstream::sse::{data_of, EventBuffer};
 use crate::upstream::{is_event_stream, BodyError};
 
 /// Called with the id of a Responses answer a native upstream stored.
@@ -34,8 +35,10 @@ pub struct AgentBody {
     api: AgentApi,
     status: StatusCode,
     sse: bool,
-    /// A stream's unfinished event, or a whole answer so far.
+    /// A whole answer so far.
     pending: BytesMut,
+    /// A stream's events.
+    events: EventBuffer,
     translator: Translator,
     /// Chat chunks were seen: the stream's end must be translated too.
     translating: bool,
@@ -72,6 +75,7 @@ pub fn relay(
         status: head.status,
         sse,
         pending: BytesMut::new(),
+        events: EventBuffer::default(),
         translator,
         translating: false,
         on_stored,
@@ -97,17 +101,16 @@ impl AgentBody {
         &self.inner
     }
 
-    /// Complete events of `pending`, translated into `out`.
+    /// Complete events of the stream, translated into `out`.
     fn drain_events(&mut self, out: &mut Vec<u8>) {
-        while let Some((end, skip)) = event_end(&self.pending) {
-            let event = self.pending.split_to(end + skip).freeze();
-            self.event(&event[..end], &event, out);
+        while let Some(event) = self.events.next_event() {
+            self.event(&event, out);
         }
     }
 
-    /// One SSE event (`text`, without its blank line; `raw`, with it).
-    fn event(&mut self, text: &[u8], raw: &Bytes, out: &mut Vec<u8>) {
-        let data = sse_data(text);
+    /// One SSE event (`raw`, with the blank line that ended it).
+    fn event(&mut self, raw: &Bytes, out: &mut Vec<u8>) {
+        let data = data_of(raw);
         let Some(data) = data else {
             // Comments (keep-alives) and events without data pass as they are.
             out.extend_from_slice(raw);
@@ -220,7 +223,7 @@ impl Body for AgentBody {
                         this.pending.extend_from_slice(&data);
                         continue;
                     }
-                    this.pending.extend_from_slice(&data);
+                    this.events.push(&data);
                     let mut out = Vec::new();
                     this.drain_events(&mut out);
                     if !out.is_empty() {
@@ -233,13 +236,16 @@ impl Body for AgentBody {
                 }
                 Poll::Ready(None) => {
                     this.done = true;
-                    let rest = std::mem::take(&mut this.pending).freeze();
                     let out = match this.sse {
-                        false => this.whole(rest),
+                        false => {
+                            let whole = std::mem::take(&mut this.pending).freeze();
+                            this.whole(whole)
+                        }
                         true => {
                             let mut out = Vec::new();
+                            let rest = this.events.take_rest();
                             if !rest.is_empty() {
-                                this.event(&rest, &rest, &mut out);
+                                this.event(&rest, &mut out);
                             }
                             this.end(&mut out);
                             Bytes::from(out)
@@ -261,57 +267,41 @@ impl Body for AgentBody {
     }
 }
 
-/// Where the first complete event of `buffer` ends, and the length of the blank line after
-/// it (`\n\n` or `\r\n\r\n`).
-fn event_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let lf = buffer
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|at| (at, 2));
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|at| (at, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// The data of an SSE event (its `data:` lines joined), if it has any.
-fn sse_data(event: &[u8]) -> Option<Vec<u8>> {
-    let mut data: Option<Vec<u8>> = None;
-    for line in event.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(rest) = line.strip_prefix(b"data:") {
-            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-            let joined = data.get_or_insert_with(Vec::new);
-            if !joined.is_empty() {
-                joined.push(b'\n');
-            }
-            joined.extend_from_slice(rest);
-        }
-    }
-    data
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn events(stream: &[u8]) -> (Vec<Bytes>, Bytes) {
+        let mut buffer = EventBuffer::default();
+        buffer.push(stream);
+        let whole = std::iter::from_fn(|| buffer.next_event()).collect();
+        (whole, buffer.take_rest())
+    }
+
     #[test]
     fn events_end_at_a_blank_line_of_either_kind() {
-        assert_eq!(event_end(b"data: 1\n\ndata: 2"), Some((7, 2)));
-        assert_eq!(event_end(b"data: 1\r\n\r\n"), Some((7, 4)));
-        assert_eq!(event_end(b"data: 1\n"), None);
+        let (whole, rest) = events(b"data: 1\n\ndata: 2");
+        assert_eq!(
+            (whole, rest),
+            (
+                vec![Bytes::from_static(b"data: 1\n\n")],
+                Bytes::from_static(b"data: 2")
+            )
+        );
+        let (whole, rest) = events(b"data: 1\r\n\r\n");
+        assert_eq!(
+            (whole, rest),
+            (vec![Bytes::from_static(b"data: 1\r\n\r\n")], Bytes::new())
+        );
+        assert_eq!(events(b"data: 1\n").0, Vec::<Bytes>::new());
     }
 
     #[test]
     fn data_lines_are_joined_and_comments_have_none() {
         assert_eq!(
-            sse_data(b"event: x\ndata: {\"a\":\ndata: 1}"),
-            Some(b"{\"a\":\n1}".to_vec())
+            data_of(b"event: x\ndata: {\"a\":\ndata: 1}").as_deref(),
+            Some(b"{\"a\":\n1}".as_slice())
         );
-        assert_eq!(sse_data(b": keep-alive"), None);
+        assert_eq!(data_of(b": keep-alive"), None);
     }
 }

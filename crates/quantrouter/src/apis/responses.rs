@@ -293,7 +293,7 @@ fn items(id: &str, output: &Output, status: &str) -> Vec<Value> {
         items.push(message_item(id, output, status));
     }
     for (n, (call_id, name, arguments)) in output.calls.iter().enumerate() {
-        items.push(call_item(id, n, call_id, name, arguments, status));
+        items.push(call_item((id, n), (call_id, name), arguments, status));
     }
     items
 }
@@ -310,11 +310,11 @@ fn message_item(id: &str, output: &Output, status: &str) -> Value {
         "role": "assistant", "content": content})
 }
 
+/// The `n`th function call item of response `id`, its `call_id` and `name` as the chat
+/// answer gave them.
 fn call_item(
-    id: &str,
-    n: usize,
-    call_id: &Value,
-    name: &Value,
+    (id, n): (&str, usize),
+    (call_id, name): (&Value, &Value),
     arguments: &str,
     status: &str,
 ) -> Value {
@@ -480,7 +480,7 @@ impl ResponsesStream {
             }
             Item::Call(n) => {
                 let (call_id, name, _) = &self.output.calls[n];
-                call_item(&self.id, n, call_id, name, "", "in_progress")
+                call_item((&self.id, n), (call_id, name), "", "in_progress")
             }
         };
         self.emit(
@@ -526,7 +526,7 @@ impl ResponsesStream {
                     json!({"type": "response.function_call_arguments.done",
                     "item_id": item_id, "output_index": index, "arguments": arguments}),
                 );
-                call_item(&self.id, n, &call_id, &name, &arguments, "completed")
+                call_item((&self.id, n), (&call_id, &name), &arguments, "completed")
             }
         };
         self.emit(

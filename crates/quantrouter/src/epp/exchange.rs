@@ -30,11 +30,12 @@ use crate::openai::{find_usage, ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::CircuitState;
 use crate::resilience::{Overloaded, Permit};
-use crate::routing::{self, PromptSize};
-use crate::server::proxy::{self, Prices};
+use crate::routing::{self, PromptSize, RouteInput};
+use crate::server::bookkeeping::Ledger;
+use crate::server::proxy::{self, DecisionLog};
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
-use crate::upstream::{is_event_stream, BodyEnd, EventScan, InflightGuard, Pick};
+use crate::upstream::{is_event_stream, BodyEnd, EventScan, InflightGuard, Outcome, Pick};
 
 /// Header and `envoy.lb` key: the endpoint chosen, `ip:port`.
 pub const DESTINATION_ENDPOINT: &str = "x-gateway-destination-endpoint";
@@ -100,9 +101,8 @@ struct Picked {
 
 /// The response as it passes.
 struct Answer {
-    labels: RequestLabels,
-    /// The upstream answered with a success: only then is the tenant charged.
-    served: bool,
+    /// What the answer's end is booked with.
+    ledger: Ledger,
     sse: bool,
     scan: EventScan,
     tail: BytesMut,
@@ -328,23 +328,23 @@ impl Exchange {
             }
         };
         let classifier = app.config.classifier.load();
-        let routed = routing::route_among(
-            &snapshot,
-            classifier.model.as_ref(),
-            &parsed,
-            &head.headers,
-            &app.config.aliases,
-            &key,
-            grant.as_ref().map(|g| (&*g.tenant, g.downgraded)),
-            among.as_deref(),
-        )
-        .map_err(|error| match (error, subset) {
-            // GIE: no eligible endpoint in the subset is a 503.
-            (ApiError::Unavailable(_), Some(_)) => ApiError::Unavailable(
-                "no endpoint of the subset hint can take the request".to_owned(),
-            ),
-            (error, _) => error,
-        })?;
+        let input = RouteInput {
+            classifier: classifier.model.as_ref(),
+            headers: &head.headers,
+            aliases: &app.config.aliases,
+            request_key: &key,
+            tenant: grant.as_ref().map(|g| (&*g.tenant, g.downgraded)),
+            among: among.as_deref(),
+            rating: None,
+        };
+        let routed =
+            routing::route(&snapshot, &parsed, input).map_err(|error| match (error, subset) {
+                // GIE: no eligible endpoint in the subset is a 503.
+                (ApiError::Unavailable(_), Some(_)) => ApiError::Unavailable(
+                    "no endpoint of the subset hint can take the request".to_owned(),
+                ),
+                (error, _) => error,
+            })?;
         app.keda.on_route(&snapshot, routed.decision.profile);
         if let Some(cold) = routed.cold_preferred {
             app.keda.on_route(&snapshot, cold);
@@ -365,7 +365,13 @@ impl Exchange {
             }
         }
         let decision = routed.decision;
-        proxy::record_decision(&app, &snapshot, &decision, &parsed, None, &key);
+        DecisionLog {
+            snapshot: &snapshot,
+            decision: &decision,
+            parsed: &parsed,
+            request_id: &key,
+        }
+        .record(&app, None);
         telemetry::routed(decision.complexity, head.started.elapsed());
         let profile = decision.profile;
         let runtime = &snapshot.runtime[profile];
@@ -557,9 +563,14 @@ impl Exchange {
                 .remove_headers
                 .push(http::header::CONTENT_LENGTH.as_str().to_owned());
         }
+        let ledger = Ledger::new(&picked.snapshot, picked.served, labels, picked.prompt).charging(
+            self.app.tenants.as_ref(),
+            picked.grant.take(),
+            (200..300).contains(&status),
+            sse,
+        );
         picked.answer = Some(Answer {
-            labels,
-            served: (200..300).contains(&status),
+            ledger,
             sse,
             scan: EventScan::new(strip),
             tail: BytesMut::new(),
@@ -592,7 +603,7 @@ impl Exchange {
             true => {
                 let scanned = answer.scan.feed(chunk);
                 if scanned.first_output {
-                    telemetry::first_token(&answer.labels, started.elapsed());
+                    answer.ledger.first_output(started.elapsed());
                 }
                 scanned.out.unwrap_or_default()
             }
@@ -631,32 +642,14 @@ impl Exchange {
             true => answer.scan.usage,
             false => find_usage(&answer.tail),
         };
-        let prices = Prices::new(&picked.snapshot, picked.served);
-        if let Some(usage) = usage {
-            prices.record(&answer.labels, usage);
-            picked
-                .prompt
-                .observe(&picked.snapshot.runtime[picked.served].pool, usage);
-        }
-        if let (Some(tenants), Some(grant)) = (&self.app.tenants, picked.grant.as_mut()) {
-            let end = BodyEnd {
-                completed: true,
-                failure: None,
-                usage,
-                data_events: answer.scan.data_events,
-                elapsed: picked.started.elapsed(),
-            };
-            let prompt_tokens = grant.prompt_tokens;
-            let settle = tenants.settle(grant);
-            settle(proxy::charge(
-                &end,
-                answer.served,
-                answer.sse,
-                prompt_tokens,
-                prices,
-            ));
-        }
-        telemetry::finished(&answer.labels, picked.started.elapsed());
+        let end = BodyEnd {
+            completed: true,
+            failure: None,
+            usage,
+            data_events: answer.scan.data_events,
+            elapsed: picked.started.elapsed(),
+        };
+        answer.ledger.book(Outcome { end, answer: None });
     }
 
     /// An OpenAI-shaped refusal Envoy sends the client itself.

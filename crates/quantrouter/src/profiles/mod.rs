@@ -62,6 +62,27 @@ pub struct ProfileRuntime {
     pub telemetry: Arc<ProfileTelemetry>,
 }
 
+/// A profile's prices per token: the one place a cost is computed from token counts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerToken {
+    input: f64,
+    output: f64,
+}
+
+impl PerToken {
+    pub fn of(profile: &quantrouter_policy::Profile) -> Self {
+        Self {
+            input: profile.cost_per_1m_input_tokens / 1e6,
+            output: profile.cost_per_1m_output_tokens / 1e6,
+        }
+    }
+
+    /// What `usage` costs at these prices.
+    pub fn cost(self, usage: crate::openai::Usage) -> f64 {
+        usage.prompt_tokens as f64 * self.input + usage.completion_tokens as f64 * self.output
+    }
+}
+
 /// The active snapshot, swapped atomically on reload.
 #[derive(Debug)]
 pub struct ProfileStore {

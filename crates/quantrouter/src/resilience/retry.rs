@@ -3,16 +3,17 @@
 //! - [`Backoff`](super::Backoff) (in `backoff.rs`): upstream retries wait by it here.
 //! - [`is_retryable`]: what an attempt's outcome allows — nothing, sending the request again
 //!   at once (it never left: [`Sent::No`]), or another attempt elsewhere.
-//! - [`forward`]: a request's way through the upstreams, in named steps:
-//!   1. [`try_profile`]: an admission slot, then endpoints of the profile, a different one
+//! - [`Forwarder`]: a request's way through the upstreams (the client, the settings and
+//!   its [`Plan`]), in named steps, each a method:
+//!   1. [`Forwarder::try_profile`]: an admission slot, then endpoints of the profile, a different one
 //!      each time (power of two choices among closed circuits), within the retry budget, the
 //!      attempt cap and the deadline, after a backoff;
-//!   2. [`cross_tier_fallback`]: when a profile is exhausted, the next-best profile (unless
+//!   2. [`Forwarder::cross_tier_fallback`]: when a profile is exhausted, the next-best profile (unless
 //!      the client pinned one), or after a context overflow ([`context`]) one with a larger
 //!      context;
-//!   3. [`quality_fallback`]: a finished, non-streamed answer from a profile with a better one
+//!   3. [`Forwarder::quality_fallback`]: a finished, non-streamed answer from a profile with a better one
 //!      above it is read and checked, and re-run there if it is empty, degenerate or broken;
-//!      [`stream_start_check`] does the same for the held start of a stream
+//!      [`Forwarder::stream_start_check`] does the same for the held start of a stream
 //!      (`policy.stream_check`).
 //!
 //! Nothing is retried once a byte reached the client. The breaker, the budget and admission
@@ -38,8 +39,8 @@ use crate::traces::{self, RequestTrace};
 use crate::upstream::context::{self, Checked};
 use crate::upstream::stream_check::{self, Held as Start};
 use crate::upstream::{
-    is_event_stream, BodyEnd, BodyError, BodyEvent, BodyLimits, Endpoint, Held, Pick, Pool, Sent,
-    UpstreamBody, UpstreamClient, UpstreamError, UpstreamIncoming,
+    is_event_stream, BodyError, Endpoint, Held, OnEnd, Outcome as BodyOutcome, Pick, Pool, Reading,
+    Sent, TimeLimits, UpstreamBody, UpstreamClient, UpstreamError, UpstreamIncoming,
 };
 
 /// What one attempt came to, as far as retrying goes.
@@ -201,538 +202,560 @@ pub fn is_retryable(outcome: Outcome<'_>) -> Verdict {
     }
 }
 
-// === the request's way through the upstreams ===
+// === impl Forwarder ===
 
-/// Sends the request to the decision's profile and onwards (the steps above); the answer
-/// whose head and body go to the client.
-pub async fn forward(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let start = plan.decision.profile;
-    let answer = across_tiers(client, config, plan, start, (0, Vec::new()), body_for).await?;
-    match plan.stream {
-        true => stream_start_check(client, config, plan, answer, body_for).await,
-        false => quality_fallback(client, config, plan, answer, body_for).await,
+/// One request's way through the upstreams: the client, the settings and the [`Plan`],
+/// with the steps above as methods.
+pub struct Forwarder<'a> {
+    client: &'a UpstreamClient,
+    config: &'a ResilienceConfig,
+    plan: Plan<'a>,
+    body_for: BodyFor<'a>,
+}
+
+impl std::fmt::Debug for Forwarder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarder")
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
     }
 }
 
-/// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end. `before`
-/// is what an earlier step did for the same request: the attempts it made, and the profiles
-/// no fallback may go to (their answer was already rejected).
-async fn across_tiers(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    start: ProfileIndex,
-    (attempts_before, ruled_out): (u32, Vec<ProfileIndex>),
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let mut progress = Progress {
-        attempts: attempts_before,
-        retries: 0,
-        retry_after: None,
-        profiles_tried: ruled_out,
-        failure: Failure::Nothing,
-        fallback: None,
-    };
-    let mut profile = start;
-    loop {
-        if let Some(answer) =
-            try_profile(client, config, plan, profile, &mut progress, body_for).await?
-        {
-            return Ok(answer);
-        }
-        let id = &plan.snapshot.set.profiles[profile].id;
-        let Some((next, reason)) = cross_tier_fallback(config, plan, &progress, profile) else {
-            return Err(exhausted(progress.failure, plan.deadline, id));
-        };
-        telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason.as_str());
-        progress.fallback = Some(Fallback {
-            from: progress.fallback.map_or(profile, |f| f.from),
-            to: next,
-            reason,
-        });
-        profile = next;
-    }
-}
-
-/// Step 1: the endpoints of one profile. `None`: the profile is exhausted (why is in
-/// `progress.failure`).
-async fn try_profile(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    profile: ProfileIndex,
-    progress: &mut Progress,
-    body_for: BodyFor<'_>,
-) -> Result<Option<Answer>, ApiError> {
-    progress.profiles_tried.push(profile);
-    let pool = &plan.snapshot.runtime[profile].pool;
-    let id = plan.snapshot.set.profiles[profile].id.as_str();
-    let mut permit = Some(admit(config, plan, pool, id).await?);
-    pool.on_request(Instant::now());
-    let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
-    while progress.attempts < config.max_attempts {
-        if !endpoints_tried.is_empty() && !wait_to_retry(config, plan, pool, id, progress).await {
-            break;
-        }
-        let placed = crate::upstream::placed(plan.snapshot, profile, plan.placement);
-        let Some(pick) = pool.pick_placed(placed, &endpoints_tried, Instant::now()) else {
-            break;
-        };
-        progress.attempts += 1;
-        endpoints_tried.push(Arc::clone(&pick.endpoint));
-        let guard = pool.enter(&pick.endpoint);
-        let (result, sent_at) = attempt(
-            client,
-            plan,
-            pool,
-            id,
-            &pick,
-            progress.attempts,
-            body_for(profile),
-        )
-        .await?;
-        let response = match result {
-            Ok(response) if is_retryable(Outcome::Answered(response.status())) == Verdict::Done => {
-                response
-            }
-            failed => {
-                note_failure(plan, id, pick, sent_at, failed, progress);
-                continue;
-            }
-        };
-        let endpoint = Arc::clone(&pick.endpoint);
-        pick.succeeded(sent_at.elapsed());
-        let left = plan.deadline.saturating_duration_since(Instant::now());
-        let response = match context::check(response, config.idle_timeout.min(left)).await {
-            Checked::Answer(response) => response,
-            Checked::Overflow(message) => {
-                telemetry::upstream_error(id, "context_length");
-                tracing::info!(
-                    request_id = plan.request_id,
-                    profile = id,
-                    "the prompt exceeds the upstream's context"
-                );
-                progress.failure = Failure::ContextOverflow(message);
-                // Another endpoint of this profile has the same context.
-                break;
-            }
-            Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
-        };
-        return Ok(Some(Answer {
-            response,
-            profile,
-            endpoint,
-            held: Some((guard, permit.take())),
-            attempts: progress.attempts,
-            fallback: progress.fallback,
-            sent_at,
-        }));
-    }
-    Ok(None)
-}
-
-/// A slot in the profile's admission queue, within the queue timeout and the deadline.
-async fn admit(
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    pool: &Pool,
-    id: &str,
-) -> Result<crate::resilience::Permit, ApiError> {
-    let queue_timeout = config
-        .admission
-        .queue_timeout
-        .min(plan.deadline.saturating_duration_since(Instant::now()));
-    pool.admission
-        .admit(plan.priority, queue_timeout)
-        .await
-        .map_err(|overloaded| {
-            telemetry::admission_rejected(id);
-            ApiError::Overloaded {
-                profile: id.to_owned(),
-                reason: match overloaded {
-                    Overloaded::QueueFull => "the wait queue is full".into(),
-                    Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
-                    Overloaded::Displaced => "a higher-priority request took its place".into(),
-                },
-                retry_after_s: 1,
-            }
-        })
-}
-
-/// Before a retry: a token from the budget, then the backoff (at least `Retry-After`), if
-/// the deadline leaves room for it. False: no retry.
-async fn wait_to_retry(
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    pool: &Pool,
-    id: &str,
-    progress: &mut Progress,
-) -> bool {
-    if !pool.try_retry(Instant::now()) {
-        tracing::debug!(profile = id, "retry budget exhausted");
-        return false;
-    }
-    let wait = config
-        .backoff
-        .delay(progress.retries, fastrand::f64(), progress.retry_after);
-    if Instant::now() + wait >= plan.deadline {
-        return false;
-    }
-    tokio::time::sleep(wait).await;
-    progress.retries += 1;
-    telemetry::retry(id);
-    true
-}
-
-/// A failed attempt (an error, or a status worth a retry): the breaker, the metrics and
-/// the answer the client gets if nothing better comes.
-fn note_failure(
-    plan: &Plan<'_>,
-    id: &str,
+/// An attempt on an endpoint and what came of it.
+struct Attempted {
     pick: Pick,
     sent_at: Instant,
     result: Result<Response<UpstreamIncoming>, UpstreamError>,
-    progress: &mut Progress,
-) {
-    match result {
-        Ok(response) => {
-            let status = response.status();
-            // 429 is a live server asking for patience, not a broken one.
-            if status == StatusCode::TOO_MANY_REQUESTS {
-                pick.succeeded(sent_at.elapsed());
-            } else {
-                pick.failed();
-            }
-            progress.retry_after = retry_after_header(response.headers());
-            telemetry::upstream_error(id, status_kind(status));
-            progress.failure = Failure::Status(status);
-        }
-        Err(error) => {
-            pick.failed();
-            progress.retry_after = None;
-            tracing::warn!(request_id = plan.request_id, %error, profile = id,
-                "upstream attempt failed");
-            let (kind, failure) = match error {
-                UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
-                UpstreamError::InvalidResponse { .. } => ("invalid_response", Failure::Invalid),
-                UpstreamError::Connect { .. }
-                | UpstreamError::Unsent { .. }
-                | UpstreamError::Exchange { .. }
-                | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
-            };
-            telemetry::upstream_error(id, kind);
-            progress.failure = failure;
-        }
-    }
 }
 
-/// One attempt on `pick`: the request, in its own trace span, sent once — or, when it never
-/// left ([`Verdict::Resend`]), once more on a new connection. Returns the result and when the
-/// request that got it was sent.
-async fn attempt(
-    client: &UpstreamClient,
-    plan: &Plan<'_>,
-    pool: &Pool,
-    profile: &str,
-    pick: &Pick,
-    attempt: u32,
-    outgoing: Outgoing,
-) -> Result<(Result<Response<UpstreamIncoming>, UpstreamError>, Instant), ApiError> {
-    let Outgoing { path, body } = outgoing;
-    let mut request = build(plan, profile, &pick.endpoint, path, body.clone())?;
-    if let Some(auth) = pool.authorization() {
-        request.headers_mut().insert(header::AUTHORIZATION, auth);
-    }
-    let span = plan.trace.map(|trace| {
-        let attributes = vec![
-            KeyValue::new("server.address", pick.endpoint.base().to_owned()),
-            KeyValue::new("quantrouter.profile", profile.to_owned()),
-            KeyValue::new("quantrouter.retry", i64::from(attempt - 1)),
-        ];
-        trace.attempt(attributes, request.headers_mut())
-    });
-    let headers = request.headers().clone();
-    let mut sent_at = Instant::now();
-    let timeout = |sent_at: Instant| {
-        client
-            .header_timeout
-            .min(plan.deadline.saturating_duration_since(sent_at))
-    };
-    let transport = pool.transport();
-    let mut result = client
-        .send(transport, &pick.endpoint, request, timeout(sent_at))
-        .await;
-    if let Err(error) = &result {
-        if is_retryable(Outcome::Failed(error)) == Verdict::Resend {
-            tracing::debug!(request_id = plan.request_id, %error, "sending the request again");
-            let mut again = build(plan, profile, &pick.endpoint, path, body)?;
-            *again.headers_mut() = headers;
-            sent_at = Instant::now();
-            result = client
-                .send(transport, &pick.endpoint, again, timeout(sent_at))
-                .await;
+impl<'a> Forwarder<'a> {
+    pub fn new(
+        client: &'a UpstreamClient,
+        config: &'a ResilienceConfig,
+        plan: Plan<'a>,
+        body_for: BodyFor<'a>,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            plan,
+            body_for,
         }
     }
-    if let Some(span) = &span {
-        let (attributes, error) = match &result {
-            Ok(r) => (
-                vec![KeyValue::new(
-                    "http.response.status_code",
-                    i64::from(r.status().as_u16()),
-                )],
-                None,
-            ),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+
+    pub fn plan(&self) -> &Plan<'a> {
+        &self.plan
+    }
+
+    /// Sends the request to the decision's profile and onwards (the steps above); the
+    /// answer whose head and body go to the client.
+    pub async fn forward(&self) -> Result<Answer, ApiError> {
+        let start = self.plan.decision.profile;
+        let answer = self.across_tiers(start, (0, Vec::new())).await?;
+        match self.plan.stream {
+            true => self.stream_start_check(answer).await,
+            false => self.quality_fallback(answer).await,
+        }
+    }
+
+    /// Step 1 and 2: `start`, then cross-tier fallbacks until an answer or the end.
+    /// `before` is what an earlier step did for the same request: the attempts it made, and
+    /// the profiles no fallback may go to (their answer was already rejected).
+    async fn across_tiers(
+        &self,
+        start: ProfileIndex,
+        (attempts_before, ruled_out): (u32, Vec<ProfileIndex>),
+    ) -> Result<Answer, ApiError> {
+        let plan = &self.plan;
+        let mut progress = Progress {
+            attempts: attempts_before,
+            retries: 0,
+            retry_after: None,
+            profiles_tried: ruled_out,
+            failure: Failure::Nothing,
+            fallback: None,
         };
-        traces::end(span, attributes, error);
+        let mut profile = start;
+        loop {
+            if let Some(answer) = self.try_profile(profile, &mut progress).await? {
+                return Ok(answer);
+            }
+            let id = &plan.snapshot.set.profiles[profile].id;
+            let Some((next, reason)) = self.cross_tier_fallback(&progress, profile) else {
+                return Err(exhausted(progress.failure, plan.deadline, id));
+            };
+            telemetry::fallback(id, &plan.snapshot.set.profiles[next].id, reason.as_str());
+            progress.fallback = Some(Fallback {
+                from: progress.fallback.map_or(profile, |f| f.from),
+                to: next,
+                reason,
+            });
+            profile = next;
+        }
     }
-    Ok((result, sent_at))
-}
 
-/// Step 2: after `current` is exhausted, the profile to try next and why; `None` when the
-/// client pinned the profile, the attempts are used up, or no profile can take it.
-fn cross_tier_fallback(
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    progress: &Progress,
-    current: ProfileIndex,
-) -> Option<(ProfileIndex, FallbackReason)> {
-    if plan.pinned || progress.attempts >= config.max_attempts {
-        return None;
+    /// Step 1: the endpoints of one profile. `None`: the profile is exhausted (why is in
+    /// `progress.failure`).
+    async fn try_profile(
+        &self,
+        profile: ProfileIndex,
+        progress: &mut Progress,
+    ) -> Result<Option<Answer>, ApiError> {
+        let (plan, config) = (&self.plan, self.config);
+        progress.profiles_tried.push(profile);
+        let pool = &plan.snapshot.runtime[profile].pool;
+        let id = plan.snapshot.set.profiles[profile].id.as_str();
+        let mut permit = Some(self.admit(pool, id).await?);
+        pool.on_request(Instant::now());
+        let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
+        while progress.attempts < config.max_attempts {
+            if !endpoints_tried.is_empty() && !self.wait_to_retry(pool, id, progress).await {
+                break;
+            }
+            let placed = crate::upstream::placed(plan.snapshot, profile, plan.placement);
+            let Some(pick) = pool.pick_placed(placed, &endpoints_tried, Instant::now()) else {
+                break;
+            };
+            progress.attempts += 1;
+            endpoints_tried.push(Arc::clone(&pick.endpoint));
+            let guard = pool.enter(&pick.endpoint);
+            let attempted = self.attempt(profile, pick, progress.attempts).await?;
+            let response = match attempted.result {
+                Ok(response)
+                    if is_retryable(Outcome::Answered(response.status())) == Verdict::Done =>
+                {
+                    response
+                }
+                result => {
+                    let attempted = Attempted {
+                        result,
+                        ..attempted
+                    };
+                    self.note_failure(id, attempted, progress);
+                    continue;
+                }
+            };
+            let Attempted { pick, sent_at, .. } = attempted;
+            let endpoint = Arc::clone(&pick.endpoint);
+            pick.succeeded(sent_at.elapsed());
+            let left = plan.deadline.saturating_duration_since(Instant::now());
+            let response = match context::check(response, config.idle_timeout.min(left)).await {
+                Checked::Answer(response) => response,
+                Checked::Overflow(message) => {
+                    telemetry::upstream_error(id, "context_length");
+                    tracing::info!(
+                        request_id = plan.request_id,
+                        profile = id,
+                        "the prompt exceeds the upstream's context"
+                    );
+                    progress.failure = Failure::ContextOverflow(message);
+                    // Another endpoint of this profile has the same context.
+                    break;
+                }
+                Checked::Unreadable(why) => return Err(ApiError::BadGateway(why)),
+            };
+            return Ok(Some(Answer {
+                response,
+                profile,
+                endpoint,
+                held: Some((guard, permit.take())),
+                attempts: progress.attempts,
+                fallback: progress.fallback,
+                sent_at,
+            }));
+        }
+        Ok(None)
     }
-    if matches!(progress.failure, Failure::ContextOverflow(_)) {
-        return next_with_larger_context(plan, &progress.profiles_tried, current)
-            .map(|next| (next, FallbackReason::Context));
-    }
-    next_profile(plan, &progress.profiles_tried).map(|next| (next, FallbackReason::Error))
-}
 
-/// Step 3: the quality check of a finished, non-streamed answer, and the re-run on the
-/// next-better profile when the answer is empty, degenerate or not the JSON asked for.
-async fn quality_fallback(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    answer: Answer,
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let quality = &plan.snapshot.set.policy.quality_fallback;
-    let better = plan.decision.next_higher_quality(answer.profile);
-    let checked = quality.enabled && !plan.stream && !plan.pinned;
-    let Some(better) = better.filter(|_| checked && answer.response.status().is_success()) else {
-        return Ok(answer);
-    };
-    let Answer {
-        response,
-        profile,
-        endpoint,
-        held,
-        attempts,
-        fallback,
-        sent_at,
-    } = answer;
-    let (head, incoming) = response.into_parts();
-    let limits = BodyLimits {
-        idle: config.idle_timeout,
-        deadline: plan.deadline,
-        first_output_by: sent_at + client.header_timeout,
-        sse: false,
-        strip_usage: false,
-    };
-    let served_by = &plan.snapshot.runtime[profile].telemetry;
-    let bytes = read_answer(incoming, held, limits, plan.started, served_by).await?;
-    // A body that is not a completion is passed on as it is, not judged.
-    let problem = crate::openai::answer_choices(&bytes)
-        .and_then(|choices| check_choices(&choices, plan.wants_json, quality.max_repetition_ratio));
-    let Some(problem) = problem else {
-        let response = Response::from_parts(head, UpstreamIncoming::buffered(bytes));
-        return Ok(Answer {
+    /// A slot in the profile's admission queue, within the queue timeout and the deadline.
+    async fn admit(&self, pool: &Pool, id: &str) -> Result<crate::resilience::Permit, ApiError> {
+        let queue_timeout = self
+            .config
+            .admission
+            .queue_timeout
+            .min(self.plan.deadline.saturating_duration_since(Instant::now()));
+        pool.admission
+            .admit(self.plan.priority, queue_timeout)
+            .await
+            .map_err(|overloaded| {
+                telemetry::admission_rejected(id);
+                ApiError::Overloaded {
+                    profile: id.to_owned(),
+                    reason: match overloaded {
+                        Overloaded::QueueFull => "the wait queue is full".into(),
+                        Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
+                        Overloaded::Displaced => "a higher-priority request took its place".into(),
+                    },
+                    retry_after_s: 1,
+                }
+            })
+    }
+
+    /// Before a retry: a token from the budget, then the backoff (at least `Retry-After`),
+    /// if the deadline leaves room for it. False: no retry.
+    async fn wait_to_retry(&self, pool: &Pool, id: &str, progress: &mut Progress) -> bool {
+        if !pool.try_retry(Instant::now()) {
+            tracing::debug!(profile = id, "retry budget exhausted");
+            return false;
+        }
+        let wait =
+            self.config
+                .backoff
+                .delay(progress.retries, fastrand::f64(), progress.retry_after);
+        if Instant::now() + wait >= self.plan.deadline {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        progress.retries += 1;
+        telemetry::retry(id);
+        true
+    }
+
+    /// A failed attempt (an error, or a status worth a retry): the breaker, the metrics and
+    /// the answer the client gets if nothing better comes.
+    fn note_failure(&self, id: &str, attempted: Attempted, progress: &mut Progress) {
+        let Attempted {
+            pick,
+            sent_at,
+            result,
+        } = attempted;
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                // 429 is a live server asking for patience, not a broken one.
+                if status == StatusCode::TOO_MANY_REQUESTS {
+                    pick.succeeded(sent_at.elapsed());
+                } else {
+                    pick.failed();
+                }
+                progress.retry_after = retry_after_header(response.headers());
+                telemetry::upstream_error(id, status_kind(status));
+                progress.failure = Failure::Status(status);
+            }
+            Err(error) => {
+                pick.failed();
+                progress.retry_after = None;
+                tracing::warn!(request_id = self.plan.request_id, %error, profile = id,
+                    "upstream attempt failed");
+                let (kind, failure) = match error {
+                    UpstreamError::HeaderTimeout { .. } => ("header_timeout", Failure::Timeout),
+                    UpstreamError::InvalidResponse { .. } => ("invalid_response", Failure::Invalid),
+                    UpstreamError::Connect { .. }
+                    | UpstreamError::Unsent { .. }
+                    | UpstreamError::Exchange { .. }
+                    | UpstreamError::InvalidUrl(_) => ("connect", Failure::Connect),
+                };
+                telemetry::upstream_error(id, kind);
+                progress.failure = failure;
+            }
+        }
+    }
+
+    /// One attempt on `pick` of `profile`: the request, in its own trace span, sent once —
+    /// or, when it never left ([`Verdict::Resend`]), once more on a new connection.
+    async fn attempt(
+        &self,
+        profile: ProfileIndex,
+        pick: Pick,
+        attempt: u32,
+    ) -> Result<Attempted, ApiError> {
+        let (plan, client) = (&self.plan, self.client);
+        let pool = &plan.snapshot.runtime[profile].pool;
+        let id = plan.snapshot.set.profiles[profile].id.as_str();
+        let Outgoing { path, body } = (self.body_for)(profile);
+        let mut request = self.build(id, &pick.endpoint, path, body.clone())?;
+        if let Some(auth) = pool.authorization() {
+            request.headers_mut().insert(header::AUTHORIZATION, auth);
+        }
+        let span = plan.trace.map(|trace| {
+            let attributes = vec![
+                KeyValue::new("server.address", pick.endpoint.base().to_owned()),
+                KeyValue::new("quantrouter.profile", id.to_owned()),
+                KeyValue::new("quantrouter.retry", i64::from(attempt - 1)),
+            ];
+            trace.attempt(attributes, request.headers_mut())
+        });
+        let headers = request.headers().clone();
+        let mut sent_at = Instant::now();
+        let timeout = |sent_at: Instant| {
+            client
+                .header_timeout
+                .min(plan.deadline.saturating_duration_since(sent_at))
+        };
+        let transport = pool.transport();
+        let mut result = client
+            .send(transport, &pick.endpoint, request, timeout(sent_at))
+            .await;
+        if let Err(error) = &result {
+            if is_retryable(Outcome::Failed(error)) == Verdict::Resend {
+                tracing::debug!(request_id = plan.request_id, %error, "sending the request again");
+                let mut again = self.build(id, &pick.endpoint, path, body)?;
+                *again.headers_mut() = headers;
+                sent_at = Instant::now();
+                result = client
+                    .send(transport, &pick.endpoint, again, timeout(sent_at))
+                    .await;
+            }
+        }
+        if let Some(span) = &span {
+            let (attributes, error) = match &result {
+                Ok(r) => (
+                    vec![KeyValue::new(
+                        "http.response.status_code",
+                        i64::from(r.status().as_u16()),
+                    )],
+                    None,
+                ),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            traces::end(span, attributes, error);
+        }
+        Ok(Attempted {
+            pick,
+            sent_at,
+            result,
+        })
+    }
+
+    /// Step 2: after `current` is exhausted, the profile to try next and why; `None` when
+    /// the client pinned the profile, the attempts are used up, or no profile can take it.
+    fn cross_tier_fallback(
+        &self,
+        progress: &Progress,
+        current: ProfileIndex,
+    ) -> Option<(ProfileIndex, FallbackReason)> {
+        if self.plan.pinned || progress.attempts >= self.config.max_attempts {
+            return None;
+        }
+        if matches!(progress.failure, Failure::ContextOverflow(_)) {
+            return next_with_larger_context(&self.plan, &progress.profiles_tried, current)
+                .map(|next| (next, FallbackReason::Context));
+        }
+        next_profile(&self.plan, &progress.profiles_tried).map(|next| (next, FallbackReason::Error))
+    }
+
+    /// Step 3: the quality check of a finished, non-streamed answer, and the re-run on the
+    /// next-better profile when the answer is empty, degenerate or not the JSON asked for.
+    async fn quality_fallback(&self, answer: Answer) -> Result<Answer, ApiError> {
+        let plan = &self.plan;
+        let quality = &plan.snapshot.set.policy.quality_fallback;
+        let better = plan.decision.next_higher_quality(answer.profile);
+        let checked = quality.enabled && !plan.stream && !plan.pinned;
+        let Some(better) = better.filter(|_| checked && answer.response.status().is_success())
+        else {
+            return Ok(answer);
+        };
+        let Answer {
             response,
             profile,
             endpoint,
-            held: None,
+            held,
             attempts,
             fallback,
             sent_at,
+        } = answer;
+        let (head, bytes) = self.read_whole(response, held, sent_at, profile).await?;
+        // A body that is not a completion is passed on as it is, not judged.
+        let problem = crate::openai::answer_choices(&bytes).and_then(|choices| {
+            check_choices(&choices, plan.wants_json, quality.max_repetition_ratio)
         });
-    };
-    rerun_for_quality(
-        client,
-        config,
-        plan,
-        (profile, better),
-        attempts,
-        problem,
-        body_for,
-    )
-    .await
-}
+        let Some(problem) = problem else {
+            let response = Response::from_parts(head, UpstreamIncoming::buffered(bytes));
+            return Ok(Answer {
+                response,
+                profile,
+                endpoint,
+                held: None,
+                attempts,
+                fallback,
+                sent_at,
+            });
+        };
+        self.rerun_for_quality((profile, better), attempts, problem)
+            .await
+    }
 
-/// Step 3 for a stream: its start, from a profile with a better one above it, is held and
-/// checked (`policy.stream_check`). A good start goes out at once, followed by the rest; a
-/// bad one is dropped (closing its upstream request) before the client saw a byte, and the
-/// request re-run on the better profile.
-async fn stream_start_check(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    answer: Answer,
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let policy = &plan.snapshot.set.policy;
-    let Some(check) = policy.stream_check.filter(|_| !plan.pinned) else {
-        return Ok(answer);
-    };
-    let response = &answer.response;
-    let streamed = response.status().is_success() && is_event_stream(response.headers());
-    let better = plan.decision.next_higher_quality(answer.profile);
-    let Some(better) = better.filter(|_| streamed) else {
-        return Ok(answer);
-    };
-    // The hold ends by the deadline too; the body's own limits take over after it.
-    let left = plan.deadline.saturating_duration_since(Instant::now());
-    let check = StreamCheck {
-        max_hold_ms: check
-            .max_hold_ms
-            .min(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
-        ..check
-    };
-    let (head, incoming) = answer.response.into_parts();
-    let max_repetition_ratio = policy.quality_fallback.max_repetition_ratio;
-    let held = stream_check::hold_start(incoming, &check, plan.wants_json, max_repetition_ratio);
-    let profiles = &plan.snapshot.set.profiles;
-    let id = profiles[answer.profile].id.as_str();
-    let problem = match held.await {
-        Ok(Start::Pass { frames, body, .. }) => {
-            let response = Response::from_parts(head, UpstreamIncoming::replaying(frames, body));
-            return Ok(Answer { response, ..answer });
-        }
-        Ok(Start::Fail(problem)) => problem,
-        Err(error) => {
-            // Nothing was sent yet: the better profile can still answer in full.
-            tracing::warn!(request_id = plan.request_id, %error, profile = id,
-                "upstream stream failed within the stream-start check");
-            telemetry::upstream_error(id, "mid_stream");
-            drop(answer.held);
-            return rerun_from(
-                client,
-                config,
-                plan,
-                (answer.profile, better),
-                answer.attempts,
-                FallbackReason::Error,
-                body_for,
-            )
-            .await;
-        }
-    };
-    // Frees the slot and closes the upstream request before the next tier is asked.
-    drop(answer.held);
-    let from_to = (answer.profile, better);
-    rerun_for_quality(
-        client,
-        config,
-        plan,
-        from_to,
-        answer.attempts,
-        problem,
-        body_for,
-    )
-    .await
-}
-
-/// An answer from `from_to.0` failed a quality check before any of it was sent: the request
-/// goes to `from_to.1` (and onwards on errors), counted as a quality fallback.
-async fn rerun_for_quality(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    from_to: (ProfileIndex, ProfileIndex),
-    attempts: u32,
-    problem: AnswerProblem,
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let profiles = &plan.snapshot.set.profiles;
-    let (from, to) = (&profiles[from_to.0].id, &profiles[from_to.1].id);
-    tracing::info!(request_id = plan.request_id, %from, %to, problem = problem.as_str(),
-        "quality fallback");
-    rerun_from(
-        client,
-        config,
-        plan,
-        from_to,
-        attempts,
-        FallbackReason::Quality,
-        body_for,
-    )
-    .await
-}
-
-/// Sends the request again from `from_to.1`, after `from_to.0` gave an answer nobody saw.
-/// Its fallbacks never return to `from_to.0`, and after a quality check never go to a profile
-/// no better than it: when every better profile fails, the client gets their error, not the
-/// rejected answer asked for again.
-async fn rerun_from(
-    client: &UpstreamClient,
-    config: &ResilienceConfig,
-    plan: &Plan<'_>,
-    (from, to): (ProfileIndex, ProfileIndex),
-    attempts: u32,
-    reason: FallbackReason,
-    body_for: BodyFor<'_>,
-) -> Result<Answer, ApiError> {
-    let profiles = &plan.snapshot.set.profiles;
-    telemetry::fallback(&profiles[from].id, &profiles[to].id, reason.as_str());
-    let ruled_out = match reason {
-        FallbackReason::Quality => plan.decision.no_better_than(from),
-        FallbackReason::Error | FallbackReason::Context => vec![from],
-    };
-    let before = (attempts, ruled_out);
-    let mut rerun = across_tiers(client, config, plan, to, before, body_for).await?;
-    rerun.fallback = Some(Fallback {
-        from,
-        to: rerun.profile,
-        reason,
-    });
-    Ok(rerun)
-}
-
-/// A non-streamed answer in full (bounded), for the quality check or calibration, read under
-/// the same time limits as an answer on its way to the client: the idle timeout, not just
-/// the deadline, for an upstream that goes silent after its head.
-pub async fn read_answer(
-    incoming: UpstreamIncoming,
-    held: Option<Held>,
-    limits: BodyLimits,
-    started: Instant,
-    served_by: &Arc<ProfileTelemetry>,
-) -> Result<Bytes, ApiError> {
-    /// Far above any completion; a bigger body is not an answer.
-    const LIMIT: usize = 16 * 1024 * 1024;
-    let served_by = Arc::clone(served_by);
-    let on_event = Box::new(move |event| {
-        if let BodyEvent::End(BodyEnd {
-            failure: Some(failure),
-            ..
-        }) = event
-        {
-            telemetry::upstream_error(served_by.id(), failure.kind());
-        }
-    });
-    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
-    match Limited::new(body, LIMIT).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) => match e.downcast_ref::<BodyError>() {
-            Some(BodyError::Upstream) | None => {
-                Err(ApiError::BadGateway(format!("reading the answer: {e}")))
+    /// Step 3 for a stream: its start, from a profile with a better one above it, is held
+    /// and checked (`policy.stream_check`). A good start goes out at once, followed by the
+    /// rest; a bad one is dropped (closing its upstream request) before the client saw a
+    /// byte, and the request re-run on the better profile.
+    async fn stream_start_check(&self, answer: Answer) -> Result<Answer, ApiError> {
+        let plan = &self.plan;
+        let policy = &plan.snapshot.set.policy;
+        let Some(check) = policy.stream_check.filter(|_| !plan.pinned) else {
+            return Ok(answer);
+        };
+        let response = &answer.response;
+        let streamed = response.status().is_success() && is_event_stream(response.headers());
+        let better = plan.decision.next_higher_quality(answer.profile);
+        let Some(better) = better.filter(|_| streamed) else {
+            return Ok(answer);
+        };
+        // The hold ends by the deadline too; the body's own limits take over after it.
+        let left = plan.deadline.saturating_duration_since(Instant::now());
+        let check = StreamCheck {
+            max_hold_ms: check
+                .max_hold_ms
+                .min(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+            ..check
+        };
+        let (head, incoming) = answer.response.into_parts();
+        let max_repetition_ratio = policy.quality_fallback.max_repetition_ratio;
+        let held =
+            stream_check::hold_start(incoming, &check, plan.wants_json, max_repetition_ratio);
+        let profiles = &plan.snapshot.set.profiles;
+        let id = profiles[answer.profile].id.as_str();
+        let problem = match held.await {
+            Ok(Start::Pass { frames, body, .. }) => {
+                let response =
+                    Response::from_parts(head, UpstreamIncoming::replaying(frames, body));
+                return Ok(Answer { response, ..answer });
             }
-            Some(timeout) => Err(ApiError::Timeout(format!("reading the answer: {timeout}"))),
-        },
+            Ok(Start::Fail(problem)) => problem,
+            Err(error) => {
+                // Nothing was sent yet: the better profile can still answer in full.
+                tracing::warn!(request_id = plan.request_id, %error, profile = id,
+                    "upstream stream failed within the stream-start check");
+                telemetry::upstream_error(id, "mid_stream");
+                drop(answer.held);
+                let from_to = (answer.profile, better);
+                return self
+                    .rerun_from(from_to, answer.attempts, FallbackReason::Error)
+                    .await;
+            }
+        };
+        // Frees the slot and closes the upstream request before the next tier is asked.
+        drop(answer.held);
+        self.rerun_for_quality((answer.profile, better), answer.attempts, problem)
+            .await
+    }
+
+    /// An answer from `from_to.0` failed a quality check before any of it was sent: the
+    /// request goes to `from_to.1` (and onwards on errors), counted as a quality fallback.
+    async fn rerun_for_quality(
+        &self,
+        from_to: (ProfileIndex, ProfileIndex),
+        attempts: u32,
+        problem: AnswerProblem,
+    ) -> Result<Answer, ApiError> {
+        let profiles = &self.plan.snapshot.set.profiles;
+        let (from, to) = (&profiles[from_to.0].id, &profiles[from_to.1].id);
+        tracing::info!(request_id = self.plan.request_id, %from, %to,
+            problem = problem.as_str(), "quality fallback");
+        self.rerun_from(from_to, attempts, FallbackReason::Quality)
+            .await
+    }
+
+    /// Sends the request again from `from_to.1`, after `from_to.0` gave an answer nobody
+    /// saw. Its fallbacks never return to `from_to.0`, and after a quality check never go to
+    /// a profile no better than it: when every better profile fails, the client gets their
+    /// error, not the rejected answer asked for again.
+    async fn rerun_from(
+        &self,
+        (from, to): (ProfileIndex, ProfileIndex),
+        attempts: u32,
+        reason: FallbackReason,
+    ) -> Result<Answer, ApiError> {
+        let plan = &self.plan;
+        let profiles = &plan.snapshot.set.profiles;
+        telemetry::fallback(&profiles[from].id, &profiles[to].id, reason.as_str());
+        let ruled_out = match reason {
+            FallbackReason::Quality => plan.decision.no_better_than(from),
+            FallbackReason::Error | FallbackReason::Context => vec![from],
+        };
+        let mut rerun = self.across_tiers(to, (attempts, ruled_out)).await?;
+        rerun.fallback = Some(Fallback {
+            from,
+            to: rerun.profile,
+            reason,
+        });
+        Ok(rerun)
+    }
+
+    /// A pinned request's whole answer, or why there is none (for the caller's log):
+    /// calibration's reference question and the second opinion's rating.
+    pub async fn ask(&self) -> Result<Bytes, String> {
+        let answer = self.forward().await.map_err(|e| e.to_string())?;
+        let status = answer.response.status();
+        if !status.is_success() {
+            return Err(format!("answered {status}"));
+        }
+        self.read_answer(answer).await.map_err(|e| e.to_string())
+    }
+
+    /// A non-streamed answer in full (bounded), for the quality check or calibration, read
+    /// under the same time limits as an answer on its way to the client: the idle timeout,
+    /// not just the deadline, for an upstream that goes silent after its head.
+    pub async fn read_answer(&self, answer: Answer) -> Result<Bytes, ApiError> {
+        let Answer {
+            response,
+            profile,
+            held,
+            sent_at,
+            ..
+        } = answer;
+        let (_, bytes) = self.read_whole(response, held, sent_at, profile).await?;
+        Ok(bytes)
+    }
+
+    /// [`Self::read_answer`] of a response from `profile`, with its head.
+    async fn read_whole(
+        &self,
+        response: Response<UpstreamIncoming>,
+        held: Option<Held>,
+        sent_at: Instant,
+        profile: ProfileIndex,
+    ) -> Result<(http::response::Parts, Bytes), ApiError> {
+        /// Far above any completion; a bigger body is not an answer.
+        const LIMIT: usize = 16 * 1024 * 1024;
+        let (head, incoming) = response.into_parts();
+        let limits = TimeLimits {
+            idle: self.config.idle_timeout,
+            deadline: self.plan.deadline,
+            first_output_by: sent_at + self.client.header_timeout,
+        };
+        let served_by = &self.plan.snapshot.runtime[profile].telemetry;
+        let hook = Box::new(CountFailure(Arc::clone(served_by)));
+        let reading = Reading::whole(self.plan.started);
+        let body = UpstreamBody::new(incoming, held, limits, reading).on_end(hook);
+        match Limited::new(body, LIMIT).collect().await {
+            Ok(collected) => Ok((head, collected.to_bytes())),
+            Err(e) => Err(match e.downcast_ref::<BodyError>() {
+                Some(BodyError::Upstream) | None => {
+                    ApiError::BadGateway(format!("reading the answer: {e}"))
+                }
+                Some(timeout) => ApiError::Timeout(format!("reading the answer: {timeout}")),
+            }),
+        }
+    }
+
+    fn build(
+        &self,
+        profile: &str,
+        endpoint: &Endpoint,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Request<Bytes>, ApiError> {
+        let invalid = |error: &dyn std::fmt::Display| {
+            tracing::warn!(request_id = self.plan.request_id, %error, profile,
+                "invalid upstream request");
+            ApiError::BadGateway(format!("profile {profile} has an invalid upstream URL"))
+        };
+        let uri = endpoint.uri(path).map_err(|e| invalid(&e))?;
+        let mut request = Request::post(uri).body(body).map_err(|e| invalid(&e))?;
+        *request.headers_mut() = self.plan.headers.clone();
+        Ok(request)
+    }
+}
+
+/// A whole answer read by the router itself: only a failure is counted.
+struct CountFailure(Arc<ProfileTelemetry>);
+
+impl OnEnd for CountFailure {
+    fn on_end(self: Box<Self>, outcome: BodyOutcome) {
+        if let Some(failure) = outcome.end.failure {
+            telemetry::upstream_error(self.0.id(), failure.kind());
+        }
     }
 }
 
@@ -771,23 +794,6 @@ fn next_with_larger_context(
         })
         .max_by(|a, b| a.utility.total_cmp(&b.utility))
         .map(|c| c.profile)
-}
-
-fn build(
-    plan: &Plan<'_>,
-    profile: &str,
-    endpoint: &Endpoint,
-    path: &str,
-    body: Bytes,
-) -> Result<Request<Bytes>, ApiError> {
-    let invalid = |error: &dyn std::fmt::Display| {
-        tracing::warn!(request_id = plan.request_id, %error, profile, "invalid upstream request");
-        ApiError::BadGateway(format!("profile {profile} has an invalid upstream URL"))
-    };
-    let uri = endpoint.uri(path).map_err(|e| invalid(&e))?;
-    let mut request = Request::post(uri).body(body).map_err(|e| invalid(&e))?;
-    *request.headers_mut() = plan.headers.clone();
-    Ok(request)
 }
 
 fn status_kind(status: StatusCode) -> &'static str {

@@ -17,6 +17,10 @@
 //! A stream that waits for a tier scaling from zero ([`Relayed::ColdStart`]) is watched the
 //! same way: its keep-alive comments wake it more often than the idle timeout, and its wait
 //! and upstream body end by the deadline.
+//!
+//! The upstream's side of these limits is the body's own
+//! ([`crate::upstream::body::TimeLimited`]); this watchdog and the connection's stall timer
+//! are the client's side, which no body can enforce while hyper does not poll it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -249,13 +253,8 @@ fn sse_error_event(why: Ended) -> Bytes {
         Ended::Deadline | Ended::Stalled(_) => "timeout",
         Ended::Shutdown => "shutting_down",
     };
-    let error = serde_json::json!({"error": {
-        "message": why.to_string(),
-        "type": "api_error",
-        "param": null,
-        "code": code,
-    }});
-    Bytes::from(format!("data: {error}\n\n"))
+    let error = crate::openai::error_body(&why.to_string(), "api_error", None, Some(code));
+    crate::upstream::sse::data_event(error.to_string().as_bytes())
 }
 
 // === impl Relayed ===

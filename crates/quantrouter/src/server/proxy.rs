@@ -16,21 +16,22 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::agents;
+use super::bookkeeping::Ledger;
+use super::context::{Detached, Received, RequestCtx};
 use super::delivery::{ColdAnswer, Relayed};
 use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::{AgentApi, Translation};
 use crate::calibration::{self, Sample};
-use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
+use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
-use crate::resilience::retry::{self, Answer, Fallback, FallbackReason, Outgoing, Plan};
-use crate::routing::{self, PromptSize, Routed, AUTO_MODEL};
+use crate::resilience::retry::{Answer, Fallback, FallbackReason, Forwarder, Outgoing, Plan};
+use crate::routing::{self, RouteInput, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
-use crate::tenants::gate::Charge;
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
 use crate::upstream::keepalive::KeepAlive;
-use crate::upstream::{is_event_stream, BodyEnd, BodyEvent, BodyLimits, UpstreamBody};
+use crate::upstream::{is_event_stream, sse, Reading, TimeLimits, UpstreamBody};
 
 /// The leaf: which endpoint a request is for.
 pub async fn endpoints(
@@ -68,8 +69,6 @@ pub(super) async fn proxy(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    let id = RequestId::of(&parts);
-    let key = id.to_str().unwrap_or_default();
     // Auth: only known keys spend upstream capacity.
     let tenant = app.authenticate(&parts.headers)?;
     // Body limit and parse: read what routing needs, refuse what no upstream would take.
@@ -85,206 +84,25 @@ pub(super) async fn proxy(
     if let Some(previous) = &parsed.previous_response_id {
         agents::place_follow_up(app, &mut received.parts.headers, previous).await?;
     }
+    let mut ctx = RequestCtx::new(&received, parsed, app.store.load());
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
-    let snapshot = app.store.load();
-    let grant = admit_tenant(app, tenant, &parsed, &snapshot).await?;
+    ctx.grant = admit_tenant(app, tenant, &ctx.parsed, &ctx.snapshot).await?;
     // Route: the policy's decision, with the request's and the tenant's overrides, and a
     // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
-    let headers = &received.parts.headers;
-    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, headers).await;
-    let routed = decide(
-        app,
-        &snapshot,
-        &parsed,
-        headers,
-        key,
-        grant.as_ref(),
-        rating,
-    )?;
-    let resilience = &app.config.resilience;
-    let deadline = started + routing::timeout(headers)?.unwrap_or(resilience.default_deadline);
+    let rating =
+        crate::second_opinion::consult(app, &ctx.snapshot, &ctx.parsed, ctx.headers()).await;
+    let routed = route(app, &mut ctx, rating)?;
     // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
     // stream answers at once and waits in its body, with keep-alives.
-    if parsed.stream && routed.wait_for.is_some() {
-        return Ok(cold_stream(
-            app, received, snapshot, routed, deadline, grant,
-        ));
+    if ctx.parsed.stream && routed.wait_for.is_some() {
+        let detached = ctx.detach();
+        return Ok(cold_stream(app, received, detached, routed));
     }
-    wait_for_cold_tier(&snapshot, &routed, deadline).await?;
-    let response =
-        forward_and_respond(app, &received, &parsed, &snapshot, &routed, deadline, grant).await?;
+    wait_for_cold_tier(&ctx, &routed).await?;
+    // Forward, then respond: the router's headers and the answer's bookkeeping.
+    let answer = forward(app, &ctx, &routed).await?;
+    let response = respond(app, &mut ctx, &routed, answer);
     Ok(response.map(|body| Either::Right(body.into())))
-}
-
-/// A generation request as it arrived, its body read.
-#[derive(Debug)]
-struct Received {
-    parts: http::request::Parts,
-    body: Bytes,
-    endpoint: Endpoint,
-    started: Instant,
-}
-
-/// Forward (per-tier admission, attempts, retries and fallbacks), then the bookkeeping: the
-/// router's headers, metrics, usage and the trace's end, for every answer.
-async fn forward_and_respond(
-    app: &App,
-    received: &Received,
-    parsed: &ParsedRequest<'_>,
-    snapshot: &Arc<Snapshot>,
-    routed: &Routed,
-    deadline: Instant,
-    mut grant: Option<Grant>,
-) -> Result<Response<UpstreamBody>, ApiError> {
-    let Received {
-        parts,
-        body,
-        endpoint,
-        started,
-    } = received;
-    let started = *started;
-    let id = RequestId::of(parts);
-    let key = id.to_str().unwrap_or_default();
-    let trace = parts.extensions.get::<RequestTrace>();
-    record_decision(app, snapshot, &routed.decision, parsed, trace, key);
-    let decision = &routed.decision;
-    let headers = upstream_headers(&parts.headers, &id);
-    // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
-    let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
-    let native_only = translation.as_ref().is_some_and(Translation::native_only);
-    let plan = Plan {
-        snapshot,
-        decision,
-        pinned: decision.reason == Reason::Pinned || native_only,
-        stream: parsed.stream,
-        wants_json: parsed.wants_json,
-        headers: &headers,
-        started,
-        deadline,
-        trace,
-        request_id: key,
-        priority: grant.as_ref().map_or(0, |g| g.tenant.priority),
-        placement: &routed.placement,
-    };
-    let body_for = |profile: ProfileIndex| {
-        let model_json = &snapshot.runtime[profile].model_json;
-        let chat = translation
-            .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
-        match chat {
-            Some(body) => Outgoing {
-                path: Endpoint::Chat.path(),
-                body,
-            },
-            None => Outgoing {
-                path: endpoint.path(),
-                body: parsed.upstream_body(body, model_json),
-            },
-        }
-    };
-    telemetry::routed(decision.complexity, started.elapsed());
-    let resilience = &app.config.resilience;
-    let answer = retry::forward(&app.client, resilience, &plan, &body_for).await?;
-    let limits = BodyLimits {
-        idle: resilience.idle_timeout,
-        deadline,
-        // From the send, not from now: a stream start the check held replays at once, and
-        // the upstream's first output had the whole header timeout either way.
-        first_output_by: answer.sent_at + app.client.header_timeout,
-        sse: false,
-        strip_usage: parsed.adds_usage(),
-    };
-    let finish_trace = trace.map(|trace| {
-        let status = answer.response.status();
-        trace_finisher(
-            trace,
-            span_attributes(snapshot, &Served::of(&answer), status, parsed),
-        )
-    });
-    let settle = app
-        .tenants
-        .as_ref()
-        .zip(grant.as_mut())
-        .map(|(tenants, grant)| {
-            let prices = Prices::new(snapshot, answer.profile);
-            let served = answer.response.status().is_success();
-            let stream = is_event_stream(answer.response.headers());
-            let prompt_tokens = grant.prompt_tokens;
-            let settle = tenants.settle(grant);
-            move |end: BodyEnd| settle(charge(&end, served, stream, prompt_tokens, prices))
-        });
-    let served = answer.profile;
-    let mut response = respond(
-        snapshot,
-        decision,
-        answer,
-        limits,
-        started,
-        routed.prompt,
-        on_answer_end(finish_trace, settle),
-    );
-    if let Some(grant) = &grant {
-        crate::tenants::gate::insert_rate_headers(response.headers_mut(), &grant.rate);
-    }
-    let affinity = routed.affinity_used();
-    response
-        .headers_mut()
-        .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
-    // Calibration: after the client has its answer, a sample is asked of the reference too.
-    let sample = sample_for_calibration(app, received, parsed, snapshot, decision, served);
-    Ok(match sample {
-        Some(sample) if response.status().is_success() => response.map(|body| {
-            let compare = move |answer, usage| sample.run(answer, usage);
-            body.copy_answer(calibration::MAX_ANSWER, Box::new(compare))
-        }),
-        _ => response,
-    })
-}
-
-/// `policy.calibration`: a non-streamed request answered by another profile than the
-/// reference, in the sample (the router's own draw), is asked of the reference too. Every
-/// such request counts towards the limit on that extra load, sampled or not.
-fn sample_for_calibration(
-    app: &App,
-    received: &Received,
-    parsed: &ParsedRequest<'_>,
-    snapshot: &Arc<Snapshot>,
-    decision: &RoutingDecision,
-    served: ProfileIndex,
-) -> Option<Sample> {
-    let policy = snapshot.set.policy.calibration.as_ref()?;
-    let reference = snapshot.set.index_of(&policy.reference_profile)?;
-    // An agent API's answer is not a chat answer to compare.
-    if parsed.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
-        return None;
-    }
-    if !app.calibrator.sample(policy.sample_rate) {
-        return None;
-    }
-    // A call asked again may act again; such a request is not sent twice.
-    if parsed.offers_tools {
-        app.calibrator.not_comparable();
-        return None;
-    }
-    let id = RequestId::of(&received.parts);
-    let key = id.to_str().unwrap_or_default();
-    Some(Sample {
-        calibrator: Arc::clone(&app.calibrator),
-        client: app.client.clone(),
-        config: app.config.resilience,
-        snapshot: Arc::clone(snapshot),
-        policy: policy.clone(),
-        decision: decision.clone(),
-        served,
-        reference,
-        wants_json: parsed.wants_json,
-        max_tokens: parsed.max_tokens,
-        choices: parsed.choices,
-        path: received.endpoint.path(),
-        headers: upstream_headers(&received.parts.headers, &id),
-        body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),
-        request_id: key.to_owned(),
-    })
 }
 
 /// The tenant's limits, before routing: one counter round trip at most. The request
@@ -320,102 +138,225 @@ pub(crate) async fn admit_tenant(
     Ok(Some(tenants.admit(tenant, prompt, reserved).await?))
 }
 
-/// What a tenant's answer is charged when it ends: its `usage`; a stream without one (its
-/// client left, or the upstream sends none) the prompt's estimate and a token per event it
-/// delivered; an error answer nothing; a whole answer left before its usage, what it
-/// reserved.
-pub(crate) fn charge(
-    end: &BodyEnd,
-    served: bool,
-    stream: bool,
-    prompt_tokens: u64,
-    prices: Prices,
-) -> Charge {
-    let used = |usage: Usage| Charge::Used {
-        input: usage.prompt_tokens,
-        output: usage.completion_tokens,
-        cost: prices.cost(usage),
-    };
-    match (served, end.usage) {
-        (false, _) => Charge::Nothing,
-        (true, Some(usage)) => used(usage),
-        (true, None) if stream => used(Usage {
-            prompt_tokens,
-            completion_tokens: end.data_events,
-        }),
-        (true, None) => Charge::Reserved,
-    }
-}
-
-/// What runs when an answer ends: the trace's end and the tenant's usage, each if any.
-fn on_answer_end(
-    finish_trace: Option<impl FnOnce(Option<Usage>) + Send + Sync + 'static>,
-    settle: Option<impl FnOnce(BodyEnd) + Send + Sync + 'static>,
-) -> Option<impl FnOnce(BodyEnd) + Send + Sync + 'static> {
-    if finish_trace.is_none() && settle.is_none() {
-        return None;
-    }
-    Some(move |end: BodyEnd| {
-        if let Some(finish) = finish_trace {
-            finish(end.usage);
-        }
-        if let Some(settle) = settle {
-            settle(end);
-        }
-    })
-}
-
-/// The policy's decision for a parsed request; KEDA hears of the tiers it wants.
-fn decide(
+/// The policy's decision for the request (with a second opinion's rating, if one was
+/// asked), and its deadline; KEDA hears of the tiers it wants.
+fn route(
     app: &App,
-    snapshot: &Snapshot,
-    parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-    key: &str,
-    grant: Option<&Grant>,
+    ctx: &mut RequestCtx<'_>,
     rating: Option<quantrouter_policy::Rating>,
 ) -> Result<Routed, ApiError> {
+    let snapshot = &ctx.snapshot;
+    let headers = ctx.headers();
+    let id = ctx.request_id();
     let classifier = app.config.classifier.load();
-    let mut routed = routing::route_rated(
-        snapshot,
-        classifier.model.as_ref(),
-        parsed,
+    let input = RouteInput {
+        classifier: classifier.model.as_ref(),
         headers,
-        &app.config.aliases,
-        key,
-        grant.map(|g| (&*g.tenant, g.downgraded)),
+        aliases: &app.config.aliases,
+        request_key: id.to_str().unwrap_or_default(),
+        tenant: ctx.grant.as_ref().map(|g| (&*g.tenant, g.downgraded)),
+        among: None,
         rating,
-    )?;
+    };
+    let mut routed = routing::route(snapshot, &ctx.parsed, input)?;
     app.sessions.settle(snapshot, &mut routed, true);
     app.keda.on_route(snapshot, routed.decision.profile);
     if let Some(cold) = routed.cold_preferred {
         app.keda.on_route(snapshot, cold);
     }
+    let resilience = &app.config.resilience;
+    let timeout = routing::timeout(headers)?.unwrap_or(resilience.default_deadline);
+    ctx.deadline = ctx.received.started + timeout;
     Ok(routed)
 }
 
 /// Scale from zero: waits (counted in the tier's queue depth, which activates KEDA) for the
 /// preferred tier's first endpoint, within the deadline.
-async fn wait_for_cold_tier(
-    snapshot: &Snapshot,
-    routed: &Routed,
-    deadline: Instant,
-) -> Result<(), ApiError> {
+async fn wait_for_cold_tier(ctx: &RequestCtx<'_>, routed: &Routed) -> Result<(), ApiError> {
     let Some((cold, timeout)) = routed.wait_for else {
         return Ok(());
     };
-    let timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
-    if snapshot.runtime[cold]
+    let timeout = timeout.min(ctx.deadline.saturating_duration_since(Instant::now()));
+    if ctx.snapshot.runtime[cold]
         .pool
         .wait_for_endpoints(timeout)
         .await
     {
         return Ok(());
     }
-    let id = &snapshot.set.profiles[cold].id;
+    let id = &ctx.snapshot.set.profiles[cold].id;
     Err(ApiError::Unavailable(format!(
         "profile {id} is scaled to zero and got no endpoint within {timeout:?}"
     )))
+}
+
+/// Forward: per-tier admission, attempts, retries and fallbacks ([`Forwarder`]), with each
+/// profile's body native or translated to chat.
+async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Answer, ApiError> {
+    let Received { body, endpoint, .. } = ctx.received;
+    let (snapshot, parsed) = (&*ctx.snapshot, &ctx.parsed);
+    let id = ctx.request_id();
+    let trace = ctx.trace();
+    let decision = &routed.decision;
+    DecisionLog {
+        snapshot,
+        decision,
+        parsed,
+        request_id: id.to_str().unwrap_or_default(),
+    }
+    .record(app, trace);
+    let headers = upstream_headers(ctx.headers(), &id);
+    // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
+    let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
+    let native_only = translation.as_ref().is_some_and(Translation::native_only);
+    let plan = Plan {
+        snapshot,
+        decision,
+        pinned: decision.reason == Reason::Pinned || native_only,
+        stream: parsed.stream,
+        wants_json: parsed.wants_json,
+        headers: &headers,
+        started: ctx.received.started,
+        deadline: ctx.deadline,
+        trace,
+        request_id: id.to_str().unwrap_or_default(),
+        priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
+        placement: &routed.placement,
+    };
+    let body_for = |profile: ProfileIndex| {
+        let model_json = &snapshot.runtime[profile].model_json;
+        let chat = translation
+            .as_ref()
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
+        match chat {
+            Some(body) => Outgoing {
+                path: Endpoint::Chat.path(),
+                body,
+            },
+            None => Outgoing {
+                path: endpoint.path(),
+                body: parsed.upstream_body(body, model_json),
+            },
+        }
+    };
+    telemetry::routed(decision.complexity, ctx.received.started.elapsed());
+    let forwarder = Forwarder::new(&app.client, &app.config.resilience, plan, &body_for);
+    forwarder.forward().await
+}
+
+/// The upstream's response head, with the router's headers, and its body, which books the
+/// request ([`Ledger`]) when it ends: one path for streamed and whole answers.
+fn respond(
+    app: &App,
+    ctx: &mut RequestCtx<'_>,
+    routed: &Routed,
+    answer: Answer,
+) -> Response<UpstreamBody> {
+    let snapshot = &*ctx.snapshot;
+    let decision = &routed.decision;
+    let served = Served::of(&answer);
+    let labels = served.labels(snapshot, decision);
+    let Answer {
+        response,
+        held,
+        sent_at,
+        ..
+    } = answer;
+    let status = response.status();
+    telemetry::response_headers(&labels, status.as_u16());
+    let (mut head, incoming) = response.into_parts();
+    let sse = is_event_stream(&head.headers);
+    if !sse {
+        // Not a stream: the first token comes with the head (vLLM, and any server that
+        // answers whole). A stream reports its first output event through the ledger.
+        telemetry::first_token(&labels, ctx.received.started.elapsed());
+    }
+    finish_head(&mut head, snapshot, decision, &served);
+    if let Some(grant) = &ctx.grant {
+        crate::tenants::gate::insert_rate_headers(&mut head.headers, &grant.rate);
+    }
+    let affinity = routed.affinity_used();
+    head.headers
+        .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
+    let sample =
+        sample_for_calibration(app, ctx, decision, served.profile).filter(|_| status.is_success());
+    let attributes = match ctx.trace() {
+        Some(_) => span_attributes(snapshot, &served, status, &ctx.parsed),
+        None => Vec::new(),
+    };
+    let ledger = Ledger::new(snapshot, served.profile, labels, routed.prompt)
+        .traced(ctx.trace(), attributes)
+        .charging(
+            app.tenants.as_ref(),
+            ctx.grant.take(),
+            status.is_success(),
+            sse,
+        )
+        .sampled(sample);
+    let limits = TimeLimits {
+        idle: app.config.resilience.idle_timeout,
+        deadline: ctx.deadline,
+        // From the send, not from now: a stream start the check held replays at once, and
+        // the upstream's first output had the whole header timeout either way.
+        first_output_by: sent_at + app.client.header_timeout,
+    };
+    let reading = Reading {
+        started: ctx.received.started,
+        sse,
+        strip_usage: ctx.parsed.adds_usage(),
+    };
+    let copy = ledger.wants_answer();
+    let body = UpstreamBody::new(incoming, held, limits, reading).on_end(Box::new(ledger));
+    let body = match copy {
+        true => body.copy_answer(calibration::MAX_ANSWER),
+        false => body,
+    };
+    Response::from_parts(head, body)
+}
+
+/// `policy.calibration`: a non-streamed request answered by another profile than the
+/// reference, in the sample (the router's own draw), is asked of the reference too. Every
+/// such request counts towards the limit on that extra load, sampled or not.
+fn sample_for_calibration(
+    app: &App,
+    ctx: &RequestCtx<'_>,
+    decision: &RoutingDecision,
+    served: ProfileIndex,
+) -> Option<Sample> {
+    let (snapshot, parsed, received) = (&ctx.snapshot, &ctx.parsed, ctx.received);
+    let policy = snapshot.set.policy.calibration.as_ref()?;
+    let reference = snapshot.set.index_of(&policy.reference_profile)?;
+    // An agent API's answer is not a chat answer to compare.
+    if parsed.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
+        return None;
+    }
+    if !app.calibrator.sample(policy.sample_rate) {
+        return None;
+    }
+    // A call asked again may act again; such a request is not sent twice.
+    if parsed.offers_tools {
+        app.calibrator.not_comparable();
+        return None;
+    }
+    let id = ctx.request_id();
+    let key = id.to_str().unwrap_or_default();
+    Some(Sample {
+        calibrator: Arc::clone(&app.calibrator),
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(snapshot),
+        policy: policy.clone(),
+        decision: decision.clone(),
+        served,
+        reference,
+        wants_json: parsed.wants_json,
+        max_tokens: parsed.max_tokens,
+        choices: parsed.choices,
+        path: received.endpoint.path(),
+        headers: upstream_headers(&received.parts.headers, &id),
+        body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),
+        request_id: key.to_owned(),
+    })
 }
 
 /// Says whether the conversation's profile or the prompt's cached prefix decided.
@@ -431,10 +372,8 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 fn cold_stream(
     app: &Arc<App>,
     received: Received,
-    snapshot: Arc<Snapshot>,
+    detached: Detached,
     routed: Routed,
-    deadline: Instant,
-    grant: Option<Grant>,
 ) -> Response<ResponseBody> {
     let (mut head, ()) = Response::new(()).into_parts();
     let sse = [
@@ -449,12 +388,13 @@ fn cold_stream(
         attempts: 0,
         fallback: None,
     };
-    finish_head(&mut head, &snapshot, &routed.decision, &served);
+    let deadline = detached.deadline();
+    finish_head(&mut head, detached.snapshot(), &routed.decision, &served);
     let affinity = HeaderValue::from_static(routed.affinity.as_str());
     head.headers.insert(AFFINITY_HEADER, affinity);
     // Not known when the head goes out; the stream itself is the answer.
     head.headers.remove("x-quantrouter-attempts");
-    if let Some(grant) = &grant {
+    if let Some(grant) = detached.grant() {
         crate::tenants::gate::insert_rate_headers(&mut head.headers, &grant.rate);
     }
     let app = Arc::clone(app);
@@ -462,13 +402,10 @@ fn cold_stream(
     let interval = KEEPALIVE_INTERVAL.min(app.config.resilience.idle_timeout / 2);
     let answer: ColdAnswer = Box::pin(async move {
         let answered = async {
-            // Parsed before, borrowed from a body this future now owns.
-            let parsed = ParsedRequest::parse(&received.body, received.endpoint)?;
-            wait_for_cold_tier(&snapshot, &routed, deadline).await?;
-            forward_and_respond(
-                &app, &received, &parsed, &snapshot, &routed, deadline, grant,
-            )
-            .await
+            let mut ctx = RequestCtx::attach(&received, detached)?;
+            wait_for_cold_tier(&ctx, &routed).await?;
+            let answer = forward(&app, &ctx, &routed).await?;
+            Ok(respond(&app, &mut ctx, &routed, answer))
         };
         match answered.await {
             Ok(response) => streamed_body(response).await,
@@ -496,15 +433,11 @@ async fn streamed_body(response: Response<UpstreamBody>) -> Result<UpstreamBody,
         serde_json::from_slice::<serde_json::Value>(bytes).is_ok_and(|v| v.get("error").is_some())
     });
     let data = relayed.unwrap_or_else(|| {
-        let error = serde_json::json!({"error": {
-            "message": format!("the upstream answered {} without a stream", head.status),
-            "type": "upstream_error",
-            "param": null,
-            "code": "bad_gateway",
-        }});
+        let message = format!("the upstream answered {} without a stream", head.status);
+        let error = openai::error_body(&message, "upstream_error", None, Some("bad_gateway"));
         Bytes::from(error.to_string())
     });
-    Err(sse_event(&data))
+    Err(sse::data_event(&data))
 }
 
 /// The error event a cold-start stream ends with, counted and traced as the rescue and
@@ -521,71 +454,51 @@ fn error_event(error: &ApiError, parts: &http::request::Parts, log_prompts: bool
         };
         trace.fail(error.status().as_u16(), message);
     }
-    let body = serde_json::json!({"error": {
-        "message": error.to_string(),
-        "type": kind,
-        "param": null,
-        "code": code,
-    }});
-    sse_event(body.to_string().as_bytes())
+    let body = openai::error_body(&error.to_string(), kind, None, Some(code));
+    sse::data_event(body.to_string().as_bytes())
 }
 
-/// One SSE event carrying `data` (a JSON document, so on one line).
-fn sse_event(data: &[u8]) -> Bytes {
-    let mut event = Vec::with_capacity(data.len() + 8);
-    event.extend_from_slice(b"data: ");
-    event.extend_from_slice(data);
-    event.extend_from_slice(b"\n\n");
-    Bytes::from(event)
+/// A routing decision, as the log and the trace record it.
+pub(crate) struct DecisionLog<'a> {
+    pub snapshot: &'a Snapshot,
+    pub decision: &'a RoutingDecision,
+    pub parsed: &'a ParsedRequest<'a>,
+    pub request_id: &'a str,
 }
 
-/// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
-pub(crate) fn record_decision(
-    app: &App,
-    snapshot: &Snapshot,
-    decision: &RoutingDecision,
-    parsed: &ParsedRequest<'_>,
-    trace: Option<&RequestTrace>,
-    key: &str,
-) {
-    let chosen = &snapshot.set.profiles[decision.profile];
-    if app.config.log_prompts {
-        let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
-        tracing::info!(request_id = key, profile = %chosen.id, reason = decision.reason.as_str(),
-        complexity = decision.complexity, prompt = %prompt.join("\n"), "routed");
-    } else {
-        tracing::debug!(profile = %chosen.id, reason = decision.reason.as_str(),
-        complexity = decision.complexity, "routed");
-    }
-    if let Some(trace) = trace {
-        trace.record(
-            "route",
-            vec![
-                KeyValue::new("quantrouter.profile", chosen.id.clone()),
-                KeyValue::new("quantrouter.tier", chosen.tier.clone()),
-                KeyValue::new("quantrouter.reason", decision.reason.as_str()),
-                KeyValue::new("quantrouter.complexity", decision.complexity),
-                KeyValue::new(
-                    "quantrouter.task_class",
-                    format!("{:?}", decision.task_class),
-                ),
-            ],
-        );
-    }
-}
-
-/// Ends the request's span when its answer ends, with the usage the answer reported.
-fn trace_finisher(
-    trace: &RequestTrace,
-    base: Vec<KeyValue>,
-) -> impl FnOnce(Option<Usage>) + Send + Sync + 'static {
-    let trace = trace.clone();
-    move |usage| {
-        let mut attributes = base;
-        if let Some(usage) = usage {
-            attributes.extend(usage_attributes(usage));
+impl DecisionLog<'_> {
+    /// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
+    pub(crate) fn record(self, app: &App, trace: Option<&RequestTrace>) {
+        let Self {
+            snapshot,
+            decision,
+            parsed,
+            request_id,
+        } = self;
+        let chosen = &snapshot.set.profiles[decision.profile];
+        if app.config.log_prompts {
+            let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
+            tracing::info!(request_id, profile = %chosen.id, reason = decision.reason.as_str(),
+            complexity = decision.complexity, prompt = %prompt.join("\n"), "routed");
+        } else {
+            tracing::debug!(profile = %chosen.id, reason = decision.reason.as_str(),
+            complexity = decision.complexity, "routed");
         }
-        trace.finish(attributes);
+        if let Some(trace) = trace {
+            trace.record(
+                "route",
+                vec![
+                    KeyValue::new("quantrouter.profile", chosen.id.clone()),
+                    KeyValue::new("quantrouter.tier", chosen.tier.clone()),
+                    KeyValue::new("quantrouter.reason", decision.reason.as_str()),
+                    KeyValue::new("quantrouter.complexity", decision.complexity),
+                    KeyValue::new(
+                        "quantrouter.task_class",
+                        format!("{:?}", decision.task_class),
+                    ),
+                ],
+            );
+        }
     }
 }
 
@@ -648,52 +561,6 @@ impl Served {
     }
 }
 
-/// The upstream's response head and streamed body, with the router's headers.
-fn respond(
-    snapshot: &Snapshot,
-    decision: &RoutingDecision,
-    answer: Answer,
-    mut limits: BodyLimits,
-    started: Instant,
-    prompt: PromptSize,
-    finish_trace: Option<impl FnOnce(BodyEnd) + Send + Sync + 'static>,
-) -> Response<UpstreamBody> {
-    let served = Served::of(&answer);
-    let profile = served.profile;
-    let pool = Arc::clone(&snapshot.runtime[profile].pool);
-    let Answer { response, held, .. } = answer;
-    let labels = served.labels(snapshot, decision);
-    telemetry::response_headers(&labels, response.status().as_u16());
-    let (mut head, incoming) = response.into_parts();
-    limits.sse = is_event_stream(&head.headers);
-    if !limits.sse {
-        // Not a stream: the first token comes with the head (vLLM, and any server that
-        // answers whole). A stream reports its first output event below.
-        telemetry::first_token(&labels, started.elapsed());
-    }
-    finish_head(&mut head, snapshot, decision, &served);
-    let prices = Prices::new(snapshot, profile);
-    let mut finish_trace = finish_trace;
-    let on_event = Box::new(move |event| match event {
-        BodyEvent::FirstOutput(elapsed) => telemetry::first_token(&labels, elapsed),
-        BodyEvent::End(end) => {
-            if let Some(failure) = end.failure {
-                telemetry::upstream_error(labels.profile.id(), failure.kind());
-            }
-            if let Some(usage) = end.usage {
-                prices.record(&labels, usage);
-                prompt.observe(&pool, usage);
-            }
-            if let Some(finish) = finish_trace.take() {
-                finish(end);
-            }
-            telemetry::finished(&labels, end.elapsed);
-        }
-    });
-    let body = UpstreamBody::new(incoming, held, started, limits, on_event);
-    Response::from_parts(head, body)
-}
-
 /// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).
 fn span_attributes(
     snapshot: &Snapshot,
@@ -710,63 +577,6 @@ fn span_attributes(
         KeyValue::new("quantrouter.tier", profile.tier.clone()),
         KeyValue::new("quantrouter.attempts", i64::from(served.attempts)),
     ]
-}
-
-fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
-    let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    [
-        KeyValue::new("gen_ai.usage.input_tokens", tokens(usage.prompt_tokens)),
-        KeyValue::new(
-            "gen_ai.usage.output_tokens",
-            tokens(usage.completion_tokens),
-        ),
-    ]
-}
-
-/// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Prices {
-    actual: (f64, f64),
-    counterfactual: (f64, f64),
-}
-
-impl Prices {
-    pub(crate) fn new(snapshot: &Snapshot, profile: ProfileIndex) -> Self {
-        let per_token = |p: &quantrouter_policy::Profile| {
-            (
-                p.cost_per_1m_input_tokens / 1e6,
-                p.cost_per_1m_output_tokens / 1e6,
-            )
-        };
-        let actual = per_token(&snapshot.set.profiles[profile]);
-        let counterfactual = snapshot
-            .set
-            .profile(&snapshot.set.default_profile)
-            .map_or(actual, per_token);
-        Self {
-            actual,
-            counterfactual,
-        }
-    }
-
-    /// What `usage` cost on the serving profile.
-    pub(crate) fn cost(&self, usage: Usage) -> f64 {
-        let (input, output) = self.actual;
-        usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
-    }
-
-    pub(crate) fn record(&self, labels: &RequestLabels, usage: Usage) {
-        let cost = |(input, output): (f64, f64)| {
-            usage.prompt_tokens as f64 * input + usage.completion_tokens as f64 * output
-        };
-        telemetry::usage(
-            labels,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            cost(self.actual),
-            cost(self.counterfactual),
-        );
-    }
 }
 
 /// Drops hop-by-hop headers and adds the `x-quantrouter-*` ones.
@@ -982,16 +792,16 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
     let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
-    let mut routed = routing::route_rated(
-        &snapshot,
-        model,
-        &parsed,
-        &parts.headers,
-        &app.config.aliases,
-        key,
-        tenant.as_deref().map(|t| (t, false)),
+    let input = RouteInput {
+        classifier: model,
+        headers: &parts.headers,
+        aliases: &app.config.aliases,
+        request_key: key,
+        tenant: tenant.as_deref().map(|t| (t, false)),
+        among: None,
         rating,
-    )?;
+    };
+    let mut routed = routing::route(&snapshot, &parsed, input)?;
     // A dry run reads the conversation's memory but adds no turn to it.
     app.sessions.settle(&snapshot, &mut routed, false);
     let decision_us = started.elapsed().as_secs_f64() * 1e6;

@@ -40,7 +40,7 @@ use crate::traces::RequestTrace;
 /// 5. **endpoints** (leaf) — `/v1/models` and `/v1/route` answered here; a generation
 ///    request goes through [`proxy::proxy`]'s phases: auth → body limit and parse → tenant
 ///    limits → route (policy decision) → cold-tier wait → forward (per-tier admission,
-///    attempts, fallbacks) → response bookkeeping.
+///    attempts, fallbacks) → respond (the answer's body books the request when it ends).
 pub fn public_service(
     app: Arc<App>,
     conn: Arc<Conn>,

@@ -4,13 +4,16 @@
 
 use serde::Deserialize;
 
+use crate::upstream::sse::{data_of, EventBuffer};
+
 /// An event larger than this is not a token delta; stop instead of buffering without bound.
 const MAX_EVENT: usize = 1 << 20;
 
-/// Splits a byte stream into the `data` of complete SSE events.
+/// Splits a byte stream into the `data` of complete SSE events (with the router's one SSE
+/// parser, [`crate::upstream::sse`]).
 #[derive(Debug, Default)]
 pub struct EventSplitter {
-    pending: Vec<u8>,
+    events: EventBuffer,
 }
 
 /// What one `data` payload says.
@@ -71,19 +74,15 @@ impl EventSplitter {
     /// `\n` or `\r\n`; `data:` lines of one event are joined with `\n`; comments and other
     /// fields are skipped.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<String>, SseError> {
-        self.pending.extend_from_slice(bytes);
+        self.events.push(bytes);
         let mut events = Vec::new();
-        let mut consumed = 0;
-        while let Some(end) = event_end(&self.pending[consumed..]) {
-            let block = &self.pending[consumed..consumed + end.block];
-            let text = std::str::from_utf8(block).map_err(|_| SseError::NotUtf8)?;
-            if let Some(data) = data_of(text) {
-                events.push(data);
+        while let Some(event) = self.events.next_event() {
+            if let Some(data) = data_of(&event) {
+                let text = std::str::from_utf8(&data).map_err(|_| SseError::NotUtf8)?;
+                events.push(text.to_owned());
             }
-            consumed += end.next;
         }
-        self.pending.drain(..consumed);
-        if self.pending.len() > MAX_EVENT {
+        if self.events.pending() > MAX_EVENT {
             return Err(SseError::TooLarge);
         }
         Ok(events)
@@ -91,48 +90,10 @@ impl EventSplitter {
 
     /// The `data` of a last event the stream ended without a blank line after.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.pending);
-        std::str::from_utf8(&rest).ok().and_then(data_of)
+        let rest = self.events.take_rest();
+        let data = data_of(&rest)?;
+        std::str::from_utf8(&data).ok().map(str::to_owned)
     }
-}
-
-/// Where the first event in `buf` ends: its text length and where the next one starts.
-struct EventEnd {
-    block: usize,
-    next: usize,
-}
-
-fn event_end(buf: &[u8]) -> Option<EventEnd> {
-    let mut line_start = 0;
-    while let Some(nl) = buf[line_start..].iter().position(|&b| b == b'\n') {
-        let line = &buf[line_start..line_start + nl];
-        if line.is_empty() || line == b"\r" {
-            return Some(EventEnd {
-                block: line_start,
-                next: line_start + nl + 1,
-            });
-        }
-        line_start += nl + 1;
-    }
-    None
-}
-
-fn data_of(block: &str) -> Option<String> {
-    let mut data: Option<String> = None;
-    for line in block.lines() {
-        let Some(value) = line.strip_prefix("data:") else {
-            continue;
-        };
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match &mut data {
-            Some(joined) => {
-                joined.push('\n');
-                joined.push_str(value);
-            }
-            None => data = Some(value.to_owned()),
-        }
-    }
-    data
 }
 
 // === impl EventInfo ===

@@ -1,8 +1,10 @@
-//! Server-sent events as they pass through: where each event ends, whatever line endings
-//! the upstream uses, and what the router takes from the events — the first one with
-//! generated output (time to first token) and token counts — while cutting out the usage
-//! events it asked for on the client's behalf. A pure state machine over the bytes as they
-//! arrive: no I/O, every split of the input gives the same events.
+//! Server-sent events, the router's one parser of them: where each event ends, whatever
+//! line endings the upstream uses ([`EventEnds`], and [`EventBuffer`] for a reader that
+//! wants whole events), an event's data ([`data_of`]), and what the router takes from the
+//! events as they pass through ([`EventScan`]) — the first one with generated output (time
+//! to first token) and token counts — while cutting out the usage events it asked for on
+//! the client's behalf. Pure state machines over the bytes as they arrive: no I/O, every
+//! split of the input gives the same events.
 
 use std::ops::Range;
 
@@ -72,6 +74,16 @@ pub struct Scanned {
     pub first_output: bool,
 }
 
+/// Whole events out of a stream's pieces, for readers that look at every event (the
+/// stream-start check, the agent-API relay).
+#[derive(Debug, Default)]
+pub struct EventBuffer {
+    pending: BytesMut,
+    /// Bytes of `pending` already scanned for an event's end.
+    scanned: usize,
+    ends: EventEnds,
+}
+
 /// The output of one piece: a prefix of it (no copy) until something is cut or held-back
 /// bytes join it.
 enum Out {
@@ -122,6 +134,40 @@ impl EventEnds {
             i += 1;
         }
         None
+    }
+}
+
+// === impl EventBuffer ===
+
+impl EventBuffer {
+    /// Adds a piece of the stream.
+    pub fn push(&mut self, data: &[u8]) {
+        self.pending.extend_from_slice(data);
+    }
+
+    /// The next whole event (with the blank line that ended it), if one ended.
+    pub fn next_event(&mut self) -> Option<Bytes> {
+        match self.ends.next_end(&self.pending, self.scanned) {
+            Some(end) => {
+                self.scanned = 0;
+                Some(self.pending.split_to(end).freeze())
+            }
+            None => {
+                self.scanned = self.pending.len();
+                None
+            }
+        }
+    }
+
+    /// Bytes of the unfinished event.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The stream ended: the unfinished event, if any.
+    pub fn take_rest(&mut self) -> Bytes {
+        self.scanned = 0;
+        self.pending.split().freeze()
     }
 }
 
@@ -298,9 +344,18 @@ fn counts_as_data(event: &[u8]) -> bool {
         && !event.starts_with(b"data:[DONE]")
 }
 
+/// One SSE event carrying `data` (a JSON document, so on one line).
+pub fn data_event(data: &[u8]) -> Bytes {
+    let mut event = Vec::with_capacity(data.len() + 8);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(data);
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
+}
+
 /// The data of an event: its `data:` lines joined by LF, without the field name and the
 /// one optional space; `None` for an event with no data.
-fn data_of(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+pub fn data_of(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let mut lines = event
         .split(|b| matches!(b, b'\n' | b'\r'))
         .filter_map(|line| line.strip_prefix(b"data:"))

@@ -14,13 +14,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::Body;
 use http_body_util::BodyExt;
 use quantrouter_policy::{check_stream_choices, AnswerProblem, StartChoice, StreamCheck};
 use tokio::time::Instant;
 
-use super::sse::EventEnds;
+use super::sse::{data_of, EventBuffer};
 use crate::openai::{chunk_output, ChunkOutput};
 
 /// What holding the start of a stream decided.
@@ -71,8 +71,7 @@ where
         check_stream_choices(&start.choices(whole), wants_json, max_repetition_ratio)
     };
     let mut frames = Vec::new();
-    let mut pending = BytesMut::new();
-    let mut ends = EventEnds::default();
+    let mut events = EventBuffer::default();
     loop {
         let frame = match tokio::time::timeout_at(start.next_due(), body.frame()).await {
             // Behind the hold's pace: commit the stream as it is.
@@ -90,13 +89,9 @@ where
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        // Bytes of `pending` before this frame were scanned already.
-        let mut scanned = pending.len();
-        pending.extend_from_slice(&data);
+        events.push(&data);
         frames.push(data);
-        while let Some(end) = ends.next_end(&pending, scanned) {
-            let event = pending.split_to(end).freeze();
-            scanned = 0;
+        while let Some(event) = events.next_event() {
             let Some(payload) = data_of(&event) else {
                 continue;
             };
@@ -116,7 +111,7 @@ where
                 return Ok(verdict(judge(&start, false), frames, body));
             }
         }
-        if pending.len() > MAX_EVENT {
+        if events.pending() > MAX_EVENT {
             // An event that never ends is not judged, nor held without bound.
             return Ok(Held::Pass {
                 frames,
@@ -205,25 +200,6 @@ fn verdict<B>(problem: Option<AnswerProblem>, frames: Vec<Bytes>, body: B) -> He
             unchecked: false,
         },
     }
-}
-
-/// The data of an SSE event (its `data:` lines joined), if it has any.
-fn data_of(event: &[u8]) -> Option<Vec<u8>> {
-    let mut data: Option<Vec<u8>> = None;
-    for line in event.split(|&b| b == b'\n' || b == b'\r') {
-        let Some(rest) = line.strip_prefix(b"data:") else {
-            continue;
-        };
-        let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-        match &mut data {
-            Some(joined) => {
-                joined.push(b'\n');
-                joined.extend_from_slice(rest);
-            }
-            None => data = Some(rest.to_vec()),
-        }
-    }
-    data
 }
 
 #[cfg(test)]
