@@ -70,7 +70,7 @@ fn handle(
         headers,
         aliases: &[],
         request_key: "bench-request",
-        among: None,
+        tenant: None,
         rating: None,
         among: None,
     };
