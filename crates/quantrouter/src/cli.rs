@@ -405,7 +405,8 @@ fn route(args: &RouteArgs) -> Result<(), CliError> {
         .map_or_else(Vec::new, |m| crate::routing::top_features(&set, m, &prompt));
     if args.json {
         let classification = classification.as_ref();
-        let explain = crate::routing::explain(&set, &decision, classification, &top, decision_us);
+        let mut explain = crate::routing::explain(&set, &decision, classification, &top);
+        explain["decision_us"] = decision_us.into();
         println!("{explain}");
         return Ok(());
     }

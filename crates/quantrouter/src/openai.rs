@@ -821,14 +821,9 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
         return output;
     };
     if let Some(kind) = chunk.kind.as_deref() {
-        let mut choice = ChoiceOutput::default();
-        output.call = agent_event_output(
-            kind,
-            &chunk.delta,
-            &chunk.content_block,
-            &chunk.item,
-            &mut choice,
-        );
+        let (choice, call) =
+            agent_event_output(kind, &chunk.delta, &chunk.content_block, &chunk.item);
+        output.call = call;
         output.choices.push(choice);
         return output;
     }
@@ -858,15 +853,15 @@ pub fn chunk_output(chunk: &[u8]) -> ChunkOutput {
     output
 }
 
-/// The output of an Anthropic Messages or Responses stream event, whose one choice it
-/// fills; whether it is a tool call.
+/// The output of an Anthropic Messages or Responses stream event, as its one choice, and
+/// whether it is a tool call.
 fn agent_event_output(
     kind: &str,
     delta: &Option<serde_json::Value>,
     content_block: &Option<serde_json::Value>,
     item: &Option<serde_json::Value>,
-    out: &mut ChoiceOutput,
-) -> bool {
+) -> (ChoiceOutput, bool) {
+    let mut out = ChoiceOutput::default();
     let type_of = |v: &Option<serde_json::Value>| {
         v.as_ref()
             .and_then(|v| v.get("type"))
@@ -904,7 +899,7 @@ fn agent_event_output(
         _ => {}
     }
     out.other |= call;
-    call
+    (out, call)
 }
 
 /// Token counts from an upstream `usage` object.

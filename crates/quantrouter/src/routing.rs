@@ -421,13 +421,12 @@ fn header_number(
     }
 }
 
-/// The `POST /v1/route` answer.
+/// The `POST /v1/route` answer, but for `decision_us`, which the caller times and adds.
 pub fn explain(
     set: &ProfileSet,
     decision: &RoutingDecision,
     classification: Option<&Classification>,
     top_features: &[Contribution],
-    decision_us: f64,
 ) -> serde_json::Value {
     let profile = &set.profiles[decision.profile];
     let candidates: Vec<serde_json::Value> = decision
@@ -456,7 +455,6 @@ pub fn explain(
         "risk": decision.risk,
         "estimated_input_tokens": decision.chosen().map_or(0, |c| c.estimated_input_tokens),
         "candidates": candidates,
-        "decision_us": decision_us,
     });
     if let Some(used) = &decision.second_opinion {
         answer["second_opinion"] = serde_json::json!({

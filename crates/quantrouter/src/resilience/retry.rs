@@ -312,7 +312,7 @@ impl<'a> Forwarder<'a> {
             if !endpoints_tried.is_empty() && !self.wait_to_retry(pool, id, progress).await {
                 break;
             }
-            let placed = crate::upstream::placed(plan.snapshot, profile, plan.placement);
+            let placed = crate::upstream::placed(&plan.snapshot.set, profile, plan.placement);
             let Some(pick) = pool.pick_placed(placed, &endpoints_tried, Instant::now()) else {
                 break;
             };

@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::context::RequestId;
 use super::proxy::proxy;
-use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::relay::{relay, OnStored};
 use crate::apis::AgentApi;

@@ -8,7 +8,6 @@ use bytes::Bytes;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use super::stack::RequestId;
 use crate::openai::{ApiError, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
 use crate::tenants::Grant;
@@ -112,5 +111,19 @@ impl<'r> RequestCtx<'r> {
 
     pub fn headers(&self) -> &'r http::HeaderMap {
         &self.received.parts.headers
+    }
+}
+
+/// The request's id, as the request-id layer ([`super::stack`]) set it.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub HeaderValue);
+
+impl RequestId {
+    /// The id the request-id layer gave the request.
+    pub fn of(parts: &http::request::Parts) -> HeaderValue {
+        parts
+            .extensions
+            .get::<Self>()
+            .map_or_else(|| HeaderValue::from_static("qr"), |id| id.0.clone())
     }
 }

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 
 use super::agents;
 use super::bookkeeping::Ledger;
+use super::context::RequestId;
 use super::context::{Detached, Received, RequestCtx};
 use super::delivery::{ColdAnswer, Relayed};
-use super::stack::RequestId;
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::{AgentApi, Translation};
 use crate::calibration::{self, Sample};
@@ -810,13 +810,8 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
         routing::top_features(&snapshot.set, m, &prompt)
     });
     let classification = routed.classification.as_ref();
-    let mut explain = routing::explain(
-        &snapshot.set,
-        &routed.decision,
-        classification,
-        &top,
-        decision_us,
-    );
+    let mut explain = routing::explain(&snapshot.set, &routed.decision, classification, &top);
+    explain["decision_us"] = decision_us.into();
     explain["affinity"] = routed.affinity.as_str().into();
     Ok(json_response(StatusCode::OK, &explain))
 }

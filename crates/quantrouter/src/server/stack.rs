@@ -19,6 +19,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
 use super::connections::Conn;
+use super::context::RequestId;
 use super::delivery::{self, Delivered};
 use super::{proxy, App, ResponseBody, REQUEST_ID};
 use crate::openai::{ApiError, Endpoint};
@@ -71,20 +72,6 @@ pub fn public_service(
             proxy::endpoints(Arc::clone(&app), req)
         }));
     TowerToHyperService::new(stack)
-}
-
-/// The request's id, as [`request_id`] set it.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
-
-impl RequestId {
-    /// The id the request-id layer gave the request.
-    pub fn of(parts: &http::request::Parts) -> HeaderValue {
-        parts
-            .extensions
-            .get::<Self>()
-            .map_or_else(|| HeaderValue::from_static("qr"), |id| id.0.clone())
-    }
 }
 
 type BoxedResponse = Pin<Box<dyn Future<Output = Result<Response<Delivered>, Infallible>> + Send>>;

@@ -78,16 +78,6 @@ pub struct Transport {
     pub http2: bool,
 }
 
-/// Whether a failed request may have reached the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sent {
-    /// No byte of it was written: no connection, or a connection that closed before it took
-    /// the request. Sending it again cannot make the upstream work twice.
-    No,
-    /// Some or all of it may have been written: the upstream may be generating.
-    Possibly,
-}
-
 /// A response body from an upstream: hyper's, streamed from the connection, or one the
 /// router already read (an error answer it looked into), passed on as it came, or a stream
 /// whose first frames the stream-start check held, sent before the rest of it.

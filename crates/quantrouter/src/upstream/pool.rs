@@ -360,12 +360,12 @@ impl Pool {
 /// How a request to `profile` picks its endpoint: by `placement`'s cached prefix within
 /// the policy's load bound when the profile balances by prefix, else by load alone.
 pub fn placed<'p>(
-    snapshot: &crate::profiles::Snapshot,
+    set: &quantrouter_policy::ProfileSet,
     profile: quantrouter_policy::ProfileIndex,
     placement: &'p Placement,
 ) -> Option<(&'p Placement, f64)> {
-    let balance = snapshot.set.profiles[profile].upstream.balance();
-    let factor = snapshot.set.policy.affinity.max_load_factor;
+    let balance = set.profiles[profile].upstream.balance();
+    let factor = set.policy.affinity.max_load_factor;
     (balance == quantrouter_policy::Balance::Prefix).then_some((placement, factor))
 }
 

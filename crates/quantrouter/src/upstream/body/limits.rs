@@ -10,7 +10,18 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use super::BodyError;
+/// Why an upstream body failed after the response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("the upstream connection failed mid-response")]
+    Upstream,
+    #[error("the upstream sent nothing for {0:?}")]
+    Idle(Duration),
+    #[error("the upstream sent no output within the header timeout")]
+    FirstOutput,
+    #[error("the request deadline passed")]
+    Deadline,
+}
 
 /// Limits on a response body in flight.
 #[derive(Debug, Clone, Copy)]
@@ -146,5 +157,27 @@ impl<B: Body<Data = Bytes>> Body for TimeLimited<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+// === impl BodyError ===
+
+impl BodyError {
+    /// Metric label.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Upstream => "mid_stream",
+            Self::Idle(_) => "idle_timeout",
+            Self::FirstOutput => "header_timeout",
+            Self::Deadline => "deadline",
+        }
+    }
+
+    /// The `code` of the error event a stream that failed ends with.
+    pub(super) fn code(self) -> &'static str {
+        match self {
+            BodyError::Upstream => "upstream_error",
+            BodyError::Idle(_) | BodyError::FirstOutput | BodyError::Deadline => "timeout",
+        }
     }
 }

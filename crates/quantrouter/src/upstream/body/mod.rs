@@ -23,7 +23,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 pub use guard::{Guarded, Held};
-pub use limits::{AwaitsOutput, TimeLimited, TimeLimits};
+pub use limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
 pub use reader::Reader;
 
 use super::UpstreamIncoming;
@@ -63,19 +63,6 @@ pub struct BodyEnd {
     /// its client, say) delivered.
     pub data_events: u64,
     pub elapsed: Duration,
-}
-
-/// Why an upstream body failed after the response headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum BodyError {
-    #[error("the upstream connection failed mid-response")]
-    Upstream,
-    #[error("the upstream sent nothing for {0:?}")]
-    Idle(Duration),
-    #[error("the upstream sent no output within the header timeout")]
-    FirstOutput,
-    #[error("the request deadline passed")]
-    Deadline,
 }
 
 /// How an answer is read: when its request started (for the time to first token), whether
@@ -134,28 +121,6 @@ impl Reading {
             started,
             sse: false,
             strip_usage: false,
-        }
-    }
-}
-
-// === impl BodyError ===
-
-impl BodyError {
-    /// Metric label.
-    pub fn kind(self) -> &'static str {
-        match self {
-            Self::Upstream => "mid_stream",
-            Self::Idle(_) => "idle_timeout",
-            Self::FirstOutput => "header_timeout",
-            Self::Deadline => "deadline",
-        }
-    }
-
-    /// The `code` of the error event a stream that failed ends with.
-    fn code(self) -> &'static str {
-        match self {
-            BodyError::Upstream => "upstream_error",
-            BodyError::Idle(_) | BodyError::FirstOutput | BodyError::Deadline => "timeout",
         }
     }
 }

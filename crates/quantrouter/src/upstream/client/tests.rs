@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::resilience::ResilienceConfig;
+use crate::upstream::Sent;
 
 /// A server whose connections the test drives by hand.
 struct Server {
