@@ -237,9 +237,11 @@ async fn ttft_counts_from_the_first_content_event_not_the_response_head() {
         ttft >= 300.0,
         "TTFT {ttft} ms counts the response head: {level}"
     );
-    // Two tokens 20 ms apart, as the usage event says.
+    // Two tokens 20 ms apart, as the usage event says. The client may see the first a
+    // little late on a busy machine; a wrong divisor would give 10 ms, timing from the
+    // response head 320 ms.
     let itl = level["itl_ms"]["p50"].as_f64().unwrap();
-    assert!(itl >= 20.0, "{level}");
+    assert!((15.0..100.0).contains(&itl), "{level}");
 
     // Without the key every request is refused: exit 2, the refusals counted by status.
     let run = profile_tier(&args[..8], &[]).await;
