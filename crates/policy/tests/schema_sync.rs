@@ -106,6 +106,10 @@ fn schema_rejects_what_the_types_reject() {
             "/policy/affinity",
             serde_json::json!({"max_load_factor": 0.5}),
         ),
+        (
+            "/policy/affinity",
+            serde_json::json!({"recompute_weight": 0.5}),
+        ),
     ];
     for (pointer, bad) in cases {
         let mut doc = base.clone();
