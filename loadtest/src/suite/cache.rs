@@ -361,7 +361,7 @@ async fn converse(id: usize, client: &HttpClient, shared: &Shared, window: (Inst
     let mut rng = SplitMix(0x5eed ^ id as u64);
     while Instant::now() < end {
         // Half the conversations share the hot system prompt.
-        let hot = rng.next() % 2 == 0;
+        let hot = rng.next().is_multiple_of(2);
         let system = match hot {
             true => &shared.systems[0],
             false => &shared.systems[1 + (rng.next() as usize % OTHER_SYSTEMS)],
