@@ -3,9 +3,10 @@
 //! Model servers reuse the KV cache of a prompt prefix they computed before (vLLM's and
 //! SGLang's prefix caching), so a follow-up turn sent where the earlier turns ran starts
 //! its first token after prefilling only the new part. Two rules follow:
-//! - within a tier, send a prompt to the endpoint that most likely holds its prefix
-//!   ([`PrefixTable`], [`choose_endpoint`]), but never to one loaded more than
-//!   `max_load_factor` times the least loaded (bounded load), so a hot prefix spreads;
+//! - within a tier, send a prompt where its first token comes soonest: the prefill queued
+//!   there plus the part of the prompt that endpoint does not hold ([`PrefixTable`],
+//!   [`choose_endpoint`]), but never to one loaded more than `max_load_factor` times the
+//!   least loaded (bounded load), so a hot prefix spreads;
 //! - across tiers, keep a conversation ([`conversation_key`]) on the profile its earlier
 //!   turns used while that profile still meets the new turn's constraints
 //!   ([`prefer_session`]).
@@ -45,6 +46,10 @@ pub struct Affinity {
     /// A prompt's cached prefix may send it to an endpoint whose load is at most this many
     /// times the least loaded endpoint's (and always to one with a single request more).
     pub max_load_factor: f64,
+    /// What a block of the prompt the endpoint must compute weighs against a block of
+    /// prefill already queued there: above 1, because a recomputed prefix also delays
+    /// whatever queues behind it and leaves the cached copy unused.
+    pub recompute_weight: f64,
     /// Keep a conversation on the profile its earlier turns used while that profile meets
     /// the new turn's constraints.
     pub session: bool,
@@ -64,8 +69,12 @@ pub enum Balance {
 /// What the router knows of one endpoint when choosing where a prompt goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EndpointLoad {
-    /// Requests running or waiting there (the larger of the router's count and the scrape).
+    /// Requests running or waiting there (the router's own in flight, plus those of others
+    /// the last scrape saw).
     pub load: u64,
+    /// Prompt blocks the router sent there whose prefill has not answered yet, counting
+    /// only the blocks the endpoint was not estimated to hold: the compute queued ahead.
+    pub queued_blocks: u64,
     /// The server's KV-cache usage in [0, 1], when it exports one.
     pub kv_usage: Option<f64>,
     /// Leading blocks of the prompt the endpoint is estimated to hold.
@@ -77,6 +86,9 @@ pub struct EndpointLoad {
 pub struct EndpointChoice {
     /// Position in the slice given.
     pub index: usize,
+    /// Blocks of the prompt the endpoint is not estimated to hold: the prefill it adds
+    /// to that endpoint's queue.
+    pub uncached_blocks: u64,
     /// The cached prefix decided: an endpoint within the load bound held less of it.
     pub by_prefix: bool,
 }
@@ -133,11 +145,15 @@ const MIX: u64 = 0x517c_c1b7_2722_0a95;
 impl Default for Affinity {
     /// 1.5: a cached prefix is worth queueing behind half as many requests again as the
     /// least loaded endpoint has (prefill saved against queue wait), not more — the bound
-    /// under which a hot prefix's max/mean replica load stays at 1.5. Sessions on: a turn
-    /// that moves tier recomputes the whole conversation.
+    /// under which a hot prefix's max/mean replica load stays at 1.5. Recompute weight 4:
+    /// a conversation leaves its cache only for a queue several times its own prefill, so
+    /// moves stay rare and the hit rate stays; at 1 every move that helps one turn costs
+    /// the turns behind it more (docs/routing.md). Sessions on: a turn that moves tier
+    /// recomputes the whole conversation.
     fn default() -> Self {
         Self {
             max_load_factor: 1.5,
+            recompute_weight: 4.0,
             session: true,
         }
     }
@@ -148,6 +164,12 @@ impl Affinity {
         if !(self.max_load_factor >= 1.0 && self.max_load_factor.is_finite()) {
             err(
                 "policy.affinity.max_load_factor".into(),
+                "must be a number >= 1",
+            );
+        }
+        if !(self.recompute_weight >= 1.0 && self.recompute_weight.is_finite()) {
+            err(
+                "policy.affinity.recompute_weight".into(),
                 "must be a number >= 1",
             );
         }
@@ -235,45 +257,59 @@ pub fn prefer_session(decision: &mut RoutingDecision, session: ProfileIndex) -> 
     true
 }
 
-/// Picks the endpoint for a prompt: among endpoints whose load is within the bound (at
-/// most `max_load_factor` times the least loaded, or one request more than it), the one
-/// holding the longest prefix; then the least loaded, then the emptiest KV cache; `tie`
-/// (random) splits what is still equal. `None` when `endpoints` is empty.
+/// Picks the endpoint for a prompt of `prompt_blocks` blocks: among endpoints whose load
+/// is within the bound (at most `max_load_factor` times the least loaded, or one request
+/// more than it), the one where its first token comes soonest — the least prefill queued
+/// there plus `recompute_weight` times the blocks of the prompt it does not hold; then the
+/// longest cached prefix, the least loaded, the emptiest KV cache; `tie` (random) splits
+/// what is still equal. `None` when `endpoints` is empty.
+///
+/// Load in requests alone cannot tell a replica with cold prompts queued from one with
+/// warm turns queued; the queued blocks can, so a warm turn leaves its cache only when
+/// the prefill ahead of it there outweighs computing its whole prompt elsewhere.
 pub fn choose_endpoint(
     endpoints: &[EndpointLoad],
-    max_load_factor: f64,
+    prompt_blocks: u64,
+    affinity: &Affinity,
     tie: u64,
 ) -> Option<EndpointChoice> {
     let least = endpoints.iter().map(|e| e.load).min()?;
-    let bound = ((least as f64 * max_load_factor.max(1.0)).floor() as u64).max(least + 1);
-    let within = || endpoints.iter().filter(|e| e.load <= bound);
-    let longest = within().map(|e| e.matched_blocks).max()?;
+    let factor = affinity.max_load_factor.max(1.0);
+    let bound = ((least as f64 * factor).floor() as u64).max(least + 1);
+    let weight = affinity.recompute_weight.max(1.0);
+    let within = || endpoints.iter().filter(move |e| e.load <= bound);
     let shortest = within().map(|e| e.matched_blocks).min()?;
-    // KV usage in thousandths so the order is total; unknown counts as empty.
+    let uncached = |e: &EndpointLoad| prompt_blocks.saturating_sub(e.matched_blocks as u64);
+    // Whole blocks of expected wait, then the cache, load and KV usage (in thousandths so
+    // the order is total; unknown counts as empty), smaller first.
     let rank = |e: &EndpointLoad| {
+        let wait = e.queued_blocks as f64 + weight * uncached(e) as f64;
         (
+            wait.min(u64::MAX as f64) as u64,
+            usize::MAX - e.matched_blocks,
             e.load,
             (e.kv_usage.unwrap_or(0.0).clamp(0.0, 1.0) * 1e3) as u64,
         )
     };
-    let best = within()
-        .filter(|e| e.matched_blocks == longest)
-        .map(rank)
-        .min()?;
-    let tied =
-        |e: &&EndpointLoad| e.load <= bound && e.matched_blocks == longest && rank(e) == best;
+    let best = within().map(rank).min()?;
+    let tied = |e: &&EndpointLoad| e.load <= bound && rank(e) == best;
     let count = endpoints.iter().filter(tied).count() as u64;
     let nth = usize::try_from(tie % count.max(1)).unwrap_or(0);
-    let index = endpoints
+    let (index, chosen) = endpoints
         .iter()
         .enumerate()
         .filter(|(_, e)| tied(e))
-        .nth(nth)
-        .map(|(i, _)| i)?;
+        .nth(nth)?;
     Some(EndpointChoice {
         index,
-        by_prefix: longest > shortest,
+        uncached_blocks: uncached(chosen),
+        by_prefix: chosen.matched_blocks > shortest,
     })
+}
+
+/// Blocks of a prompt of `bytes` bytes, the part past [`MAX_PREFIX_BYTES`] included.
+pub fn prompt_blocks(bytes: usize) -> u64 {
+    bytes.div_ceil(PREFIX_BLOCK_BYTES) as u64
 }
 
 fn role_byte(role: Role) -> u8 {

@@ -40,9 +40,9 @@ mod tenant;
 pub mod wait_queue;
 
 pub use affinity::{
-    choose_endpoint, conversation_key, prefer_session, prefix_blocks, Affinity, AffinityUse,
-    Balance, EndpointChoice, EndpointLoad, PrefixTable, DEFAULT_TABLE_BLOCKS, MAX_PREFIX_BYTES,
-    PREFIX_BLOCK_BYTES,
+    choose_endpoint, conversation_key, prefer_session, prefix_blocks, prompt_blocks, Affinity,
+    AffinityUse, Balance, EndpointChoice, EndpointLoad, PrefixTable, DEFAULT_TABLE_BLOCKS,
+    MAX_PREFIX_BYTES, PREFIX_BLOCK_BYTES,
 };
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use calibration::{sampled, AgreementTally, CostWindow, QualityEstimate};

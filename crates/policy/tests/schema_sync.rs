@@ -68,7 +68,7 @@ fn every_shipped_profile_set_validates_against_the_schema_and_the_types() {
 fn schema_rejects_what_the_types_reject() {
     let validator = jsonschema::validator_for(&schema()).unwrap();
     let base: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
-    let cases: [(&str, Value); 13] = [
+    let cases: [(&str, Value); 14] = [
         ("/profiles/0/bogus", Value::from(1)),
         ("/profiles/0/quality/default", Value::from(1.5)),
         ("/profiles/0/latency/itl_ms", Value::from(0)),
@@ -105,6 +105,10 @@ fn schema_rejects_what_the_types_reject() {
         (
             "/policy/affinity",
             serde_json::json!({"max_load_factor": 0.5}),
+        ),
+        (
+            "/policy/affinity",
+            serde_json::json!({"recompute_weight": 0.5}),
         ),
     ];
     for (pointer, bad) in cases {

@@ -188,7 +188,7 @@ pub fn route(
         classification,
         wait_for,
         cold_preferred,
-        placement: Placement::new(prefix_blocks(&prompt)),
+        placement: Placement::new(prefix_blocks(&prompt)).with_prompt_bytes(features.prompt_bytes),
         conversation,
         affinity: AffinityUse::None,
         prompt: PromptSize {

@@ -1,6 +1,7 @@
 //! Cache-aware placement over real HTTP: a conversation's next turn goes to the endpoint
-//! holding its prefix, a hot prefix spreads once its endpoint is loaded, and a conversation
-//! stays on its profile unless the new turn needs a better one.
+//! holding its prefix, unless a long prefill queued there would hold it longer than
+//! computing it elsewhere; a hot prefix spreads once its endpoint is loaded; and a
+//! conversation stays on its profile unless the new turn needs a better one.
 
 mod support;
 
@@ -120,6 +121,59 @@ async fn a_hot_prefix_spreads_once_its_endpoint_is_loaded() {
         served.iter().all(|&n| n > 0) && max <= 7,
         "a hot prefix piled up: {served:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_turn_avoids_a_long_prefill_queued_where_its_prefix_is() {
+    // Prefill is the time that matters: 0.5 ms per uncached token, one stream per sim.
+    let sims = |_| SimConfig {
+        prefix_cache_blocks: 4096,
+        prefill_per_token: Duration::from_micros(500),
+        ..SimConfig::default()
+    };
+    let tiers = std::sync::Arc::new(Tiers::start([1, 1, 2], sims, |_| {}, |_| {}).await);
+    let model = tiers.set.profiles[INT4].id.clone();
+    let system = "You answer questions about one customer's orders. ".repeat(20);
+    let before = counts(&tiers);
+    let first = conversation(&model, &system, &["Where is my parcel?"], 4);
+    assert_eq!(tiers.post(&first, &[]).await.status, 200);
+    let [home] = served_by(&tiers, &before)[..] else {
+        panic!("one sim per request");
+    };
+    // A branch of the conversation carrying a long document follows its prefix home,
+    // where its ~4,500 new tokens keep the prefill stream busy for seconds.
+    let document = "Order line, item, quantity, price, status. ".repeat(400);
+    let long = conversation(&model, &system, &["Where is my parcel?", &document], 4);
+    let before = counts(&tiers);
+    let queued = {
+        let tiers = std::sync::Arc::clone(&tiers);
+        tokio::spawn(async move { tiers.post(&long, &[]).await })
+    };
+    let sent = eventually(Duration::from_secs(10), || {
+        let tiers = std::sync::Arc::clone(&tiers);
+        let before = before.clone();
+        async move { !served_by(&tiers, &before).is_empty() }
+    })
+    .await;
+    assert!(sent && served_by(&tiers, &before) == [home]);
+    // The next short turn holds its prefix at home too, but computing its whole prompt on
+    // the idle sim is sooner than waiting behind the document there.
+    let before = counts(&tiers);
+    let next = conversation(
+        &model,
+        &system,
+        &["Where is my parcel?", "It was due on Monday."],
+        4,
+    );
+    let reply = tiers.post(&next, &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        served_by(&tiers, &before),
+        [1 - home],
+        "the warm turn queued behind the document"
+    );
+    assert_eq!(reply.header("x-quantrouter-affinity"), "none");
+    assert_eq!(queued.await.unwrap().status, 200);
 }
 
 fn tier(reply: &Reply) -> &str {

@@ -67,6 +67,12 @@ pub struct CacheRow {
     pub replica_requests: Vec<u64>,
     /// The busiest replica's turns over the mean.
     pub max_mean_load: f64,
+    /// TTFT p99 in ms of first turns (the conversation's material is new everywhere) and
+    /// of later turns (only the new question is new where the conversation ran).
+    #[serde(default)]
+    pub ttft_p99_first_turn_ms: f64,
+    #[serde(default)]
+    pub ttft_p99_later_turn_ms: f64,
 }
 
 /// What the scenario measured.
@@ -102,6 +108,12 @@ struct Reading {
 #[derive(Debug)]
 struct Recorded {
     ttft_us: Histogram<u64>,
+    /// The same, of first turns and of later turns.
+    first_turn_us: Histogram<u64>,
+    later_turn_us: Histogram<u64>,
+    /// Every measured turn: when it started (µs into the window), its client, its turn
+    /// number, whether its conversation has the hot system prompt, its TTFT in µs.
+    turns: Vec<(u64, usize, usize, bool, u64)>,
     ok: u64,
     errors: u64,
 }
@@ -119,18 +131,20 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     ] {
         suite.settle().await;
         println!("\n--- {name}");
-        let Some(row) = run_target(suite, name, via).await? else {
+        let Some(row) = run_target(suite, &dir, name, via).await? else {
             continue;
         };
         vllm_router |= via == Via::VllmRouterCacheAware;
         println!(
-            "{name}: {} ok, {} errors, {:.1} req/s, TTFT p50 {:.1} ms p99 {:.1} ms, hit rate \
-             {:.2}, max/mean load {:.2} {:?}",
+            "{name}: {} ok, {} errors, {:.1} req/s, TTFT p50 {:.1} ms p99 {:.1} ms (first \
+             turns {:.1}, later turns {:.1}), hit rate {:.2}, max/mean load {:.2} {:?}",
             row.ok,
             row.errors,
             row.throughput_rps,
             row.ttft_p50_ms,
             row.ttft_p99_ms,
+            row.ttft_p99_first_turn_ms,
+            row.ttft_p99_later_turn_ms,
             row.hit_rate,
             row.max_mean_load,
             row.replica_requests
@@ -144,7 +158,12 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
 
 /// Fresh replicas and the target in front of them, one measured run, its figures; `None`
 /// when the target is not installed.
-async fn run_target(suite: &Suite, name: &str, via: Via) -> anyhow::Result<Option<CacheRow>> {
+async fn run_target(
+    suite: &Suite,
+    dir: &std::path::Path,
+    name: &str,
+    via: Via,
+) -> anyhow::Result<Option<CacheRow>> {
     let mut sims = Vec::with_capacity(REPLICAS);
     for i in 0..REPLICAS {
         let extra = [
@@ -238,7 +257,9 @@ async fn run_target(suite: &Suite, name: &str, via: Via) -> anyhow::Result<Optio
     let mean = served.iter().sum::<u64>() as f64 / served.len().max(1) as f64;
     let max = served.iter().copied().max().unwrap_or(0) as f64;
     let queries = after.queries - before.queries;
+    write_turns(&dir.join(format!("turns-{name}.csv")), &recorded)?;
     let ms = |q: f64| recorded.ttft_us.value_at_quantile(q) as f64 / 1000.0;
+    let p99_ms = |h: &Histogram<u64>| h.value_at_quantile(0.99) as f64 / 1000.0;
     Ok(Some(CacheRow {
         name: name.to_owned(),
         ok: recorded.ok,
@@ -252,6 +273,8 @@ async fn run_target(suite: &Suite, name: &str, via: Via) -> anyhow::Result<Optio
         },
         replica_requests: served,
         max_mean_load: if mean > 0.0 { max / mean } else { 0.0 },
+        ttft_p99_first_turn_ms: p99_ms(&recorded.first_turn_us),
+        ttft_p99_later_turn_ms: p99_ms(&recorded.later_turn_us),
     }))
 }
 
@@ -286,8 +309,12 @@ async fn drive(
         .context("no HTTP client")?;
     let start = Instant::now();
     let window = (start + warmup, start + warmup + duration);
+    let histogram = || Histogram::new_with_bounds(1, 3_600_000_000, 3);
     let recorded = Arc::new(Mutex::new(Recorded {
-        ttft_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)?,
+        ttft_us: histogram()?,
+        first_turn_us: histogram()?,
+        later_turn_us: histogram()?,
+        turns: Vec::new(),
         ok: 0,
         errors: 0,
     }));
@@ -334,9 +361,10 @@ async fn converse(id: usize, client: &HttpClient, shared: &Shared, window: (Inst
     let mut rng = SplitMix(0x5eed ^ id as u64);
     while Instant::now() < end {
         // Half the conversations share the hot system prompt.
-        let system = match rng.next() % 2 {
-            0 => &shared.systems[0],
-            _ => &shared.systems[1 + (rng.next() as usize % OTHER_SYSTEMS)],
+        let hot = rng.next().is_multiple_of(2);
+        let system = match hot {
+            true => &shared.systems[0],
+            false => &shared.systems[1 + (rng.next() as usize % OTHER_SYSTEMS)],
         };
         let mut messages = vec![json!({"role": "system", "content": system})];
         let mut pick = || &shared.prompts[rng.next() as usize % shared.prompts.len().max(1)];
@@ -385,6 +413,13 @@ async fn converse(id: usize, client: &HttpClient, shared: &Shared, window: (Inst
                     (Ok(()), Some(ttft)) => {
                         let us = u64::try_from(ttft.as_micros()).unwrap_or(u64::MAX).max(1);
                         let _ = recorded.ttft_us.record(us);
+                        let _ = match turn {
+                            0 => recorded.first_turn_us.record(us),
+                            _ => recorded.later_turn_us.record(us),
+                        };
+                        let at = origin.duration_since(measure_from).as_micros();
+                        let at = u64::try_from(at).unwrap_or(u64::MAX);
+                        recorded.turns.push((at, id, turn, hot, us));
                         recorded.ok += 1;
                     }
                     _ => recorded.errors += 1,
@@ -397,6 +432,15 @@ async fn converse(id: usize, client: &HttpClient, shared: &Shared, window: (Inst
             }));
         }
     }
+}
+
+/// The measured turns, one line each, for a breakdown of the slow ones.
+fn write_turns(path: &std::path::Path, recorded: &Recorded) -> anyhow::Result<()> {
+    let mut out = String::from("start_us,client,turn,hot,ttft_us\n");
+    for (at, client, turn, hot, us) in &recorded.turns {
+        let _ = writeln!(out, "{at},{client},{turn},{},{us}", u8::from(*hot));
+    }
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The hot system prompt and [`OTHER_SYSTEMS`] others, each about 3 KB (750 tokens), each

@@ -15,9 +15,30 @@ fn prompt<'a>(messages: &[(Role, &'a str)]) -> Prompt<'a> {
 fn load(load: u64, matched_blocks: usize) -> EndpointLoad {
     EndpointLoad {
         load,
+        queued_blocks: 0,
         kv_usage: None,
         matched_blocks,
     }
+}
+
+fn queued(load: u64, queued_blocks: u64, matched_blocks: usize) -> EndpointLoad {
+    EndpointLoad {
+        queued_blocks,
+        ..self::load(load, matched_blocks)
+    }
+}
+
+/// The default rule with another load factor.
+fn bounded(max_load_factor: f64) -> Affinity {
+    Affinity {
+        max_load_factor,
+        ..Affinity::default()
+    }
+}
+
+/// A prompt of 40 blocks, the default rule.
+fn choose(endpoints: &[EndpointLoad], tie: u64) -> Option<EndpointChoice> {
+    choose_endpoint(endpoints, 40, &Affinity::default(), tie)
 }
 
 #[test]
@@ -102,64 +123,97 @@ fn conversation_key_prefers_session_then_user_then_opening_messages() {
 #[test]
 fn a_prompt_goes_where_its_prefix_is_within_the_load_bound() {
     let endpoints = [load(1, 0), load(1, 12), load(0, 3)];
-    let choice = choose_endpoint(&endpoints, 1.5, 0).unwrap();
+    let choice = choose(&endpoints, 0).unwrap();
     assert_eq!(
         choice,
         EndpointChoice {
             index: 1,
+            uncached_blocks: 28,
             by_prefix: true
         }
     );
+}
+
+#[test]
+fn a_warm_turn_leaves_its_cache_only_for_a_queue_longer_than_recomputing() {
+    // 38 of the prompt's 40 blocks are cached at 0, where 100 blocks of cold prefill wait;
+    // 1 runs nothing: 100 + 4 * 2 = 108 blocks of wait at 0 against 4 * 40 = 160 at 1.
+    let home = |queued_blocks| queued(1, queued_blocks, 38);
+    let choice = choose(&[home(100), load(0, 0)], 0).unwrap();
+    assert_eq!((choice.index, choice.uncached_blocks), (0, 2));
+    // Twice that queued there: computing the whole prompt at 1 is sooner.
+    let choice = choose(&[home(200), load(0, 0)], 0).unwrap();
+    assert_eq!(
+        choice,
+        EndpointChoice {
+            index: 1,
+            uncached_blocks: 40,
+            by_prefix: false
+        }
+    );
+    // Weighing recomputation as queued prefill, the turn leaves sooner.
+    let eager = Affinity {
+        recompute_weight: 1.0,
+        ..Affinity::default()
+    };
+    let choice = choose_endpoint(&[home(100), load(0, 0)], 40, &eager, 0).unwrap();
+    assert_eq!(choice.index, 1);
+    // Among endpoints holding the same prefix, the one with less queued goes first, then
+    // the less loaded.
+    let endpoints = [queued(0, 30, 38), queued(2, 10, 38), queued(1, 10, 38)];
+    assert_eq!(choose(&endpoints, 0).unwrap().index, 2);
+    // Queued prefill never lifts an endpoint over the load bound.
+    let endpoints = [queued(3, 0, 38), queued(1, 500, 0)];
+    assert_eq!(choose(&endpoints, 0).unwrap().index, 1);
 }
 
 #[test]
 fn a_hot_prefix_spreads_once_its_endpoint_is_loaded() {
     // Least load 4: the bound is 6.
     let endpoints = [load(7, 40), load(4, 0), load(5, 2)];
-    let choice = choose_endpoint(&endpoints, 1.5, 0).unwrap();
+    let choice = choose(&endpoints, 0).unwrap();
     assert_eq!(
         choice,
         EndpointChoice {
             index: 2,
+            uncached_blocks: 38,
             by_prefix: true
         }
     );
     let endpoints = [load(7, 40), load(4, 0), load(7, 2)];
-    let choice = choose_endpoint(&endpoints, 1.5, 0).unwrap();
+    let choice = choose(&endpoints, 0).unwrap();
     assert_eq!(
         choice,
         EndpointChoice {
             index: 1,
+            uncached_blocks: 40,
             by_prefix: false
         }
     );
     // With the least loaded idle, one request more is within the bound, two are not.
-    assert_eq!(
-        choose_endpoint(&[load(1, 5), load(0, 0)], 1.5, 0)
-            .unwrap()
-            .index,
-        0
-    );
-    assert_eq!(
-        choose_endpoint(&[load(2, 5), load(0, 0)], 1.5, 0)
-            .unwrap()
-            .index,
-        1
-    );
+    assert_eq!(choose(&[load(1, 5), load(0, 0)], 0).unwrap().index, 0);
+    assert_eq!(choose(&[load(2, 5), load(0, 0)], 0).unwrap().index, 1);
+    // A larger factor lets the cache keep more.
+    let endpoints = [load(4, 5), load(2, 0)];
+    assert_eq!(choose(&endpoints, 0).unwrap().index, 1);
+    let roomy = choose_endpoint(&endpoints, 40, &bounded(3.0), 0);
+    assert_eq!(roomy.unwrap().index, 0);
 }
 
 #[test]
 fn without_a_prefix_the_least_loaded_then_emptiest_cache_wins_and_ties_split() {
     let mut endpoints = [load(3, 0), load(2, 0), load(2, 0), load(5, 0)];
     let picks: Vec<usize> = (0..4)
-        .map(|tie| choose_endpoint(&endpoints, 1.5, tie).unwrap().index)
+        .map(|tie| choose(&endpoints, tie).unwrap().index)
         .collect();
     assert_eq!(picks, [1, 2, 1, 2]);
-    assert!(!choose_endpoint(&endpoints, 1.5, 0).unwrap().by_prefix);
+    assert!(!choose(&endpoints, 0).unwrap().by_prefix);
     endpoints[1].kv_usage = Some(0.9);
     endpoints[2].kv_usage = Some(0.2);
-    assert_eq!(choose_endpoint(&endpoints, 1.5, 0).unwrap().index, 2);
-    assert_eq!(choose_endpoint(&[], 1.5, 0), None);
+    assert_eq!(choose(&endpoints, 0).unwrap().index, 2);
+    assert_eq!(choose(&[], 0), None);
+    // The blocks past the hashed prefix count too.
+    assert_eq!(prompt_blocks(MAX_PREFIX_BYTES * 2 + 1), 1025);
 }
 
 #[test]
@@ -231,15 +285,15 @@ fn a_session_stays_on_its_profile_unless_quality_rules_it_out() {
 }
 
 #[test]
-fn a_load_factor_below_one_is_refused_with_its_path() {
+fn a_load_factor_or_recompute_weight_below_one_is_refused_with_its_path() {
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     set.policy.affinity.max_load_factor = 0.9;
+    set.policy.affinity.recompute_weight = f64::NAN;
     let errors = set.validate().unwrap_err();
-    assert!(
-        errors
-            .0
-            .iter()
-            .any(|e| e.path == "policy.affinity.max_load_factor"),
-        "{errors}"
-    );
+    for path in [
+        "policy.affinity.max_load_factor",
+        "policy.affinity.recompute_weight",
+    ] {
+        assert!(errors.0.iter().any(|e| e.path == path), "{errors}");
+    }
 }

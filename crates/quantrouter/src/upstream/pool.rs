@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::{HeaderValue, Uri};
-use quantrouter_policy::{choose_endpoint, EndpointLoad, PrefixTable};
+use quantrouter_policy::{choose_endpoint, Affinity, EndpointLoad, PrefixTable};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -52,6 +52,12 @@ pub struct Endpoint {
     /// [`Endpoint::uri`] of the generation paths, parsed once instead of per request.
     generation_uris: [OnceLock<Uri>; GENERATION_PATHS.len()],
     inflight: AtomicU64,
+    /// This router's requests in flight here when the last scrape was recorded: the part
+    /// of the scraped queue that was its own.
+    inflight_at_scrape: AtomicU64,
+    /// Prompt blocks this router sent here, not estimated to be cached, whose answers have
+    /// not started: the prefill queued ahead of a new request.
+    queued_blocks: AtomicU64,
     /// Requests waiting upstream (`vllm:num_requests_waiting` or another server's
     /// equivalent) from the last scrape.
     waiting: AtomicU64,
@@ -75,6 +81,8 @@ pub struct Endpoint {
 pub struct Placement {
     /// The prompt's chained block hashes (`quantrouter_policy::prefix_blocks`).
     pub blocks: Vec<u64>,
+    /// The whole prompt's size in blocks, hashed or not.
+    prompt_blocks: u64,
     /// The last endpoint was chosen for its cached prefix.
     by_prefix: AtomicBool,
 }
@@ -86,6 +94,8 @@ pub struct Pick {
     pub endpoint: Arc<Endpoint>,
     probe: bool,
     reported: bool,
+    /// Blocks this request added to the endpoint's queued prefill until its answer starts.
+    queued_blocks: u64,
 }
 
 /// Counts a request in flight on a pool and an endpoint until dropped.
@@ -289,18 +299,20 @@ impl Pool {
     }
 
     /// Power of two choices among endpoints not yet `tried` whose circuit admits a request:
-    /// of two random candidates, the one with less load (router in-flight plus the scraped
-    /// upstream queue). Deterministic for one or two candidates.
+    /// of two random candidates, the one with less load (router in-flight plus the other
+    /// clients' requests in the scraped upstream queue). Deterministic for one or two
+    /// candidates.
     pub fn pick(&self, tried: &[Arc<Endpoint>], now: Instant) -> Option<Pick> {
         self.pick_placed(None, tried, now)
     }
 
-    /// [`Pool::pick`], or with `placed` (`upstream.balance: prefix`) the endpoint most likely
-    /// to hold the prompt's prefix within the load bound (`max_load_factor`); the prompt is
-    /// then remembered there.
+    /// [`Pool::pick`], or with `placed` (`upstream.balance: prefix`) the endpoint where the
+    /// prompt's first token is expected soonest (prefill queued there and the part of the
+    /// prompt it does not hold) within the load bound; the prompt is then remembered there
+    /// and its uncached blocks count as queued there until its answer starts.
     pub fn pick_placed(
         &self,
-        placed: Option<(&Placement, f64)>,
+        placed: Option<(&Placement, Affinity)>,
         tried: &[Arc<Endpoint>],
         now: Instant,
     ) -> Option<Pick> {
@@ -311,16 +323,16 @@ impl Pool {
             .filter(untried)
             .filter(|e| e.lock_breaker().would_admit(now))
             .collect();
-        let chosen = match (placed, candidates.as_slice()) {
+        let (chosen, queued_blocks) = match (placed, candidates.as_slice()) {
             (_, []) => return None,
             // One endpoint: nothing to choose, and its table would only cost time.
-            (_, [only]) => *only,
-            (Some((placement, factor)), all) => by_prefix(placement, factor, all)?,
-            (None, [a, b]) => lighter(a, b),
+            (_, [only]) => (*only, 0),
+            (Some((placement, affinity)), all) => by_prefix(placement, &affinity, all)?,
+            (None, [a, b]) => (lighter(a, b), 0),
             (None, many) => {
                 let i = fastrand::usize(..many.len());
                 let j = (i + 1 + fastrand::usize(..many.len() - 1)) % many.len();
-                lighter(many[i], many[j])
+                (lighter(many[i], many[j]), 0)
             }
         };
         let probe = match chosen.lock_breaker().admit(now) {
@@ -329,10 +341,16 @@ impl Pool {
             // Raced with another request for the last probe slot.
             Admit::No => return None,
         };
+        if queued_blocks != 0 {
+            chosen
+                .queued_blocks
+                .fetch_add(queued_blocks, Ordering::Relaxed);
+        }
         Some(Pick {
             endpoint: Arc::clone(chosen),
             probe,
             reported: false,
+            queued_blocks,
         })
     }
 
@@ -357,30 +375,33 @@ impl Pool {
     }
 }
 
-/// How a request to `profile` picks its endpoint: by `placement`'s cached prefix within
-/// the policy's load bound when the profile balances by prefix, else by load alone.
+/// How a request to `profile` picks its endpoint: by `placement`'s expected first-token
+/// wait within the policy's load bound when the profile balances by prefix, else by load
+/// alone.
 pub fn placed<'p>(
     set: &quantrouter_policy::ProfileSet,
     profile: quantrouter_policy::ProfileIndex,
     placement: &'p Placement,
-) -> Option<(&'p Placement, f64)> {
+) -> Option<(&'p Placement, Affinity)> {
     let balance = set.profiles[profile].upstream.balance();
-    let factor = set.policy.affinity.max_load_factor;
-    (balance == quantrouter_policy::Balance::Prefix).then_some((placement, factor))
+    let affinity = set.policy.affinity;
+    (balance == quantrouter_policy::Balance::Prefix).then_some((placement, affinity))
 }
 
-/// The policy's choice by cached prefix and load among `candidates`; the prompt's blocks
-/// are then remembered on the chosen endpoint.
+/// The policy's choice by queued prefill, cached prefix and load among `candidates`, and
+/// the blocks of the prompt the chosen endpoint must compute; the prompt's blocks are then
+/// remembered there.
 fn by_prefix<'a>(
     placement: &Placement,
-    max_load_factor: f64,
+    affinity: &Affinity,
     candidates: &[&'a Arc<Endpoint>],
-) -> Option<&'a Arc<Endpoint>> {
+) -> Option<(&'a Arc<Endpoint>, u64)> {
     let blocks = &placement.blocks;
     let loads: Vec<EndpointLoad> = candidates
         .iter()
         .map(|e| EndpointLoad {
             load: e.load(),
+            queued_blocks: e.queued_blocks.load(Ordering::Relaxed),
             kv_usage: e.kv_usage(),
             matched_blocks: match blocks.is_empty() {
                 true => 0,
@@ -388,7 +409,7 @@ fn by_prefix<'a>(
             },
         })
         .collect();
-    let choice = choose_endpoint(&loads, max_load_factor, fastrand::u64(..))?;
+    let choice = choose_endpoint(&loads, placement.prompt_blocks, affinity, fastrand::u64(..))?;
     let chosen = candidates.get(choice.index)?;
     if !blocks.is_empty() {
         lock(&chosen.prefixes).record(blocks);
@@ -396,7 +417,7 @@ fn by_prefix<'a>(
     placement
         .by_prefix
         .store(choice.by_prefix, Ordering::Relaxed);
-    Some(chosen)
+    Some((chosen, choice.uncached_blocks))
 }
 
 fn lighter<'a>(a: &'a Arc<Endpoint>, b: &'a Arc<Endpoint>) -> &'a Arc<Endpoint> {
@@ -422,6 +443,8 @@ impl Endpoint {
             base: base.to_owned(),
             generation_uris: Default::default(),
             inflight: AtomicU64::new(0),
+            inflight_at_scrape: AtomicU64::new(0),
+            queued_blocks: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             running: AtomicU64::new(0),
             queue_source: AtomicU8::new(QueueSource::Unknown.as_byte()),
@@ -459,12 +482,20 @@ impl Endpoint {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    /// Load for balancing: what the upstream said it runs and queues (other routers'
-    /// requests included), or this router's own requests in flight when those are more (the
-    /// scrape is up to a second old).
+    /// Load for balancing: this router's requests in flight now, plus the requests of
+    /// other clients (other router replicas) the last scrape found beyond this router's
+    /// own at that moment. The scrape is up to a second old: taken whole, it would hide
+    /// the requests that ended or started since, and every pick until the next scrape
+    /// would see the same stale counts and herd onto one endpoint.
     fn load(&self) -> u64 {
         let upstream = self.running.load(Ordering::Relaxed) + self.waiting();
-        self.inflight().max(upstream)
+        let others = upstream.saturating_sub(self.inflight_at_scrape.load(Ordering::Relaxed));
+        self.inflight() + others
+    }
+
+    /// Prompt blocks queued for prefill here by this router (see [`Pool::pick_placed`]).
+    pub fn queued_blocks(&self) -> u64 {
+        self.queued_blocks.load(Ordering::Relaxed)
     }
 
     /// Requests waiting upstream, as last scraped.
@@ -483,6 +514,8 @@ impl Endpoint {
 
     /// Records a scrape; returns the previous source when the source changed.
     pub fn set_queue(&self, reading: QueueReading) -> Option<QueueSource> {
+        self.inflight_at_scrape
+            .store(self.inflight(), Ordering::Relaxed);
         self.waiting
             .store(reading.waiting.unwrap_or(0), Ordering::Relaxed);
         self.running
@@ -539,6 +572,7 @@ impl Endpoint {
             endpoint: Arc::clone(self),
             probe,
             reported: false,
+            queued_blocks: 0,
         })
     }
 
@@ -574,9 +608,16 @@ impl Endpoint {
 impl Placement {
     pub fn new(blocks: Vec<u64>) -> Self {
         Self {
+            prompt_blocks: blocks.len() as u64,
             blocks,
             by_prefix: AtomicBool::new(false),
         }
+    }
+
+    /// The prompt is `bytes` long: its blocks past the hashed prefix count as prefill too.
+    pub fn with_prompt_bytes(mut self, bytes: usize) -> Self {
+        self.prompt_blocks = quantrouter_policy::prompt_blocks(bytes).max(self.prompt_blocks);
+        self
     }
 
     /// The endpoint that got the last attempt was chosen for its cached prefix.
@@ -622,7 +663,13 @@ impl Pick {
 }
 
 impl Drop for Pick {
+    /// The answer started (or the attempt ended): its prefill is no longer queued.
     fn drop(&mut self) {
+        if self.queued_blocks != 0 {
+            self.endpoint
+                .queued_blocks
+                .fetch_sub(self.queued_blocks, Ordering::Relaxed);
+        }
         if self.probe && !self.reported {
             self.endpoint.lock_breaker().abandon_probe();
         }
@@ -707,6 +754,60 @@ mod tests {
             .collect();
         let c = picks.iter().filter(|b| b.as_str() == "http://c:3").count();
         assert!(c > 100, "c is idle and should win most picks, got {c}/200");
+    }
+
+    #[test]
+    fn a_scrape_adds_other_clients_requests_and_goes_stale_with_this_routers_own() {
+        let pool = pool(&["http://a:1", "http://b:2"]);
+        let [a, b] = [0, 1].map(|i| Arc::clone(&pool.endpoints()[i]));
+        let reading = |running| QueueReading {
+            waiting: Some(1),
+            running: Some(running),
+            source: QueueSource::Known(0),
+        };
+        // Three requests of this router at a when it was scraped, with one other running
+        // and one waiting there; b idle.
+        let mine: Vec<_> = (0..3).map(|_| pool.enter(&a)).collect();
+        a.set_queue(reading(4));
+        b.set_queue(reading(0));
+        assert_eq!((a.load(), b.load()), (5, 1));
+        // This router's requests at a ended since: the scrape still shows them, the load
+        // does not.
+        drop(mine);
+        assert_eq!(a.load(), 2);
+        let _now = pool.enter(&b);
+        assert_eq!(b.load(), 2);
+    }
+
+    #[test]
+    fn a_prompts_uncached_blocks_stay_queued_until_its_answer_starts() {
+        let pool = pool(&["http://a:1", "http://b:2"]);
+        let affinity = Affinity::default();
+        let now = Instant::now();
+        // 20 blocks of conversation, then 100 more bytes: 22 blocks in all.
+        let turn = || Placement::new((1..=20).collect()).with_prompt_bytes(20 * 64 + 100);
+        let first = turn();
+        let cold = pool
+            .pick_placed(Some((&first, affinity)), &[], now)
+            .unwrap();
+        let home = Arc::clone(&cold.endpoint);
+        assert_eq!(home.queued_blocks(), 22, "nothing cached yet");
+        cold.succeeded(Duration::from_millis(1));
+        assert_eq!(home.queued_blocks(), 0);
+        // Held there, the same conversation adds only what follows the 20 blocks sent.
+        let next = Placement::new((1..=21).collect()).with_prompt_bytes(21 * 64 + 100);
+        let warm = pool.pick_placed(Some((&next, affinity)), &[], now).unwrap();
+        assert!(Arc::ptr_eq(&warm.endpoint, &home));
+        assert!(next.by_prefix());
+        assert_eq!(home.queued_blocks(), 23 - 20);
+        // A failed or abandoned attempt frees its blocks too.
+        warm.failed();
+        assert_eq!(home.queued_blocks(), 0);
+        let again = pool
+            .pick_placed(Some((&turn(), affinity)), &[], now)
+            .unwrap();
+        drop(again);
+        assert!(pool.endpoints().iter().all(|e| e.queued_blocks() == 0));
     }
 
     #[test]
