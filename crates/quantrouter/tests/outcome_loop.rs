@@ -23,11 +23,10 @@ use quantrouter::server::ServerConfig;
 use quantrouter_policy::classifier::{outcome_from_value, routing_curve, OutcomeRecord};
 use quantrouter_policy::{
     Calibration, ClassifierDocument, OutcomeSink, ProfileSet, RequiredQuality, SecondOpinion,
-    StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
 };
 use support::redis_server::RedisServer;
 use support::{eventually, send, start_router, Reply};
-use vllm_sim::{Faults, SimConfig, SimServer, WrongWhen};
+use vllm_sim::{Faults, SimServer, WrongWhen};
 
 const PREFIX: &str = "qr";
 /// The cheap sim answers a problem with more than this many numbers wrongly.
@@ -192,23 +191,15 @@ fn measured(set: &ProfileSet, second_opinion: bool) -> ProfileSet {
 /// Two sims, the cheap one wrong past [`LIMIT`] numbers, and a set that serves everything
 /// from the cheap one and samples all of it against the reference.
 async fn tiers() -> (ProfileSet, Vec<SimServer>) {
-    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-    set.profiles.retain(|p| p.tier != "int4");
-    let mut sims = Vec::new();
-    for profile in &mut set.profiles {
-        let config = SimConfig {
-            model: profile.model.clone(),
-            ..SimConfig::default()
-        };
-        let sim = SimServer::bind(support::loopback(), config).await.unwrap();
+    let (mut set, sims) = support::sim_tiers(Duration::ZERO).await;
+    for (profile, sim) in set.profiles.iter().zip(&sims) {
         let quantities_over = (profile.tier == "fp8").then_some(LIMIT);
         sim.set_faults(Faults {
             wrong_when: Some(WrongWhen { quantities_over }),
             ..Faults::default()
         });
-        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
-        sims.push(sim);
     }
+    set.profiles.retain(|p| p.tier != "int4");
     let reference = set.profiles.iter().find(|p| p.tier == "fp16").unwrap();
     set.default_profile = reference.id.clone();
     // Every tier is good enough: the cheapest serves, and every answer is sampled.

@@ -11,11 +11,11 @@
 mod support;
 
 use quantrouter::server::Server;
-use quantrouter_policy::{
-    ProfileSet, SecondOpinion, StaticUpstream, Upstream, DEFAULT_PROFILE_SET,
-};
+use std::time::Duration;
+
+use quantrouter_policy::SecondOpinion;
 use support::{send, start_router, Reply};
-use vllm_sim::{Faults, SimConfig, SimServer, WrongWhen};
+use vllm_sim::{Faults, SimServer, WrongWhen};
 
 /// Six numbers: the cheap sim gets it wrong and rates it 8.
 const HARD: &str = "Ana brings 12 shells. Bo brings 7 shells. Chen brings 30 shells. Dara \
@@ -38,22 +38,14 @@ async fn router(
     second_opinion: Option<SecondOpinion>,
     rating_delay_ms: u64,
 ) -> (Server, Vec<SimServer>) {
-    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
-    set.profiles.retain(|p| p.tier != "int4");
-    let mut sims = Vec::new();
-    for profile in &mut set.profiles {
-        let config = SimConfig {
-            model: profile.model.clone(),
-            ..SimConfig::default()
-        };
-        let sim = SimServer::bind(support::loopback(), config).await.unwrap();
+    let (mut set, sims) = support::sim_tiers(Duration::ZERO).await;
+    for (profile, sim) in set.profiles.iter().zip(&sims) {
         sim.set_faults(match profile.id == CHEAP {
             true => faults(rating_delay_ms, Some(4)),
             false => faults(0, None),
         });
-        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
-        sims.push(sim);
     }
+    set.profiles.retain(|p| p.tier != "int4");
     assert_eq!(set.profiles[1].id, CHEAP);
     set.policy.second_opinion = second_opinion;
     set.validate().unwrap();

@@ -193,16 +193,7 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
         println!("leave-one-source-out:\n{loso}");
         doc.metrics.leave_one_source_out = Some(loso);
     }
-    if args.cross_validate.is_some() {
-        let window = ComplexityWeights::default().scoring_window_chars;
-        let cv = cross_validate(&outcomes, window, options.seed);
-        println!("outcome head, held out by category:\n{cv}");
-        doc.metrics.outcomes = Some(cv);
-    }
-    std::fs::write(&args.out, doc.to_json() + "\n")
-        .map_err(|e| CliError::Io(format!("writing {}: {e}", args.out.display())))?;
-    println!("wrote {} (sha256 {})", args.out.display(), doc.sha256);
-    Ok(())
+    write_model(doc, args, &outcomes, options.seed)
 }
 
 /// `train --base`: the base model with its outcome head refitted to the records.
@@ -220,11 +211,20 @@ fn run_retrain(args: &TrainArgs, base: &Path) -> Result<(), CliError> {
         "refitting the outcome head on {} outcome records",
         outcomes.len()
     );
-    let mut doc =
-        retrain_outcomes(&base, &outcomes).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let doc = retrain_outcomes(&base, &outcomes).map_err(|e| CliError::Invalid(e.to_string()))?;
+    write_model(doc, args, &outcomes, args.data.seed)
+}
+
+/// Writes a trained model, with the outcome head's held-out figures when they were asked for.
+fn write_model(
+    mut doc: ClassifierDocument,
+    args: &TrainArgs,
+    outcomes: &[OutcomeRecord],
+    seed: u64,
+) -> Result<(), CliError> {
     if args.cross_validate.is_some() {
         let window = ComplexityWeights::default().scoring_window_chars;
-        let cv = cross_validate(&outcomes, window, args.data.seed);
+        let cv = cross_validate(outcomes, window, seed);
         println!("outcome head, held out by category:\n{cv}");
         doc.metrics.outcomes = Some(cv);
     }
