@@ -188,6 +188,17 @@ fn measured(set: &ProfileSet, second_opinion: bool) -> ProfileSet {
     set
 }
 
+/// The router's Redis (for the outcome stream) and a calibration budget that never refuses
+/// a sample.
+fn sample_everything(config: &mut ServerConfig, redis: redis::Client) {
+    config.stored_responses.redis = Some((redis, PREFIX.into()));
+    config.resilience.calibration = BudgetConfig {
+        ratio: 1.0,
+        floor: 10_000,
+        window: Duration::from_secs(60),
+    };
+}
+
 /// Two sims, the cheap one wrong past [`LIMIT`] numbers, and a set that serves everything
 /// from the cheap one and samples all of it against the reference.
 async fn tiers() -> (ProfileSet, Vec<SimServer>) {
@@ -249,12 +260,7 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
     let client = redis.client();
     let router = start_router(set.clone(), move |c: &mut ServerConfig| {
         c.classifier = classifiers;
-        c.stored_responses.redis = Some((client, PREFIX.into()));
-        c.resilience.calibration = BudgetConfig {
-            ratio: 1.0,
-            floor: 10_000,
-            window: Duration::from_secs(60),
-        };
+        sample_everything(c, client);
     })
     .await;
 
@@ -401,12 +407,7 @@ async fn a_redis_that_refuses_costs_records_not_requests() {
     let calibration = set.policy.calibration.as_mut().unwrap();
     calibration.outcomes.as_mut().unwrap().file = Some(file.to_str().unwrap().into());
     let router = start_router(set, move |c: &mut ServerConfig| {
-        c.stored_responses.redis = Some((client, PREFIX.into()));
-        c.resilience.calibration = BudgetConfig {
-            ratio: 1.0,
-            floor: 10_000,
-            window: Duration::from_secs(60),
-        };
+        sample_everything(c, client)
     })
     .await;
     let before = outcome_records("error");
