@@ -467,16 +467,7 @@ async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
 /// The official `anthropic` and `openai` Python clients against the router
 /// (`scripts/install-tools openai anthropic`; `QUANTROUTER_PYTHON` points at the venv).
 async fn official_clients(t: &Tiers, extra: &[&str]) {
-    let python = std::env::var_os("QUANTROUTER_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        });
-    assert!(
-        python.exists(),
-        "{} not found: run `scripts/install-tools openai anthropic` or set QUANTROUTER_PYTHON",
-        python.display()
-    );
+    let python = support::python();
     let script =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agents_compat.py");
     let output = tokio::process::Command::new(python)

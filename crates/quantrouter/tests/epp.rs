@@ -15,22 +15,8 @@ use quantrouter::tenants::limiter::LimiterConfig;
 use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
 use quantrouter_policy::{hash_key, ProfileSet, StaticUpstream, Upstream};
 use support::envoy::Envoy;
-use support::{client, loopback, send, sim_tiers, start_router, CODE, SIMPLE};
+use support::{client, loopback, python, send, sim_tiers, start_router, CODE, SIMPLE};
 use vllm_sim::{Faults, SimConfig, SimServer};
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("QUANTROUTER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        });
-    assert!(
-        path.exists(),
-        "{} not found: run `scripts/install-tools openai` (scripts/test does) or set QUANTROUTER_PYTHON",
-        path.display()
-    );
-    path
-}
 
 /// What the client saw of one request through the gateway (`through_gateway.py`).
 async fn through(envoy: &Envoy, key: &str, kind: &str, prompt: &str) -> serde_json::Value {

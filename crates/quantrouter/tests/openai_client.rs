@@ -9,25 +9,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use quantrouter_policy::{repetition_ratio, StreamCheck};
-use support::{eventually, keys, Harness, Tiers, SIMPLE};
+use support::{eventually, keys, python, Harness, Tiers, SIMPLE};
 use vllm_sim::{Faults, SimConfig};
 
 const FP8: usize = 1;
 const INT4: usize = 2;
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("QUANTROUTER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        });
-    assert!(
-        path.exists(),
-        "{} not found: run `scripts/install-tools openai` (scripts/test does) or set QUANTROUTER_PYTHON",
-        path.display()
-    );
-    path
-}
 
 async fn run_script(base_url: String, extra: &[&str]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_compat.py");

@@ -10,6 +10,7 @@ pub mod redis_server;
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -505,4 +506,20 @@ pub async fn capture_upstream() -> (String, Captured) {
         }
     });
     (url, seen)
+}
+
+/// The Python with the official clients in it (`QUANTROUTER_PYTHON`, else the repository's
+/// `.venv`).
+pub fn python() -> PathBuf {
+    let path = std::env::var_os("QUANTROUTER_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        path.exists(),
+        "{} not found: run `scripts/install-tools openai anthropic` (scripts/test does) or set QUANTROUTER_PYTHON",
+        path.display()
+    );
+    path
 }
