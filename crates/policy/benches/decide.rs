@@ -7,7 +7,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use quantrouter_policy::{
     conversation_key, prefer_session, prefix_blocks, Classifier, ProfileIndex, ProfileSet, Prompt,
-    Role, Segment, DEFAULT_PROFILE_SET,
+    Role, RoutingDecision, Segment, DEFAULT_PROFILE_SET,
 };
 
 mod workload;
@@ -76,17 +76,8 @@ fn affinity(c: &mut Criterion) {
     group.bench_function("with/4096B", |b| {
         b.iter(|| {
             let mut decision = route(&set, Some(&model), black_box(&text));
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: black_box(&text),
-                }],
-                wants_json: false,
-            };
-            let blocks = prefix_blocks(&prompt);
-            let key = conversation_key(Some("session-1"), None, &prompt);
-            prefer_session(&mut decision, ProfileIndex::new(0));
-            black_box((decision, blocks, key))
+            let work = affinity_work(&text, &mut decision, ProfileIndex::new(0));
+            black_box((decision, work))
         })
     });
     // The added work alone: on a loaded machine the two runs above can drift apart by more
@@ -95,21 +86,27 @@ fn affinity(c: &mut Criterion) {
     group.bench_function("added/4096B", |b| {
         let mut decision = decision.clone();
         let session = decision.profile;
-        b.iter(|| {
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: black_box(&text),
-                }],
-                wants_json: false,
-            };
-            let blocks = prefix_blocks(&prompt);
-            let key = conversation_key(Some("session-1"), None, &prompt);
-            black_box(prefer_session(&mut decision, black_box(session)));
-            black_box((blocks, key))
-        })
+        b.iter(|| black_box(affinity_work(&text, &mut decision, black_box(session))))
     });
     group.finish();
+}
+
+/// The prompt's block hashes, its conversation key and the session preference.
+fn affinity_work(
+    text: &str,
+    decision: &mut RoutingDecision,
+    session: ProfileIndex,
+) -> (Vec<u64>, Option<u64>, bool) {
+    let prompt = Prompt {
+        segments: vec![Segment {
+            role: Role::User,
+            text: black_box(text),
+        }],
+        wants_json: false,
+    };
+    let blocks = prefix_blocks(&prompt);
+    let key = conversation_key(Some("session-1"), None, &prompt);
+    (blocks, key, prefer_session(decision, session))
 }
 
 criterion_group!(benches, features_and_decision, affinity);
