@@ -105,7 +105,10 @@ fn opinions(result: &str) -> u64 {
     quantrouter::telemetry::metrics_handle()
         .render()
         .lines()
-        .find_map(|l| l.strip_prefix("quantrouter_second_opinions_total")?.strip_prefix(&label))
+        .find_map(|l| {
+            l.strip_prefix("quantrouter_second_opinions_total")?
+                .strip_prefix(&label)
+        })
         .map_or(0, |n| n.parse().unwrap())
 }
 
