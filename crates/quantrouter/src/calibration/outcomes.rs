@@ -163,14 +163,16 @@ impl OutcomeLog {
 
     /// Writes one record where `sink` says; errors are counted and logged, not returned.
     pub async fn write(&self, sink: &OutcomeSink, record: &TrafficOutcome) {
-        let destinations = [(sink.redis, "redis"), (sink.file.is_some(), "file")];
         let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
-            for (_, destination) in destinations.iter().filter(|(on, _)| *on) {
-                telemetry::outcome_record(destination, "dropped");
+            if sink.redis {
+                telemetry::outcome_record("redis", "dropped");
+            }
+            if sink.file.is_some() {
+                telemetry::outcome_record("file", "dropped");
             }
             return;
         };
-        let (record, line) = match fit(record) {
+        let (fitted, line) = match fit(record) {
             Ok(fitted) => fitted,
             Err(bytes) => {
                 // Only profile ids of kilobytes make the record's fixed part that long.
@@ -178,46 +180,46 @@ impl OutcomeLog {
                     bytes,
                     "outcome record longer than {MAX_RECORD_BYTES} bytes; not written"
                 );
-                for (_, destination) in destinations.iter().filter(|(on, _)| *on) {
-                    telemetry::outcome_record(destination, "error");
+                if sink.redis {
+                    telemetry::outcome_record("redis", "error");
+                }
+                if sink.file.is_some() {
+                    telemetry::outcome_record("file", "error");
                 }
                 return;
             }
         };
+        let record = &fitted;
         if sink.redis {
-            self.write_redis(sink, &record).await;
+            let result = match &self.redis {
+                Some(shared) => {
+                    match tokio::time::timeout(WRITE_TIMEOUT, shared.append(sink, record)).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {WRITE_TIMEOUT:?}")),
+                    }
+                }
+                None => Err("the router has no Redis (--redis-url)".into()),
+            };
+            match result {
+                Ok(()) => telemetry::outcome_record("redis", "written"),
+                Err(error) => {
+                    // Without Redis every record fails alike: the metric says so, the log
+                    // would only repeat it.
+                    match &self.redis {
+                        Some(shared) => {
+                            *shared.conn.lock().await = None;
+                            tracing::warn!(%error, "outcome record not written to Redis");
+                        }
+                        None => tracing::debug!(%error, "outcome record not written to Redis"),
+                    }
+                    telemetry::outcome_record("redis", "error");
+                }
+            }
         }
         if let Some(path) = &sink.file {
             self.write_file(PathBuf::from(path), line, sink.max_len)
                 .await;
-        }
-    }
-
-    async fn write_redis(&self, sink: &OutcomeSink, record: &TrafficOutcome) {
-        let result = match &self.redis {
-            Some(shared) => {
-                match tokio::time::timeout(WRITE_TIMEOUT, shared.append(sink, record)).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no answer within {WRITE_TIMEOUT:?}")),
-                }
-            }
-            None => Err("the router has no Redis (--redis-url)".into()),
-        };
-        match result {
-            Ok(()) => telemetry::outcome_record("redis", "written"),
-            Err(error) => {
-                // Without Redis every record fails alike: the metric says so, the log
-                // would only repeat it.
-                match &self.redis {
-                    Some(shared) => {
-                        *shared.conn.lock().await = None;
-                        tracing::warn!(%error, "outcome record not written to Redis");
-                    }
-                    None => tracing::debug!(%error, "outcome record not written to Redis"),
-                }
-                telemetry::outcome_record("redis", "error");
-            }
         }
     }
 
