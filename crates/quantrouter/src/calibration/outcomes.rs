@@ -36,8 +36,8 @@ pub const MAX_IN_FLIGHT: usize = 64;
 /// The longest one write may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest record, as its JSON line; a stream entry's field names and values add up to
-/// less. The features take under 1 KiB, which leaves a logged prompt its whole window
-/// (`OUTCOME_WINDOW`, 2 KiB) unless it is mostly characters JSON escapes.
+/// less. Room for the features and a logged prompt's whole window (`OUTCOME_WINDOW`), unless
+/// the prompt is mostly characters JSON escapes (docs/routing.md has the figures).
 pub const MAX_RECORD_BYTES: usize = 4096;
 /// The longest line read when checking a file: far above any record a router ever wrote,
 /// including those of routers that logged whole prompts.
