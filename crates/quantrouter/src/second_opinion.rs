@@ -116,20 +116,21 @@ pub async fn consult(
     let started = Instant::now();
     let timeout = Duration::from_millis(policy.timeout_ms);
     let asked = tokio::time::timeout(timeout, ask(app, snapshot, policy, &prompt)).await;
-    let elapsed = Some(started.elapsed());
+    let elapsed = started.elapsed();
     match asked {
         Ok(Ok(rating)) => {
             app.second_opinions.put(key, rating);
-            telemetry::second_opinion("rated", elapsed);
+            telemetry::second_opinion("rated", Some(elapsed));
             Some(rating)
         }
-        Ok(Err(error)) => {
+        // The call's own deadline is the timeout too, and usually ends it first.
+        Ok(Err(error)) if elapsed < timeout => {
             tracing::debug!(%error, "second opinion: no rating");
-            telemetry::second_opinion("error", elapsed);
+            telemetry::second_opinion("error", Some(elapsed));
             None
         }
-        Err(_) => {
-            telemetry::second_opinion("timeout", elapsed);
+        Ok(Err(_)) | Err(_) => {
+            telemetry::second_opinion("timeout", Some(elapsed));
             None
         }
     }

@@ -92,6 +92,10 @@ pub const SECOND_OPINIONS: &str = "quantrouter_second_opinions_total";
 /// How long a second opinion's rating call took.
 pub const SECOND_OPINION_DURATION: &str = "quantrouter_second_opinion_duration_seconds";
 
+/// The label naming an upstream endpoint (its URL). Not `endpoint`: the Prometheus Operator's
+/// monitors set that label to the scraped port's name and would rename ours.
+pub const UPSTREAM: &str = "upstream";
+
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -515,13 +519,13 @@ pub fn admission_rejected(profile: &str) {
 
 /// An endpoint's circuit state as the gauge encodes it: 0 closed, 1 half-open, 2 open.
 pub fn circuit_state(profile: &str, endpoint: &str, state: u8) {
-    gauge!(CIRCUIT_STATE, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+    gauge!(CIRCUIT_STATE, "profile" => profile.to_owned(), UPSTREAM => endpoint.to_owned())
         .set(f64::from(state));
 }
 
 /// Whether an endpoint's `/metrics` page has a queue metric the router reads.
 pub fn upstream_queue_metric(profile: &str, endpoint: &str, found: bool) {
-    gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+    gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.to_owned(), UPSTREAM => endpoint.to_owned())
         .set(if found { 1.0 } else { 0.0 });
 }
 

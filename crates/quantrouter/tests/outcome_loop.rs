@@ -20,9 +20,12 @@ use quantrouter::classifier::{self, ClassifierConfig};
 use quantrouter::profiles::SourceKind;
 use quantrouter::resilience::BudgetConfig;
 use quantrouter::server::ServerConfig;
-use quantrouter_policy::classifier::{outcome_from_value, routing_curve, OutcomeRecord};
+use quantrouter_policy::classifier::{
+    outcome_from_value, routing_curve, OutcomeInputs, OutcomeRecord,
+};
 use quantrouter_policy::{
-    Calibration, ClassifierDocument, OutcomeSink, ProfileSet, RequiredQuality, SecondOpinion,
+    Calibration, ClassifierDocument, OutcomeSink, ProfileSet, Prompt, RequiredQuality, Role,
+    SecondOpinion, Segment,
 };
 use support::redis_server::RedisServer;
 use support::{eventually, send, start_router, Reply};
@@ -432,4 +435,122 @@ async fn a_redis_that_refuses_costs_records_not_requests() {
         !lines.contains("brings"),
         "no prompt text without --log-prompts"
     );
+}
+
+/// A stream entry's field values, by name.
+type Entry = (String, std::collections::HashMap<String, String>);
+
+/// With `--log-prompts`, a record holds the prompt's scoring window, not the prompt: each
+/// record stays within `MAX_RECORD_BYTES` and the stream within `max_len` of them, in
+/// Redis's own memory count too (docs/routing.md states the figure this checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logged_prompts_keep_records_and_the_stream_bounded_in_bytes() {
+    const MAX_LEN: u64 = 20;
+    const SENT: usize = 3 * MAX_LEN as usize;
+    let redis = RedisServer::start(None);
+    let (mut set, _sims) = tiers().await;
+    let window = set.policy.complexity.scoring_window_chars;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outcomes.jsonl");
+    let outcomes = set
+        .policy
+        .calibration
+        .as_mut()
+        .unwrap()
+        .outcomes
+        .as_mut()
+        .unwrap();
+    outcomes.max_len = MAX_LEN;
+    outcomes.file = Some(file.to_str().unwrap().into());
+    let client = redis.client();
+    let router = start_router(set, move |c: &mut ServerConfig| {
+        sample_everything(c, client);
+        c.log_prompts = true;
+    })
+    .await;
+    // Prompts ten times the window; quotes and newlines take more room escaped.
+    let filler = "The \"shells\" were sorted by colour.\n".repeat(550);
+    let mut logged = std::collections::HashSet::new();
+    for (text, _) in workload(5, SENT) {
+        let text = format!("{text}\n{filler}");
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text: &text,
+            }],
+            wants_json: false,
+        };
+        logged.insert(OutcomeInputs::scored_text(&prompt, window));
+        let reply = post(&router, "/v1/chat/completions", &chat(&text)).await;
+        assert_eq!(reply.status, 200);
+    }
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = format!("{PREFIX}:outcomes");
+    let added = || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            let info: std::collections::HashMap<String, redis::Value> = redis::cmd("XINFO")
+                .arg("STREAM")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            match info.get("entries-added") {
+                Some(redis::Value::Int(n)) => *n as usize,
+                _ => 0,
+            }
+        }
+    };
+    let all_written = eventually(Duration::from_secs(30), || async { added().await >= SENT }).await;
+    assert!(all_written, "{} of {SENT} records", added().await);
+
+    let entries: Vec<Entry> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let max = quantrouter::calibration::outcomes::MAX_RECORD_BYTES;
+    for (id, fields) in &entries {
+        let bytes: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(bytes <= max, "{id}: {bytes} bytes");
+        let prompt = &fields["prompt"];
+        assert!(
+            logged.contains(prompt),
+            "{id}: not a prompt's scoring window"
+        );
+        assert!(
+            prompt.len() < filler.len() / 5,
+            "{id}: {} bytes",
+            prompt.len()
+        );
+    }
+    // `MAXLEN ~` trims whole nodes, and a node holds about one record this long.
+    assert!(
+        entries.len() as u64 <= MAX_LEN + 2,
+        "{} entries",
+        entries.len()
+    );
+    let memory: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let per_record = memory / entries.len() as u64;
+    println!(
+        "{} entries, {memory} bytes in Redis, {per_record} per record",
+        entries.len()
+    );
+    // The documented bound: `max_len` records (and a node more) of at most a record's size,
+    // Redis's own overhead included.
+    assert!(memory <= (MAX_LEN + 2) * max as u64, "{memory} bytes");
+
+    let lines = std::fs::read_to_string(&file).unwrap();
+    assert!(lines.lines().all(|l| l.len() <= max));
 }

@@ -321,6 +321,23 @@ impl OutcomeInputs {
         Self::of(&prompt, window)
     }
 
+    /// The text [`Self::of`] reads of a prompt, its pieces joined by blank lines: what a
+    /// traffic record logs of the prompt with `--log-prompts`, so the logged text is the
+    /// features' own and never longer than the window (plus the joins).
+    pub fn scored_text(prompt: &Prompt<'_>, window: usize) -> String {
+        let mut text = String::new();
+        for_each_scored(prompt, window.min(OUTCOME_WINDOW), |piece| {
+            if piece.is_empty() {
+                return;
+            }
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            text.push_str(piece);
+        });
+        text
+    }
+
     fn choices(&self) -> bool {
         self.0[CHOICES] > 0.5
     }
@@ -1043,6 +1060,35 @@ mod tests {
             .iter()
             .chain(&mcq.0)
             .all(|v| v.is_finite() && *v >= 0.0));
+    }
+
+    #[test]
+    fn the_scored_text_is_the_ask_first_within_the_window() {
+        use crate::features::{Role, Segment};
+        let history = "é".repeat(3000);
+        let ask = "How many apples? ".repeat(200);
+        let prompt = Prompt {
+            segments: vec![
+                Segment {
+                    role: Role::Assistant,
+                    text: &history,
+                },
+                Segment {
+                    role: Role::User,
+                    text: &ask,
+                },
+            ],
+            wants_json: false,
+        };
+        let text = OutcomeInputs::scored_text(&prompt, 1 << 20);
+        // The ask fills the window; the history gets what is left of its share, whole chars.
+        assert!(text.starts_with("How many apples?"));
+        assert!(text.len() <= OUTCOME_WINDOW + 2, "{}", text.len());
+        assert_eq!(
+            OutcomeInputs::of_text(&text, OUTCOME_WINDOW),
+            OutcomeInputs::of(&prompt, 1 << 20)
+        );
+        assert!(OutcomeInputs::scored_text(&prompt, 10).len() <= 10);
     }
 
     #[test]
