@@ -8,14 +8,16 @@ pub mod kube_api;
 pub mod redis_server;
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -331,6 +333,53 @@ pub async fn send(
         headers: parts.headers,
         body,
     }
+}
+
+/// An upstream that answers every completion with `answer(request body)`: a status, a
+/// content type and a body it sends whole (a stream's last byte ends it cleanly); `GET`s
+/// (health, metrics) get 200. Returns its URL and a count of completions.
+pub async fn scripted_upstream<F>(answer: F) -> (String, Arc<AtomicU64>)
+where
+    F: Fn(&serde_json::Value) -> (StatusCode, &'static str, String) + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answer = Arc::new(answer);
+    let count = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&count);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+                    async move {
+                        let post = req.method() == http::Method::POST;
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let (status, kind, text) = match post {
+                            true => {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                                answer(&serde_json::from_slice(&body).unwrap())
+                            }
+                            false => (StatusCode::OK, "text/plain", String::new()),
+                        };
+                        let mut response = Response::new(Full::new(Bytes::from(text)));
+                        *response.status_mut() = status;
+                        response.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static(kind),
+                        );
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, count)
 }
 
 /// Polls `check` until it holds or `deadline` passes.
