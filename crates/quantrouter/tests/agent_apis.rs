@@ -19,27 +19,8 @@ use vllm_sim::{Faults, SimConfig};
 const FP8: usize = 1;
 const INT4: usize = 2;
 
-/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
-/// only chat.
 async fn tiers(native: bool) -> Tiers {
-    Tiers::start(
-        [1, 1, 1],
-        |_| SimConfig {
-            chat_only: !native,
-            ..SimConfig::default()
-        },
-        |set| {
-            for profile in &mut set.profiles {
-                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
-                    upstream
-                        .apis
-                        .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
-                }
-            }
-        },
-        |_| {},
-    )
-    .await
+    support::agent_tiers(native, |_| {}).await
 }
 
 async fn post(t: &Tiers, path: &str, body: &Value) -> Reply {
@@ -638,32 +619,16 @@ async fn a_stream_cut_short_ends_with_the_apis_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_rate_is_refused_in_each_apis_shape() {
-    use quantrouter::tenants::limiter::LimiterConfig;
-    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
-
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenants.json");
     let doc = json!({"version": 1, "tenants": [{"id": "agents",
         "key_sha256": [quantrouter_policy::hash_key("sk-agents")],
         "limits": {"requests_per_minute": 2}}]});
-    std::fs::write(&file, doc.to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(1),
-        redis: None,
-        redis_poll: Duration::from_secs(1),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    // A fixed minute: the limit must not reset between the requests.
-    let clock = Clock::manual(4_102_444_800_000);
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let tenants = Tenants::start(config, limiter, clock).await.unwrap();
+    let tenants = support::file_tenants(dir.path(), &doc).await;
     let t = Tiers::start(
         [1, 1, 1],
         |_| SimConfig::default(),
         |_| {},
-        |c| c.tenants = Some(std::sync::Arc::new(tenants)),
+        |c| c.tenants = Some(tenants),
     )
     .await;
     let json = ("content-type", "application/json");
@@ -683,6 +648,7 @@ async fn a_tenant_over_its_rate_is_refused_in_each_apis_shape() {
     assert_eq!(refused.json()["type"], "error");
     assert_eq!(refused.json()["error"]["type"], "rate_limit_error");
     assert!(!refused.header("retry-after").is_empty());
+    assert_eq!(refused.header("x-should-retry"), "true");
     let refused = send_as("/v1/responses", response(SIMPLE, false), bearer).await;
     assert_eq!(refused.status, 429, "{:?}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "rate_limit_exceeded");
@@ -758,22 +724,7 @@ async fn a_stream_that_ends_without_a_finish_is_an_error_in_both_apis() {
     assert_eq!(seen.last().unwrap()["code"], "stream_truncated");
 
     // The official clients see an error, never a finished answer.
-    let python = support::python();
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/agents_compat.py");
-    let output = tokio::process::Command::new(python)
-        .arg(script)
-        .arg(format!("http://{}", t.router.public_addr()))
-        .arg("--truncated")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("checks passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    official_clients(&t, &["--truncated"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

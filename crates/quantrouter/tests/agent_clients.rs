@@ -16,12 +16,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quantrouter::tenants::limiter::LimiterConfig;
-use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
-use quantrouter_policy::{Upstream, UpstreamApi};
+use quantrouter::tenants::Tenants;
 use serde_json::{json, Value};
 use support::{client, eventually, send, Tiers};
-use vllm_sim::SimConfig;
 
 const TENANT_KEY: &str = "sk-agent-tenant";
 /// A prompt whose answer, from vllm-sim, calls the tool named in it: one the client runs
@@ -308,25 +305,12 @@ async fn claude_code_and_codex_complete_through_the_demo_as_shipped() {
     demo.child.kill().await.unwrap();
 }
 
-/// A tenant document with one key, its tokens counted (a limit far above the test's use), on
-/// a clock that stays in one minute.
+/// A tenant with one key, its tokens counted (a limit far above the test's use).
 async fn tenants(dir: &Path) -> Arc<Tenants> {
-    let file = dir.join("tenants.json");
     let doc = json!({"version": 1, "tenants": [{"id": "agents",
         "key_sha256": [quantrouter_policy::hash_key(TENANT_KEY)],
         "limits": {"tokens_per_minute": 100_000_000}}]});
-    std::fs::write(&file, doc.to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(1),
-        redis: None,
-        redis_poll: Duration::from_secs(1),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let clock = Clock::manual(4_102_444_800_000);
-    Arc::new(Tenants::start(config, limiter, clock).await.unwrap())
+    support::file_tenants(dir, &doc).await
 }
 
 /// The tenant's tokens counted this minute, from `/admin/tenants`.
@@ -343,24 +327,7 @@ async fn claude_code_and_codex_complete_translated_and_natively_charged_as_they_
     let dir = tempfile::tempdir().unwrap();
     let tenants = tenants(dir.path()).await;
     for native in [false, true] {
-        let t = Tiers::start(
-            [1, 1, 1],
-            |_| SimConfig {
-                chat_only: !native,
-                ..SimConfig::default()
-            },
-            |set| {
-                for profile in &mut set.profiles {
-                    if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
-                        upstream
-                            .apis
-                            .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
-                    }
-                }
-            },
-            |c| c.tenants = Some(Arc::clone(&tenants)),
-        )
-        .await;
+        let t = support::agent_tiers(native, |c| c.tenants = Some(Arc::clone(&tenants))).await;
         let target = Target {
             url: format!("http://{}", t.router.public_addr()),
             key: TENANT_KEY,

@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{check_keys, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, Untranslatable};
 
 /// Request keys with a chat form, or hints that ask nothing of the answer's content
 /// (`metadata` but its `user_id`, `service_tier`, `context_management`); every rule is in
@@ -71,12 +71,8 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
     if let Some(format) = output_format(request.get("output_config"))? {
         chat.insert("response_format".into(), format);
     }
-    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
-        let mut functions = Vec::with_capacity(tools.len());
-        for t in tools.iter().filter(|t| !hosted(t)) {
-            functions.push(tool(t)?);
-        }
-        chat.insert("tools".into(), Value::Array(functions));
+    if let Some(functions) = chat_functions(request, hosted, tool) {
+        chat.insert("tools".into(), functions?);
     }
     if let Some(choice) = request.get("tool_choice") {
         let (choice, parallel) = tool_choice(choice)?;
@@ -91,13 +87,7 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
 /// The hosted tools of a request that a chat upstream cannot run and the translation
 /// leaves out (Anthropic's server-side web search), by name.
 pub fn dropped_tools(request: &Value) -> Vec<String> {
-    let tools = request.get("tools").and_then(Value::as_array);
-    tools
-        .into_iter()
-        .flatten()
-        .filter(|t| hosted(t))
-        .map(|t| t["name"].as_str().unwrap_or("web_search").to_owned())
-        .collect()
+    hosted_tools(request, hosted)
 }
 
 /// Anthropic's web search runs on Anthropic's servers: no chat upstream has it.

@@ -14,7 +14,7 @@
 use serde_json::{json, Map, Value};
 
 use super::messages::event;
-use super::{check_keys, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, Untranslatable};
 
 /// Request keys with a chat form, or hints that ask nothing of the answer's content
 /// (`metadata`, `client_metadata`, `store`, `include`, `truncation`, `service_tier`,
@@ -91,12 +91,8 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
             chat.insert("response_format".into(), format);
         }
     }
-    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
-        let mut functions = Vec::with_capacity(tools.len());
-        for t in tools.iter().filter(|t| !hosted(t)) {
-            functions.push(tool(t)?);
-        }
-        chat.insert("tools".into(), Value::Array(functions));
+    if let Some(functions) = chat_functions(request, hosted, tool) {
+        chat.insert("tools".into(), functions?);
     }
     if let Some(choice) = request.get("tool_choice") {
         chat.insert("tool_choice".into(), tool_choice(choice)?);
@@ -108,13 +104,7 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
 /// (hosted web search, and `namespace` groups of tools, which chat has no form for), by
 /// name or type.
 pub fn dropped_tools(request: &Value) -> Vec<String> {
-    let tools = request.get("tools").and_then(Value::as_array);
-    tools
-        .into_iter()
-        .flatten()
-        .filter(|t| hosted(t))
-        .map(|t| t["name"].as_str().unwrap_or(kind(t)).to_owned())
-        .collect()
+    hosted_tools(request, hosted)
 }
 
 /// The request's tools as a translated answer echoes them: those the model was offered.

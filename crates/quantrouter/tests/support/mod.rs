@@ -294,6 +294,53 @@ impl Tiers {
     }
 }
 
+/// Tenants from `doc`, written to a file in `dir`, counted by this replica alone on a clock
+/// fixed in one minute (no window resets between a test's requests).
+pub async fn file_tenants(
+    dir: &std::path::Path,
+    doc: &serde_json::Value,
+) -> Arc<quantrouter::tenants::Tenants> {
+    use quantrouter::tenants::limiter::LimiterConfig;
+    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+    let file = dir.join("tenants.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(1),
+        redis: None,
+        redis_poll: Duration::from_secs(1),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let clock = Clock::manual(4_102_444_800_000);
+    Arc::new(Tenants::start(config, limiter, clock).await.unwrap())
+}
+
+/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
+/// only chat; the router with `tweak`.
+pub async fn agent_tiers(native: bool, tweak: impl FnOnce(&mut ServerConfig)) -> Tiers {
+    Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: !native,
+            ..SimConfig::default()
+        },
+        |set| {
+            for profile in &mut set.profiles {
+                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                    upstream.apis.extend([
+                        quantrouter_policy::UpstreamApi::Messages,
+                        quantrouter_policy::UpstreamApi::Responses,
+                    ]);
+                }
+            }
+        },
+        tweak,
+    )
+    .await
+}
+
 pub async fn start_router(set: ProfileSet, tweak: impl FnOnce(&mut ServerConfig)) -> Server {
     let store = Arc::new(ProfileStore::new(set, SourceKind::Embedded));
     let mut config = ServerConfig {
