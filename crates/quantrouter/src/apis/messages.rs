@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{chat_functions, check_keys, hosted_tools, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, reasoning_of, Untranslatable};
 
 /// Request keys with a chat form, or hints that ask nothing of the answer's content
 /// (`metadata` but its `user_id`, `service_tier`, `context_management`); every rule is in
@@ -284,6 +284,11 @@ pub fn from_chat(chat: &Value) -> Value {
     let choice = &chat["choices"][0];
     let message = &choice["message"];
     let mut content = Vec::new();
+    // A chat upstream's reasoning is Anthropic's thinking (with no signature: no Anthropic
+    // server signed it).
+    if let Some(thinking) = reasoning_of(message) {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
     for text in [&message["content"], &message["refusal"]] {
         if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
             content.push(json!({"type": "text", "text": text}));
@@ -344,6 +349,7 @@ pub struct MessagesStream {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Block {
+    Thinking,
     Text,
     Tool(u64),
 }
@@ -364,6 +370,17 @@ impl MessagesStream {
             return;
         };
         let delta = &choice["delta"];
+        if let Some(thinking) = reasoning_of(delta) {
+            let start = || json!({"type": "thinking", "thinking": "", "signature": ""});
+            self.open_block(Block::Thinking, start, out);
+            let index = self.blocks - 1;
+            event(
+                out,
+                "content_block_delta",
+                &json!({"type": "content_block_delta",
+                "index": index, "delta": {"type": "thinking_delta", "thinking": thinking}}),
+            );
+        }
         for text in [&delta["content"], &delta["refusal"]] {
             if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
                 self.open_block(Block::Text, || json!({"type": "text", "text": ""}), out);

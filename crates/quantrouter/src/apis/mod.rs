@@ -281,6 +281,15 @@ pub(crate) fn joined_text(content: &Value) -> Option<String> {
     }
 }
 
+/// The model's reasoning in a chat message or delta: vLLM's `reasoning_content` (older) or
+/// `reasoning` (newer).
+pub(crate) fn reasoning_of(message: &Value) -> Option<&str> {
+    [&message["reasoning_content"], &message["reasoning"]]
+        .into_iter()
+        .find_map(Value::as_str)
+        .filter(|r| !r.is_empty())
+}
+
 /// The tools of `request` that are `hosted` (no chat upstream can run them, so the
 /// translation leaves them out), by name, or by type when unnamed.
 pub(crate) fn hosted_tools(request: &Value, hosted: fn(&Value) -> bool) -> Vec<String> {

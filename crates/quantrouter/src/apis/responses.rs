@@ -14,7 +14,7 @@
 use serde_json::{json, Map, Value};
 
 use super::messages::event;
-use super::{chat_functions, check_keys, hosted_tools, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, reasoning_of, Untranslatable};
 
 /// Request keys with a chat form, or hints that ask nothing of the answer's content
 /// (`metadata`, `client_metadata`, `store`, `include`, `truncation`, `service_tier`,
@@ -243,6 +243,8 @@ fn tool_choice(choice: &Value) -> Result<Value, Untranslatable> {
 /// What the answer items are built from.
 #[derive(Debug, Default, Clone)]
 struct Output {
+    /// The model's reasoning, where the chat upstream returns it.
+    reasoning: String,
     text: String,
     refusal: String,
     /// Tool calls: call id, name, arguments.
@@ -275,6 +277,7 @@ pub fn echo(request: &Value) -> Value {
 pub fn from_chat(chat: &Value, echo: &Value) -> Value {
     let message = &chat["choices"][0]["message"];
     let output = Output {
+        reasoning: reasoning_of(message).unwrap_or_default().to_owned(),
         text: message["content"].as_str().unwrap_or_default().to_owned(),
         refusal: message["refusal"].as_str().unwrap_or_default().to_owned(),
         calls: message["tool_calls"]
@@ -349,6 +352,9 @@ fn response(
 
 fn items(id: &str, output: &Output, status: &str) -> Vec<Value> {
     let mut items = Vec::new();
+    if !output.reasoning.is_empty() {
+        items.push(reasoning_item(id, &output.reasoning, status));
+    }
     if !output.text.is_empty() || !output.refusal.is_empty() {
         items.push(message_item(id, output, status));
     }
@@ -356,6 +362,12 @@ fn items(id: &str, output: &Output, status: &str) -> Vec<Value> {
         items.push(call_item((id, n), (call_id, name), arguments, status));
     }
     items
+}
+
+/// The model's reasoning as a `reasoning` item, its text whole (no summary: chat has none).
+fn reasoning_item(id: &str, reasoning: &str, status: &str) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{id}"), "status": status, "summary": [],
+        "content": [{"type": "reasoning_text", "text": reasoning}]})
 }
 
 fn message_item(id: &str, output: &Output, status: &str) -> Value {
@@ -385,11 +397,13 @@ fn call_item(
 fn responses_usage(usage: &Value) -> Value {
     let input = usage["prompt_tokens"].as_u64().unwrap_or(0);
     let output = usage["completion_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let reasoning = usage["completion_tokens_details"]["reasoning_tokens"].as_u64();
     json!({
         "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached.unwrap_or(0)},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning.unwrap_or(0)},
         "total_tokens": input + output,
     })
 }
@@ -415,6 +429,7 @@ pub struct ResponsesStream {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Item {
+    Reasoning,
     Message,
     Call(usize),
 }
@@ -440,6 +455,16 @@ impl ResponsesStream {
             return;
         };
         let delta = &choice["delta"];
+        if let Some(reasoning) = reasoning_of(delta) {
+            self.open_item(Item::Reasoning, out);
+            self.output.reasoning.push_str(reasoning);
+            let (item_id, index) = (format!("rs_{}", self.id), self.items - 1);
+            self.emit(
+                out,
+                json!({"type": "response.reasoning_text.delta", "item_id": item_id,
+                "output_index": index, "content_index": 0, "delta": reasoning}),
+            );
+        }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             self.open_item(Item::Message, out);
             self.output.text.push_str(text);
@@ -546,6 +571,10 @@ impl ResponsesStream {
         self.items += 1;
         self.open = Some((item, index));
         let added = match item {
+            Item::Reasoning => {
+                json!({"type": "reasoning", "id": format!("rs_{}", self.id),
+                "status": "in_progress", "summary": [], "content": []})
+            }
             Item::Message => {
                 json!({"type": "message", "id": self.message_id(), "status": "in_progress",
                 "role": "assistant", "content": []})
@@ -575,6 +604,16 @@ impl ResponsesStream {
             return;
         };
         let done = match item {
+            Item::Reasoning => {
+                let text = self.output.reasoning.clone();
+                self.emit(
+                    out,
+                    json!({"type": "response.reasoning_text.done",
+                    "item_id": format!("rs_{}", self.id), "output_index": index,
+                    "content_index": 0, "text": text}),
+                );
+                reasoning_item(&self.id, &text, "completed")
+            }
             Item::Message => {
                 let (item_id, text) = (self.message_id(), self.output.text.clone());
                 self.emit(

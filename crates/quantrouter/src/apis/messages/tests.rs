@@ -250,3 +250,37 @@ fn an_error_mid_stream_is_anthropics_error_event() {
     stream.end(&mut out);
     assert_eq!(out.len(), before);
 }
+
+#[test]
+fn a_chat_upstreams_reasoning_becomes_thinking_whole_and_streamed() {
+    let chat = json!({"id": "chatcmpl-r", "model": "m", "choices": [{"message": {
+        "role": "assistant", "reasoning_content": "2+2 is 4", "content": "4"},
+        "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}});
+    let message = from_chat(&chat);
+    assert_eq!(
+        message["content"],
+        json!([{"type": "thinking", "thinking": "2+2 is 4", "signature": ""},
+            {"type": "text", "text": "4"}])
+    );
+
+    let mut stream = MessagesStream::default();
+    let mut out = Vec::new();
+    for chunk in [
+        json!({"id": "chatcmpl-r", "model": "m", "choices": [{"delta": {"role": "assistant"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0}}),
+        json!({"choices": [{"delta": {"reasoning": "2+2"}}]}),
+        json!({"choices": [{"delta": {"content": "4"}, "finish_reason": "stop"}]}),
+    ] {
+        stream.chunk(&chunk, &mut out);
+    }
+    stream.end(&mut out);
+    let events = events(&out);
+    // The prompt's tokens from the first chunk (`continuous_usage_stats`).
+    assert_eq!(events[0].1["message"]["usage"]["input_tokens"], 3);
+    assert_eq!(events[1].1["content_block"]["type"], "thinking");
+    assert_eq!(
+        events[2].1["delta"],
+        json!({"type": "thinking_delta", "thinking": "2+2"})
+    );
+    assert_eq!(events[4].1["content_block"]["type"], "text");
+}

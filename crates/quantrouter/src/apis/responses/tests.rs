@@ -212,3 +212,43 @@ fn a_streamed_tool_call_is_a_function_call_item() {
         "{\"a\":1}"
     );
 }
+
+#[test]
+fn a_chat_upstreams_reasoning_becomes_a_reasoning_item_whole_and_streamed() {
+    let chat = json!({"id": "chatcmpl-r", "model": "m", "choices": [{"message": {
+        "role": "assistant", "reasoning": "2+2 is 4", "content": "4"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5,
+            "completion_tokens_details": {"reasoning_tokens": 4}}});
+    let response = from_chat(&chat, &Value::Null);
+    assert_eq!(response["output"][0]["type"], "reasoning");
+    assert_eq!(response["output"][0]["content"][0]["text"], "2+2 is 4");
+    assert_eq!(response["output"][1]["type"], "message");
+    assert_eq!(
+        response["usage"]["output_tokens_details"]["reasoning_tokens"],
+        4
+    );
+
+    let mut stream = ResponsesStream::default();
+    let mut out = Vec::new();
+    for chunk in [
+        json!({"id": "chatcmpl-r", "model": "m", "choices": [{"delta": {"reasoning_content": "2+2"}}]}),
+        json!({"choices": [{"delta": {"content": "4"}, "finish_reason": "stop"}]}),
+    ] {
+        stream.chunk(&chunk, &mut out);
+    }
+    stream.end(&mut out);
+    let events = events(&out);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[2..6],
+        [
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done"
+        ]
+    );
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(done["output"][0]["content"][0]["text"], "2+2");
+    assert_eq!(done["output"][1]["content"][0]["text"], "4");
+}
