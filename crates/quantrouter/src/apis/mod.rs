@@ -3,8 +3,10 @@
 //! and from Chat Completions for those that do not ([`messages`], [`responses`]), each API's
 //! error shape, and the body that carries an answer back in the client's API ([`relay`]).
 //!
-//! Translation is pure: JSON in, JSON out. What cannot be carried over faithfully is refused
-//! before anything is sent ([`Untranslatable`], a 400), never dropped on the quiet.
+//! Translation is pure: JSON in, JSON out. Every field has a rule (`docs/agent-apis.md`):
+//! mapped, dropped as a hint that asks nothing of the answer, or — where dropping it would
+//! change the answer — refused before anything is sent ([`Untranslatable`], a 400). Hosted
+//! tools no chat upstream can run are left out and named in `x-quantrouter-dropped-tools`.
 
 pub mod messages;
 pub mod relay;

@@ -290,7 +290,9 @@ impl Body for AgentBody {
                             // Not an answer worth translating: on as it came.
                             let mut out = std::mem::take(&mut this.pending);
                             out.extend_from_slice(&data);
+                            // Passed on as a stream of bytes, never ended as an event stream.
                             this.sse = true;
+                            this.concluded = true;
                             return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                         }
                         this.pending.extend_from_slice(&data);
