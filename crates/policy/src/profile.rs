@@ -99,6 +99,24 @@ pub struct Policy {
     pub second_opinion: Option<SecondOpinion>,
     /// How strongly requests stick to the endpoint and profile holding their KV cache.
     pub affinity: Affinity,
+    /// For which APIs a request's output limit is only a ceiling.
+    pub output_ceiling: OutputCeiling,
+}
+
+/// `policy.output_ceiling`: the APIs whose output limit (`max_tokens`, `max_output_tokens`)
+/// is an upper bound rather than room to reserve. Anthropic's and OpenAI's agent APIs treat
+/// it so, and agents set it far above any answer (Claude Code asks for 32,000). For those
+/// APIs a profile is excluded only when the prompt itself does not fit its context, latency
+/// and cost are predicted for the expected output, and each upstream is sent the limit
+/// lowered to what its context holds beside the prompt (`docs/routing.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputCeiling {
+    /// The APIs it applies to; `[]` makes every limit room the context must hold.
+    pub apis: Vec<UpstreamApi>,
+    /// The share by which the prompt's estimate is raised before the limit is cut to the
+    /// context left: the estimate counts characters, the upstream tokens. 0..=1.
+    pub prompt_margin: f64,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -602,7 +620,39 @@ impl Default for Policy {
             calibration: None,
             second_opinion: None,
             affinity: Affinity::default(),
+            output_ceiling: OutputCeiling::default(),
         }
+    }
+}
+
+impl Default for OutputCeiling {
+    /// The agent APIs, whose clients send a ceiling; chat and completions keep OpenAI's
+    /// reading, under which a limit the model cannot reach is refused. A tenth over the
+    /// estimate covers the usual gap between characters per token and the tokenizer's count.
+    fn default() -> Self {
+        Self {
+            apis: vec![UpstreamApi::Messages, UpstreamApi::Responses],
+            prompt_margin: 0.1,
+        }
+    }
+}
+
+// === impl OutputCeiling ===
+
+impl OutputCeiling {
+    /// Whether a request's output limit is only a ceiling on `api`.
+    pub fn applies_to(&self, api: UpstreamApi) -> bool {
+        self.apis.contains(&api)
+    }
+
+    /// The output limit to send an upstream whose context holds `max_context_tokens`, for a
+    /// request asking at most `max_tokens` with a prompt estimated at `prompt_tokens`: the
+    /// request's own, or the context left beside the prompt (with the margin), at least 1.
+    pub fn clamp(&self, max_tokens: u32, max_context_tokens: u32, prompt_tokens: u64) -> u32 {
+        let prompt = (prompt_tokens as f64 * (1.0 + self.prompt_margin.max(0.0))).ceil();
+        let left = (f64::from(max_context_tokens) - prompt).max(1.0);
+        // `left` is in 1..=u32::MAX here; `as` saturates anyway.
+        max_tokens.min(left as u32)
     }
 }
 
@@ -702,6 +752,11 @@ impl Policy {
             }
         }
         self.affinity.check(err);
+        check_unit(
+            "policy.output_ceiling.prompt_margin",
+            self.output_ceiling.prompt_margin,
+            err,
+        );
         if let Some(c) = &self.calibration {
             check_unit("policy.calibration.sample_rate", c.sample_rate, err);
             positive(

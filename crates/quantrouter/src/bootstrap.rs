@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, UpstreamApi, DEFAULT_PROFILE_SET};
 
 use crate::classifier::{ClassifierConfig, ClassifierStore};
 use crate::cli::error::CliError;
@@ -275,7 +275,16 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
         let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
             .await
             .map_err(|e| CliError::Io(format!("starting a simulated tier: {e}")))?;
-        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
+        // vllm-sim serves the agent APIs natively, as vLLM does: nothing is translated.
+        profile.upstream = Upstream::Static(StaticUpstream {
+            apis: vec![
+                UpstreamApi::Chat,
+                UpstreamApi::Completions,
+                UpstreamApi::Messages,
+                UpstreamApi::Responses,
+            ],
+            ..StaticUpstream::new(vec![sim.url()])
+        });
         sims.push(sim);
     }
     set.validate()

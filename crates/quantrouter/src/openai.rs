@@ -58,6 +58,11 @@ pub struct ParsedRequest<'a> {
     texts: Vec<(Role, Cow<'a, str>)>,
     pub wants_json: bool,
     pub max_tokens: Option<u32>,
+    /// Byte range of the output limit's value (`max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`, the one `max_tokens` came from) in the body.
+    max_tokens_span: Option<Range<usize>>,
+    /// Bytes of the tool definitions (`tools`, `functions`): the model reads them too.
+    pub tools_bytes: usize,
     /// Choices asked for (`n`, at least 1): each may generate up to `max_tokens`.
     pub choices: u32,
     /// The request offers tools or functions (`tools`, `tool_choice`, `functions`,
@@ -194,10 +199,10 @@ struct WireRequest<'a> {
     messages: Option<Vec<WireMessage<'a>>>,
     #[serde(borrow, default)]
     prompt: Option<WirePrompt<'a>>,
-    #[serde(default)]
-    max_tokens: Option<i64>,
-    #[serde(default)]
-    max_completion_tokens: Option<i64>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
     #[serde(default)]
     n: Option<Lenient>,
     #[serde(default)]
@@ -221,19 +226,19 @@ struct WireRequest<'a> {
     /// Responses: a string or input items.
     #[serde(borrow, default)]
     input: Option<TextOr<'a, WireItem<'a>>>,
-    #[serde(default)]
-    max_output_tokens: Option<i64>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
     /// Responses: `text.format` is its `response_format`.
     #[serde(borrow, default)]
     text: Option<WireTextConfig<'a>>,
     #[serde(borrow, default)]
     previous_response_id: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tools: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
     #[serde(default)]
     tool_choice: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    functions: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
     #[serde(default)]
     function_call: Option<serde::de::IgnoredAny>,
 }
@@ -358,6 +363,16 @@ struct WireResponseFormat<'a> {
 impl<'a> ParsedRequest<'a> {
     /// Parses and validates a request body for `endpoint`.
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, ApiError> {
+        Self::parse_for(body, endpoint, false)
+    }
+
+    /// Parses a Messages body to count its tokens (`/v1/messages/count_tokens`), which
+    /// sets no `max_tokens`.
+    pub fn parse_to_count(body: &'a [u8]) -> Result<Self, ApiError> {
+        Self::parse_for(body, Endpoint::Messages, true)
+    }
+
+    fn parse_for(body: &'a [u8], endpoint: Endpoint, counting: bool) -> Result<Self, ApiError> {
         // JSON text is UTF-8 (RFC 8259 §8.1), also inside the fields the parser skips without
         // looking, which are forwarded as they are. One pass checks it all; parsing from a
         // `str` then skips the per-string check.
@@ -404,27 +419,7 @@ impl<'a> ParsedRequest<'a> {
         let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
         let model_span = start..start + raw_model.get().len();
 
-        let limit = wire
-            .max_completion_tokens
-            .or(wire.max_tokens)
-            .or(wire.max_output_tokens);
-        let max_tokens = match limit {
-            Some(n) if n < 1 => {
-                let param = if wire.max_completion_tokens.is_some() {
-                    "max_completion_tokens"
-                } else if wire.max_tokens.is_some() {
-                    "max_tokens"
-                } else {
-                    "max_output_tokens"
-                };
-                return Err(invalid(
-                    &format!("{param} must be at least 1, got {n}"),
-                    param,
-                ));
-            }
-            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-            None => None,
-        };
+        let (max_tokens, max_tokens_span) = output_limit(&wire, body, endpoint, counting)?;
         if let Some(t) = wire.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(invalid(
@@ -460,6 +455,12 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
+            max_tokens_span,
+            tools_bytes: [wire.tools, wire.functions]
+                .iter()
+                .flatten()
+                .map(|raw| raw.get().len())
+                .sum(),
             // `as` saturates; NaN is 0, then 1.
             choices: match wire.n {
                 Some(Lenient::Number(n)) => (n as u32).max(1),
@@ -502,27 +503,51 @@ impl<'a> ParsedRequest<'a> {
     /// added first, so token counts arrive. Every other byte is unchanged; no copy when
     /// nothing changes.
     pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
+        self.upstream_body_within(body, model_json, None)
+    }
+
+    /// [`Self::upstream_body`], with the output limit lowered to `ceiling` when it is above
+    /// (an upstream refuses a limit its context cannot hold).
+    pub fn upstream_body_within(
+        &self,
+        body: &Bytes,
+        model_json: &str,
+        ceiling: Option<u32>,
+    ) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
-        let span = self.model_span.clone();
-        let same_model = &body[span.clone()] == model_json.as_bytes();
-        // Parsing succeeded, so the first non-space byte is the object's `{`.
-        let insert_at = match self.adds_usage() {
-            true => body.iter().position(|b| *b == b'{').map(|i| i + 1),
-            false => None,
+        // At most three splices, in no particular order in the body; no allocation unless
+        // something changes.
+        let mut edits: [Option<(Range<usize>, &[u8])>; 3] = [None, None, None];
+        if body[self.model_span.clone()] != *model_json.as_bytes() {
+            edits[0] = Some((self.model_span.clone(), model_json.as_bytes()));
+        }
+        let lowered = match (ceiling, self.max_tokens, &self.max_tokens_span) {
+            (Some(ceiling), Some(limit), Some(span)) if ceiling < limit => {
+                Some((span.clone(), ceiling.to_string()))
+            }
+            _ => None,
         };
-        if same_model && insert_at.is_none() {
+        if let Some((span, digits)) = &lowered {
+            edits[1] = Some((span.clone(), digits.as_bytes()));
+        }
+        // Parsing succeeded, so the first non-space byte is the object's `{`.
+        if self.adds_usage() {
+            if let Some(at) = body.iter().position(|b| *b == b'{').map(|i| i + 1) {
+                edits[2] = Some((at..at, USAGE));
+            }
+        }
+        if edits.iter().all(Option::is_none) {
             return body.clone();
         }
+        edits.sort_by_key(|edit| edit.as_ref().map_or(usize::MAX, |(span, _)| span.start));
         let mut out = BytesMut::with_capacity(body.len() + model_json.len() + USAGE.len());
         let mut from = 0;
-        if let Some(at) = insert_at {
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(USAGE);
-            from = at;
+        for (span, with) in edits.into_iter().flatten() {
+            out.extend_from_slice(&body[from..span.start]);
+            out.extend_from_slice(with);
+            from = span.end;
         }
-        out.extend_from_slice(&body[from..span.start]);
-        out.extend_from_slice(model_json.as_bytes());
-        out.extend_from_slice(&body[span.end..]);
+        out.extend_from_slice(&body[from..]);
         out.freeze()
     }
 }
@@ -626,6 +651,39 @@ fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiErro
         return Err(invalid("prompt must not be empty", "prompt"));
     }
     Ok(segments)
+}
+
+/// The output limit a request sets, and where its value is in `body`: the first of
+/// `max_completion_tokens`, `max_tokens` and `max_output_tokens`. Anthropic's Messages API
+/// requires `max_tokens`, and so does the router there.
+fn output_limit(
+    wire: &WireRequest<'_>,
+    body: &[u8],
+    endpoint: Endpoint,
+    counting: bool,
+) -> Result<(Option<u32>, Option<Range<usize>>), ApiError> {
+    let named = [
+        ("max_completion_tokens", wire.max_completion_tokens),
+        ("max_tokens", wire.max_tokens),
+        ("max_output_tokens", wire.max_output_tokens),
+    ];
+    if endpoint == Endpoint::Messages && wire.max_tokens.is_none() && !counting {
+        return Err(invalid("max_tokens: Field required", "max_tokens"));
+    }
+    let Some((param, raw)) = named.into_iter().find_map(|(p, raw)| Some((p, raw?))) else {
+        return Ok((None, None));
+    };
+    let n: i64 = serde_json::from_str(raw.get())
+        .map_err(|_| invalid(&format!("{param} must be an integer"), param))?;
+    if n < 1 {
+        return Err(invalid(
+            &format!("{param} must be at least 1, got {n}"),
+            param,
+        ));
+    }
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let limit = u32::try_from(n).unwrap_or(u32::MAX);
+    Ok((Some(limit), Some(start..start + raw.get().len())))
 }
 
 fn invalid(message: &str, param: &str) -> ApiError {
@@ -1005,6 +1063,30 @@ impl ApiError {
         )
     }
 
+    /// Whether the same request may succeed when sent again: what the `x-should-retry`
+    /// header tells Anthropic's and OpenAI's SDKs, which otherwise retry by status alone
+    /// (and so retry a wrong key ten times, for minutes).
+    pub fn should_retry(&self) -> bool {
+        match self {
+            ApiError::InvalidRequest { .. }
+            | ApiError::Unauthorized
+            | ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::MethodNotAllowed
+            | ApiError::ResponseNotFound(_)
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::UnsupportedMediaType
+            | ApiError::ContextLengthExceeded(_)
+            | ApiError::NoAllowedProfile(_) => false,
+            // A budget resets only at the end of its day or month.
+            ApiError::LimitReached(limit) => limit.kind().0 == "rate_limit_error",
+            ApiError::BadGateway(_)
+            | ApiError::Unavailable(_)
+            | ApiError::Timeout(_)
+            | ApiError::Overloaded { .. } => true,
+        }
+    }
+
     /// Seconds a client should wait before retrying, when that is known.
     fn retry_after(&self) -> Option<u32> {
         match self {
@@ -1037,10 +1119,30 @@ impl ApiError {
         if let Some(secs) = self.retry_after() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        headers.insert(SHOULD_RETRY, should_retry_value(self.should_retry()));
         if let ApiError::LimitReached(limit) = &self {
             insert_rate_headers(headers, &limit.rate);
         }
         response
+    }
+}
+
+/// Response header: whether a client should send the request again (honoured by the
+/// Anthropic and OpenAI SDKs).
+pub const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
+
+pub fn should_retry_value(retry: bool) -> HeaderValue {
+    HeaderValue::from_static(if retry { "true" } else { "false" })
+}
+
+/// Whether an upstream's error status is worth a client's retry, for an error answer the
+/// router relays: what the SDKs retry by default (408, 409, 429 and 5xx), said explicitly;
+/// `None` for a success.
+pub fn status_should_retry(status: StatusCode) -> Option<bool> {
+    match status.as_u16() {
+        200..=399 => None,
+        408 | 409 | 429 | 500..=599 => Some(true),
+        _ => Some(false),
     }
 }
 

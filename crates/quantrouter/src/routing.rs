@@ -8,10 +8,10 @@ use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
     conversation_key, decide, prefix_blocks, score, AffinityUse, Classification, Classifier,
     Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason, RouteError, RouteRequest,
-    RoutingDecision,
+    RoutingDecision, UpstreamApi,
 };
 
-use crate::openai::{ApiError, ParsedRequest, Usage};
+use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::tenants::ActiveTenant;
 use crate::upstream::{Placement, Pool};
@@ -128,6 +128,10 @@ pub fn route(
         })?,
         profile: pinned,
         second_opinion: rating,
+        output_ceiling: set
+            .policy
+            .output_ceiling
+            .applies_to(api_of(parsed.endpoint)),
         ..Overrides::default()
     };
     let overrides = match tenant {
@@ -197,6 +201,52 @@ pub fn route(
             overhead_tokens: features.estimated_input_tokens(f64::INFINITY),
         },
     })
+}
+
+/// The `upstream.apis` name of an endpoint's API.
+fn api_of(endpoint: Endpoint) -> UpstreamApi {
+    match endpoint {
+        Endpoint::Chat => UpstreamApi::Chat,
+        Endpoint::Completions => UpstreamApi::Completions,
+        Endpoint::Messages => UpstreamApi::Messages,
+        Endpoint::Responses => UpstreamApi::Responses,
+    }
+}
+
+/// The output limit to send `profile`, when the request's is only a ceiling
+/// (`policy.output_ceiling`) and above what the profile's context holds beside the prompt
+/// (its estimate, tool definitions included); `None`: the request's own limit is sent.
+pub fn output_ceiling(
+    snapshot: &Snapshot,
+    decision: &RoutingDecision,
+    parsed: &ParsedRequest<'_>,
+    profile: ProfileIndex,
+) -> Option<u32> {
+    let rule = &snapshot.set.policy.output_ceiling;
+    let max_tokens = parsed.max_tokens?;
+    if !rule.applies_to(api_of(parsed.endpoint)) {
+        return None;
+    }
+    let tools = tool_tokens(snapshot, profile, parsed.tools_bytes);
+    let prompt = decision.candidate(profile)?.estimated_input_tokens + tools;
+    let context = snapshot.set.profiles[profile].max_context_tokens;
+    let ceiling = rule.clamp(max_tokens, context, prompt);
+    (ceiling < max_tokens).then_some(ceiling)
+}
+
+/// The tokens of `bytes` of tool definitions at `profile`'s characters per token.
+pub fn tool_tokens(snapshot: &Snapshot, profile: ProfileIndex, bytes: usize) -> u64 {
+    (bytes as f64 / chars_per_token(snapshot, profile)).ceil() as u64
+}
+
+/// `profile`'s characters per token: learned from its upstream's counts, else configured.
+pub fn chars_per_token(snapshot: &Snapshot, profile: ProfileIndex) -> f64 {
+    let configured = snapshot.set.profiles[profile].chars_per_token;
+    snapshot.runtime[profile]
+        .pool
+        .chars_per_token(configured)
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .unwrap_or(configured)
 }
 
 /// A routing decision, and the scaled-to-zero profile it must wait for, if any.

@@ -37,6 +37,9 @@ pub(crate) struct CompletionRequest {
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// `stream_options.continuous_usage_stats`: the opening chunk carries the prompt's
+    /// usage too (vLLM's puts it in every chunk).
+    pub(crate) continuous_usage: bool,
     /// The tool the answer calls instead of text (see [`crate::agent_api`]).
     pub(crate) tool: Option<String>,
     /// Responses: the stored response this one continues.
@@ -140,6 +143,7 @@ enum PromptWire {
 #[derive(Debug, Deserialize)]
 struct StreamOptionsWire {
     include_usage: Option<bool>,
+    continuous_usage_stats: Option<bool>,
 }
 
 // --- response wire types ---
@@ -344,6 +348,11 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            continuous_usage: wire
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.continuous_usage_stats)
+                .unwrap_or(false),
             tool: crate::agent_api::chat_tool(body),
             previous_response_id: None,
         })
@@ -385,6 +394,7 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            continuous_usage: false,
             tool: None,
             previous_response_id: None,
         })
@@ -472,15 +482,24 @@ impl ResponseMeta<'_> {
         }
     }
 
-    /// The chat stream's opening event, announcing the assistant role; `None` for completions,
-    /// which vLLM streams without one.
-    pub(crate) fn role_event(&self) -> Option<Result<Bytes, serde_json::Error>> {
+    /// The chat stream's opening event, announcing the assistant role (with `usage` when
+    /// asked for continuous usage); `None` for completions, which vLLM streams without one.
+    pub(crate) fn role_event(
+        &self,
+        usage: Option<Usage>,
+    ) -> Option<Result<Bytes, serde_json::Error>> {
         let delta = DeltaWire {
             role: Some("assistant"),
             content: Some(""),
             tool_calls: None,
         };
-        (self.endpoint == Endpoint::Chat).then(|| self.choice_event(delta, "", None))
+        let choice = [ChatChunkChoiceWire {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+        }];
+        (self.endpoint == Endpoint::Chat).then(|| self.event(&choice, usage))
     }
 
     /// An event carrying one token's text.
@@ -748,7 +767,7 @@ mod tests {
         assert!(text.contains(
             r#""choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]"#
         ));
-        assert!(meta(Endpoint::Completion).role_event().is_none());
+        assert!(meta(Endpoint::Completion).role_event(None).is_none());
     }
 
     #[test]

@@ -327,7 +327,11 @@ async fn stream_events(
         for event in agent.opening(&meta, prompt_tokens) {
             sink.send(event).await?;
         }
-    } else if let Some(event) = meta.role_event() {
+    } else if let Some(event) = meta.role_event(
+        job.request
+            .continuous_usage
+            .then(|| Usage::new(prompt_tokens, 0)),
+    ) {
         sink.send(event?).await?;
     }
     // The answer so far, for the Responses events that repeat it whole.

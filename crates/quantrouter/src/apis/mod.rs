@@ -3,13 +3,17 @@
 //! and from Chat Completions for those that do not ([`messages`], [`responses`]), each API's
 //! error shape, and the body that carries an answer back in the client's API ([`relay`]).
 //!
-//! Translation is pure: JSON in, JSON out. What cannot be carried over faithfully is refused
-//! before anything is sent ([`Untranslatable`], a 400), never dropped on the quiet.
+//! Translation is pure: JSON in, JSON out. Every field has a rule (`docs/agent-apis.md`):
+//! mapped, dropped as a hint that asks nothing of the answer, or — where dropping it would
+//! change the answer — refused before anything is sent ([`Untranslatable`], a 400). Hosted
+//! tools no chat upstream can run are left out and named in `x-quantrouter-dropped-tools`.
 
 pub mod messages;
 pub mod relay;
 pub mod responses;
 pub mod stored;
+
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -37,7 +41,28 @@ pub struct Translation {
     /// Some profile lacks the API but the request has no chat form: only native profiles
     /// may serve it.
     native_only: bool,
+    /// What the relay of a translated answer needs from the request.
+    request: Option<Arc<TranslatedRequest>>,
 }
+
+/// What the relay of a translated answer needs from the request: the fields a Responses
+/// answer echoes and the tools the translation left out.
+#[derive(Debug, Default)]
+pub struct TranslatedRequest {
+    /// Responses: the request fields its answer repeats (`tools`, `tool_choice`, …).
+    pub echo: Value,
+    /// Tools no chat upstream can run, left out (`x-quantrouter-dropped-tools`).
+    pub dropped_tools: Vec<String>,
+}
+
+/// A request extension the agent endpoints add, which the forward phase fills once a
+/// request has a translation: the relay, created before, reads it when it translates.
+#[derive(Debug, Clone, Default)]
+pub struct RequestSlot(pub Arc<OnceLock<Arc<TranslatedRequest>>>);
+
+/// Response header: the tools a translated request left out, comma-separated.
+pub const DROPPED_TOOLS_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-quantrouter-dropped-tools");
 
 /// A request that has no faithful Chat Completions form; the message names what.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,7 +97,8 @@ impl AgentApi {
     }
 
     /// The request as Chat Completions, for `model` (a JSON-encoded string); streams ask for
-    /// usage, which the answer's translation reports.
+    /// usage, which the answer's translation reports: in every chunk where the upstream can
+    /// (vLLM's `continuous_usage_stats`), so the first event can say the prompt's tokens.
     pub fn to_chat(self, request: &Value, model_json: &str) -> Result<Value, Untranslatable> {
         let mut chat = match self {
             Self::Messages => messages::to_chat(request)?,
@@ -80,9 +106,23 @@ impl AgentApi {
         };
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
         if chat.get("stream").and_then(Value::as_bool) == Some(true) {
-            chat["stream_options"] = json!({"include_usage": true});
+            chat["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
         }
         Ok(chat)
+    }
+
+    /// What the relay needs of a request translated to chat.
+    fn translated(self, request: &Value) -> TranslatedRequest {
+        match self {
+            Self::Messages => TranslatedRequest {
+                echo: Value::Null,
+                dropped_tools: messages::dropped_tools(request),
+            },
+            Self::Responses => TranslatedRequest {
+                echo: responses::echo(request),
+                dropped_tools: responses::dropped_tools(request),
+            },
+        }
     }
 
     /// The error body of this API for an OpenAI-shaped error `message` of `kind` (OpenAI's
@@ -122,6 +162,7 @@ impl Translation {
                 api,
                 chat: None,
                 native_only: false,
+                request: None,
             }));
         }
         let request: Value =
@@ -135,6 +176,7 @@ impl Translation {
                 api,
                 chat: Some(chat),
                 native_only: false,
+                request: Some(Arc::new(api.translated(&request))),
             })),
             Err(refused) if lacking(&set.profiles[chosen]) => Err(ApiError::InvalidRequest {
                 message: format!("{refused} (profile {})", set.profiles[chosen].id),
@@ -144,7 +186,17 @@ impl Translation {
                 api,
                 chat: None,
                 native_only: true,
+                request: None,
             })),
+        }
+    }
+
+    /// Hands the relay what it needs of a translated request, through the request's
+    /// [`RequestSlot`] (when the endpoint added one).
+    pub fn report(translation: Option<&Self>, extensions: &http::Extensions) {
+        let found = translation.and_then(|t| t.request.as_ref());
+        if let (Some(request), Some(slot)) = (found, extensions.get::<RequestSlot>()) {
+            let _ = slot.0.set(Arc::clone(request));
         }
     }
 
@@ -154,18 +206,26 @@ impl Translation {
     }
 
     /// The chat body for a profile without the API, with `model_json` (a JSON-encoded
-    /// string); `None` for a profile that serves the API.
+    /// string) and the output limit lowered to `ceiling` when it is above; `None` for a
+    /// profile that serves the API.
     pub fn chat_body(
         &self,
         set: &ProfileSet,
         profile: ProfileIndex,
         model_json: &str,
+        ceiling: Option<u32>,
     ) -> Option<Bytes> {
         if set.profiles[profile].upstream.serves(self.api.upstream()) {
             return None;
         }
         let mut chat = self.chat.clone()?;
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
+        let limit = chat.get("max_tokens").and_then(Value::as_u64);
+        if let (Some(ceiling), Some(limit)) = (ceiling, limit) {
+            if u64::from(ceiling) < limit {
+                chat["max_tokens"] = json!(ceiling);
+            }
+        }
         Some(Bytes::from(chat.to_string()))
     }
 }
@@ -221,6 +281,36 @@ pub(crate) fn joined_text(content: &Value) -> Option<String> {
         Value::Null => Some(String::new()),
         _ => None,
     }
+}
+
+/// The model's reasoning in a chat message or delta: vLLM's `reasoning_content` (older) or
+/// `reasoning` (newer).
+pub(crate) fn reasoning_of(message: &Value) -> Option<&str> {
+    [&message["reasoning_content"], &message["reasoning"]]
+        .into_iter()
+        .find_map(Value::as_str)
+        .filter(|r| !r.is_empty())
+}
+
+/// The tools of `request` that are `hosted` (no chat upstream can run them, so the
+/// translation leaves them out), by name, or by type when unnamed.
+pub(crate) fn hosted_tools(request: &Value, hosted: fn(&Value) -> bool) -> Vec<String> {
+    let tools = request.get("tools").and_then(Value::as_array);
+    let name = |t: &Value| t["name"].as_str().or(t["type"].as_str()).map(str::to_owned);
+    let hosted = tools.into_iter().flatten().filter(|t| hosted(t));
+    hosted.filter_map(name).collect()
+}
+
+/// The chat functions of `request`'s tools but the `hosted` ones, each converted by `function`.
+pub(crate) fn chat_functions(
+    request: &Value,
+    hosted: fn(&Value) -> bool,
+    function: fn(&Value) -> Result<Value, Untranslatable>,
+) -> Option<Result<Value, Untranslatable>> {
+    let tools = request.get("tools").and_then(Value::as_array)?;
+    let functions: Result<Vec<Value>, _> =
+        tools.iter().filter(|t| !hosted(t)).map(function).collect();
+    Some(functions.map(Value::Array))
 }
 
 /// The keys of `request` outside `known`: what the translation would otherwise drop.

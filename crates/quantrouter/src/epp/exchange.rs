@@ -417,7 +417,8 @@ impl Exchange {
             (!addresses.is_empty()).then_some((next, addresses))
         });
         let strip_usage = parsed.adds_usage();
-        let upstream_body = parsed.upstream_body(&body, &runtime.model_json);
+        let ceiling = crate::routing::output_ceiling(&snapshot, &decision, &parsed, profile);
+        let upstream_body = parsed.upstream_body_within(&body, &runtime.model_json, ceiling);
         let mut mutation = HeaderMutation::default();
         let mut lb = BTreeMap::new();
         mutation

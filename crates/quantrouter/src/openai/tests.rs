@@ -506,3 +506,77 @@ fn the_number_of_choices_is_read_and_never_refused() {
         1
     );
 }
+
+#[test]
+fn messages_require_max_tokens_as_anthropic_does_but_count_tokens_does_not() {
+    let body = br#"{"model":"auto","messages":[{"role":"user","content":"hi"}]}"#;
+    let err = ParsedRequest::parse(body, Endpoint::Messages).unwrap_err();
+    assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(param_of(err).as_deref(), Some("max_tokens"));
+    assert!(ParsedRequest::parse_to_count(body).is_ok());
+    // Chat and Responses leave it optional.
+    assert!(ParsedRequest::parse(body, Endpoint::Chat).is_ok());
+    let wrong = br#"{"model":"auto","max_tokens":"9","messages":[{"role":"user","content":"hi"}]}"#;
+    let err = ParsedRequest::parse(wrong, Endpoint::Messages).unwrap_err();
+    assert_eq!(param_of(err).as_deref(), Some("max_tokens"));
+}
+
+#[test]
+fn a_ceiling_lowers_only_the_output_limit_and_only_when_above() {
+    let body = Bytes::from_static(
+        br#"{"max_tokens" : 32000,"model":"auto","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"a":1}]}"#,
+    );
+    let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+    assert_eq!(p.tools_bytes, r#"[{"a":1}]"#.len());
+    let out = p.upstream_body_within(&body, r#""m""#, Some(9000));
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#"{"stream_options":{"include_usage":true},"max_tokens" : 9000,"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"a":1}]}"#
+    );
+    let out = p.upstream_body_within(&body, r#""m""#, Some(64_000));
+    assert!(std::str::from_utf8(&out)
+        .unwrap()
+        .contains(r#""max_tokens" : 32000"#));
+    let body = Bytes::from_static(br#"{"model":"auto","input":"hi","max_output_tokens":500}"#);
+    let p = ParsedRequest::parse(&body, Endpoint::Responses).unwrap();
+    assert_eq!(
+        &p.upstream_body_within(&body, r#""auto""#, Some(100))[..],
+        br#"{"model":"auto","input":"hi","max_output_tokens":100}"#
+    );
+}
+
+#[test]
+fn refusals_say_whether_a_retry_can_help() {
+    let says = |error: ApiError| {
+        let response = error.into_response();
+        let value = response.headers()["x-should-retry"].to_str().unwrap();
+        (response.status().as_u16(), value.to_owned())
+    };
+    let invalid = ApiError::InvalidRequest {
+        message: "bad".into(),
+        param: None,
+    };
+    assert_eq!(says(invalid), (400, "false".into()));
+    assert_eq!(says(ApiError::Unauthorized), (401, "false".into()));
+    assert_eq!(
+        says(ApiError::NoAllowedProfile("x".into())),
+        (403, "false".into())
+    );
+    assert_eq!(
+        says(ApiError::ModelNotFound("x".into())),
+        (404, "false".into())
+    );
+    assert_eq!(
+        says(ApiError::Unavailable("x".into())),
+        (503, "true".into())
+    );
+    let overloaded = ApiError::Overloaded {
+        profile: "p".into(),
+        reason: "full".into(),
+        retry_after_s: 1,
+    };
+    assert_eq!(says(overloaded), (429, "true".into()));
+    assert_eq!(status_should_retry(StatusCode::OK), None);
+    assert_eq!(status_should_retry(StatusCode::NOT_FOUND), Some(false));
+    assert_eq!(status_should_retry(StatusCode::BAD_GATEWAY), Some(true));
+}

@@ -12,12 +12,12 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::context::RequestId;
-use super::proxy::proxy;
+use super::proxy::{proxy, read_json_body};
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::relay::{relay, OnStored};
-use crate::apis::AgentApi;
-use crate::openai::ApiError;
-use crate::routing::PROFILE_HEADER;
+use crate::apis::{AgentApi, RequestSlot, DROPPED_TOOLS_HEADER};
+use crate::openai::{ApiError, ParsedRequest};
+use crate::routing::{self, PROFILE_HEADER};
 
 /// `POST /v1/messages` or `POST /v1/responses`.
 pub(super) async fn create(
@@ -25,21 +25,84 @@ pub(super) async fn create(
     mut req: Request<Incoming>,
     api: AgentApi,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    // Anthropic's clients send their key as `x-api-key`.
-    if !req.headers().contains_key(header::AUTHORIZATION) {
-        if let Some(key) = req.headers().get("x-api-key").cloned() {
-            let bearer = [b"Bearer ".as_slice(), key.as_bytes()].concat();
-            if let Ok(value) = HeaderValue::from_bytes(&bearer) {
-                req.headers_mut().insert(header::AUTHORIZATION, value);
-            }
-        }
-    }
-    let response = proxy(app, req, api.endpoint()).await?;
+    anthropic_key(req.headers_mut());
+    let slot = RequestSlot::default();
+    req.extensions_mut().insert(slot.clone());
+    let mut response = proxy(app, req, api.endpoint()).await?;
+    report_dropped_tools(app, &mut response, api, &slot);
     let on_stored = match api {
         AgentApi::Responses => on_stored(app, response.headers()),
         AgentApi::Messages => None,
     };
-    Ok(relay(response, api, on_stored))
+    Ok(relay(response, api, slot, on_stored))
+}
+
+/// Anthropic's clients send their key as `x-api-key`: taken as `Authorization: Bearer`.
+fn anthropic_key(headers: &mut HeaderMap) {
+    if headers.contains_key(header::AUTHORIZATION) {
+        return;
+    }
+    if let Some(key) = headers.get("x-api-key") {
+        let bearer = [b"Bearer ".as_slice(), key.as_bytes()].concat();
+        if let Ok(value) = HeaderValue::from_bytes(&bearer) {
+            headers.insert(header::AUTHORIZATION, value);
+        }
+    }
+}
+
+/// `x-quantrouter-dropped-tools`: the hosted tools a translating profile's request went
+/// without. (A cold-start stream's head leaves before the request is translated.)
+fn report_dropped_tools(
+    app: &App,
+    response: &mut Response<ResponseBody>,
+    api: AgentApi,
+    slot: &RequestSlot,
+) {
+    let Some(request) = slot.0.get().filter(|r| !r.dropped_tools.is_empty()) else {
+        return;
+    };
+    let served = response
+        .headers()
+        .get(PROFILE_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let snapshot = app.store.load();
+    let translated = served
+        .and_then(|id| snapshot.set.index_of(id))
+        .is_some_and(|i| !snapshot.set.profiles[i].upstream.serves(api.upstream()));
+    if let (true, Ok(value)) = (
+        translated,
+        HeaderValue::from_str(&request.dropped_tools.join(", ")),
+    ) {
+        response.headers_mut().insert(DROPPED_TOOLS_HEADER, value);
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the router's own estimate of the prompt's tokens (text
+/// and tool definitions, at the default profile's characters per token), the one its
+/// context checks use; no upstream is asked.
+pub(super) async fn count_tokens(
+    app: &Arc<App>,
+    mut req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    anthropic_key(req.headers_mut());
+    let (parts, body) = req.into_parts();
+    app.authenticate(&parts.headers)?;
+    let body = read_json_body(app, body, &parts.headers).await?;
+    let parsed = ParsedRequest::parse_to_count(&body)?;
+    let snapshot = app.store.load();
+    let set = &snapshot.set;
+    let (features, _) = quantrouter_policy::score(&parsed.prompt(), &set.policy.complexity, None);
+    let profile = set.default_index();
+    let per_token = routing::chars_per_token(&snapshot, profile);
+    let tools = routing::tool_tokens(&snapshot, profile, parsed.tools_bytes);
+    let tokens = features.estimated_input_tokens(per_token) + tools;
+    let body = serde_json::json!({"input_tokens": tokens}).to_string();
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }
 
 /// Remembers which profile stored a native Responses answer.

@@ -42,6 +42,7 @@ pub async fn endpoints(
         (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => proxy(&app, req, Endpoint::Completions).await,
         (&Method::POST, "/v1/messages") => agents::create(&app, req, AgentApi::Messages).await,
+        (&Method::POST, "/v1/messages/count_tokens") => agents::count_tokens(&app, req).await,
         (&Method::POST, "/v1/responses") => agents::create(&app, req, AgentApi::Responses).await,
         (&Method::GET | &Method::DELETE, path) if agents::stored_id(path).is_some() => {
             agents::stored(&app, req).await
@@ -53,6 +54,7 @@ pub async fn endpoints(
             "/v1/chat/completions"
             | "/v1/completions"
             | "/v1/messages"
+            | "/v1/messages/count_tokens"
             | "/v1/responses"
             | "/v1/models"
             | "/v1/route",
@@ -208,6 +210,7 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
     let headers = upstream_headers(ctx.headers(), &id);
     // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
     let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
+    Translation::report(translation.as_ref(), &ctx.received.parts.extensions);
     let native_only = translation.as_ref().is_some_and(Translation::native_only);
     let plan = Plan {
         snapshot,
@@ -225,9 +228,11 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
     };
     let body_for = |profile: ProfileIndex| {
         let model_json = &snapshot.runtime[profile].model_json;
+        // `policy.output_ceiling`: a limit the profile's context cannot hold is lowered.
+        let ceiling = routing::output_ceiling(snapshot, decision, parsed, profile);
         let chat = translation
             .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, ceiling));
         match chat {
             Some(body) => Outgoing {
                 path: Endpoint::Chat.path(),
@@ -235,7 +240,7 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
             },
             None => Outgoing {
                 path: endpoint.path(),
-                body: parsed.upstream_body(body, model_json),
+                body: parsed.upstream_body_within(body, model_json, ceiling),
             },
         }
     };
@@ -503,7 +508,11 @@ impl DecisionLog<'_> {
 }
 
 /// The content type checked, then the body read within its limits.
-async fn read_json_body(app: &App, body: Incoming, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+pub(super) async fn read_json_body(
+    app: &App,
+    body: Incoming,
+    headers: &HeaderMap,
+) -> Result<Bytes, ApiError> {
     check_content_type(headers)?;
     read_body(app, body, headers).await
 }

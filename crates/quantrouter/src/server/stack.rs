@@ -131,7 +131,10 @@ where
     // An HTTP/1.1 request whose body an early rejection may leave unread.
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     // Anthropic's clients read errors in Anthropic's shape.
-    let anthropic = req.uri().path() == "/v1/messages";
+    let anthropic = matches!(
+        req.uri().path(),
+        "/v1/messages" | "/v1/messages/count_tokens"
+    );
     let error = match next.oneshot(req).await {
         Ok(response) => return Ok(response),
         Err(error) => error,

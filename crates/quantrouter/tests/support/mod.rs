@@ -8,14 +8,16 @@ pub mod kube_api;
 pub mod redis_server;
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -292,6 +294,53 @@ impl Tiers {
     }
 }
 
+/// Tenants from `doc`, written to a file in `dir`, counted by this replica alone on a clock
+/// fixed in one minute (no window resets between a test's requests).
+pub async fn file_tenants(
+    dir: &std::path::Path,
+    doc: &serde_json::Value,
+) -> Arc<quantrouter::tenants::Tenants> {
+    use quantrouter::tenants::limiter::LimiterConfig;
+    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+    let file = dir.join("tenants.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(1),
+        redis: None,
+        redis_poll: Duration::from_secs(1),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let clock = Clock::manual(4_102_444_800_000);
+    Arc::new(Tenants::start(config, limiter, clock).await.unwrap())
+}
+
+/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
+/// only chat; the router with `tweak`.
+pub async fn agent_tiers(native: bool, tweak: impl FnOnce(&mut ServerConfig)) -> Tiers {
+    Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: !native,
+            ..SimConfig::default()
+        },
+        |set| {
+            for profile in &mut set.profiles {
+                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                    upstream.apis.extend([
+                        quantrouter_policy::UpstreamApi::Messages,
+                        quantrouter_policy::UpstreamApi::Responses,
+                    ]);
+                }
+            }
+        },
+        tweak,
+    )
+    .await
+}
+
 pub async fn start_router(set: ProfileSet, tweak: impl FnOnce(&mut ServerConfig)) -> Server {
     let store = Arc::new(ProfileStore::new(set, SourceKind::Embedded));
     let mut config = ServerConfig {
@@ -331,6 +380,53 @@ pub async fn send(
         headers: parts.headers,
         body,
     }
+}
+
+/// An upstream that answers every completion with `answer(request body)`: a status, a
+/// content type and a body it sends whole (a stream's last byte ends it cleanly); `GET`s
+/// (health, metrics) get 200. Returns its URL and a count of completions.
+pub async fn scripted_upstream<F>(answer: F) -> (String, Arc<AtomicU64>)
+where
+    F: Fn(&serde_json::Value) -> (StatusCode, &'static str, String) + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answer = Arc::new(answer);
+    let count = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&count);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+                    async move {
+                        let post = req.method() == http::Method::POST;
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let (status, kind, text) = match post {
+                            true => {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                                answer(&serde_json::from_slice(&body).unwrap())
+                            }
+                            false => (StatusCode::OK, "text/plain", String::new()),
+                        };
+                        let mut response = Response::new(Full::new(Bytes::from(text)));
+                        *response.status_mut() = status;
+                        response.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static(kind),
+                        );
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, count)
 }
 
 /// Polls `check` until it holds or `deadline` passes.
