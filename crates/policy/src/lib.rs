@@ -53,8 +53,8 @@ pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
     ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, OutcomeSink, Policy,
     Profile, ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
-    RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream, StreamCheck, Transport,
-    Upstream, UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
+    RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream, StreamCheck, StreamResume,
+    Transport, Upstream, UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,

@@ -99,6 +99,17 @@ pub struct Policy {
     pub second_opinion: Option<SecondOpinion>,
     /// How strongly requests stick to the endpoint and profile holding their KV cache.
     pub affinity: Affinity,
+    /// Continuing a stream whose upstream failed after content reached the client.
+    pub stream_resume: StreamResume,
+}
+
+/// `policy.stream_resume`: a streamed answer whose upstream fails after content reached the
+/// client is continued from the delivered text by another endpoint, in the same stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamResume {
+    /// Continuations one stream may get; 0 turns resumption off.
+    pub max_resumes: u32,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -295,6 +306,10 @@ pub struct ServiceUpstream {
     /// How a request picks an endpoint; absent: by cached prefix ([`Balance::Prefix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance: Option<Balance>,
+    /// The server continues a final assistant message (`continue_final_message`), so it
+    /// may take over a broken stream ([`StreamResume`]); `false` for one that cannot.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// Fixed base URLs.
@@ -325,6 +340,9 @@ pub struct StaticUpstream {
     /// The APIs the upstream serves natively; the router translates the others to chat.
     #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
     pub apis: Vec<UpstreamApi>,
+    /// The server continues a final assistant message; see [`ServiceUpstream::resume`].
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// An API an upstream may serve (`upstream.apis`).
@@ -364,6 +382,7 @@ impl Default for StaticUpstream {
             http2: false,
             apis: default_apis(),
             balance: None,
+            resume: true,
         }
     }
 }
@@ -602,7 +621,19 @@ impl Default for Policy {
             calibration: None,
             second_opinion: None,
             affinity: Affinity::default(),
+            stream_resume: StreamResume::default(),
         }
+    }
+}
+
+/// The most continuations `policy.stream_resume.max_resumes` may allow one stream.
+const MAX_RESUMES: u32 = 3;
+
+impl Default for StreamResume {
+    /// One continuation hides the usual single failure (a pod scaled down, evicted or out of
+    /// memory); a stream that breaks again is meeting a tier in trouble, not bad luck.
+    fn default() -> Self {
+        Self { max_resumes: 1 }
     }
 }
 
@@ -702,6 +733,12 @@ impl Policy {
             }
         }
         self.affinity.check(err);
+        if self.stream_resume.max_resumes > MAX_RESUMES {
+            err(
+                "policy.stream_resume.max_resumes".into(),
+                "must be in [0, 3]",
+            );
+        }
         if let Some(c) = &self.calibration {
             check_unit("policy.calibration.sample_rate", c.sample_rate, err);
             positive(
@@ -1007,6 +1044,14 @@ impl Upstream {
         Transport { ca_file, http2 }
     }
 
+    /// Whether the upstream can continue a broken stream (`upstream.resume`).
+    pub fn resumes(&self) -> bool {
+        match self {
+            Upstream::Service(s) => s.resume,
+            Upstream::Static(s) => s.resume,
+        }
+    }
+
     /// Whether the upstream serves `api` natively (`upstream.apis`).
     pub fn serves(&self, api: UpstreamApi) -> bool {
         let apis = match self {
@@ -1041,6 +1086,14 @@ fn is_default_apis(apis: &Vec<UpstreamApi>) -> bool {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_env_name(s: &str) -> bool {
