@@ -59,6 +59,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         include_usage: true,
         tool,
         previous_response_id: None,
+        continued: 0,
     })
 }
 
@@ -119,6 +120,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
             .get("previous_response_id")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        continued: 0,
     })
 }
 
