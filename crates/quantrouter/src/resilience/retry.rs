@@ -721,9 +721,8 @@ impl<'a> Forwarder<'a> {
         match Limited::new(body, LIMIT).collect().await {
             Ok(collected) => Ok((head, collected.to_bytes())),
             Err(e) => Err(match e.downcast_ref::<BodyError>() {
-                Some(BodyError::Upstream) | None => {
-                    ApiError::BadGateway(format!("reading the answer: {e}"))
-                }
+                Some(BodyError::Upstream | BodyError::Incomplete | BodyError::ErrorEvent)
+                | None => ApiError::BadGateway(format!("reading the answer: {e}")),
                 Some(timeout) => ApiError::Timeout(format!("reading the answer: {timeout}")),
             }),
         }
