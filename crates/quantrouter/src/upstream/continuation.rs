@@ -298,29 +298,27 @@ fn is_error_value(chunk: &Value) -> bool {
     chunk.get("error").is_some() || chunk["object"] == "error"
 }
 
-/// The request that continues a stream: `base` (the JSON body an attempt on the profile
-/// sends to `endpoint`) with the `delivered` text, `tokens` of it, as the start of the
-/// answer. Chat: the messages plus an assistant message holding it, continued
-/// (`"continue_final_message": true, "add_generation_prompt": false`); completions: the
-/// prompt with it appended. `max_tokens` shrinks by what was delivered. Nothing delivered
-/// yet: `base` itself, a fresh answer.
+/// The request that continues a stream: `body` (the JSON an attempt on the profile sends to
+/// `endpoint`) with the `delivered` text, `tokens` of it, as the start of the answer. Chat:
+/// the messages plus an assistant message holding it, continued (`"continue_final_message":
+/// true, "add_generation_prompt": false`); completions: the prompt with it appended.
+/// `max_tokens` shrinks by what was delivered. Nothing delivered yet: `body` as it is, for
+/// a fresh answer.
 pub fn request(
-    base: &[u8],
+    mut body: Value,
     endpoint: Endpoint,
     delivered: &str,
     tokens: u64,
 ) -> Result<Bytes, Unresumable> {
-    let mut body: Value = serde_json::from_slice(base).map_err(|_| Unresumable::Prompt)?;
     if constrained(&body) {
         return Err(Unresumable::Constrained);
     }
-    if delivered.is_empty() {
-        return Ok(Bytes::copy_from_slice(base));
-    }
-    match endpoint {
-        Endpoint::Chat => continue_message(&mut body, delivered)?,
-        Endpoint::Completions => continue_prompt(&mut body, delivered)?,
-        Endpoint::Messages | Endpoint::Responses => return Err(Unresumable::Prompt),
+    if !delivered.is_empty() {
+        match endpoint {
+            Endpoint::Chat => continue_message(&mut body, delivered)?,
+            Endpoint::Completions => continue_prompt(&mut body, delivered)?,
+            Endpoint::Messages | Endpoint::Responses => return Err(Unresumable::Prompt),
+        }
     }
     for key in ["max_tokens", "max_completion_tokens"] {
         if let Some(limit) = body.get(key).and_then(Value::as_u64) {

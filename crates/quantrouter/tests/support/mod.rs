@@ -6,6 +6,7 @@
 pub mod envoy;
 pub mod kube_api;
 pub mod redis_server;
+pub mod sim_process;
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -156,13 +156,7 @@ fn tool_calls_reasoning_several_choices_and_long_answers_are_not_continued() {
 fn chat_continues_an_assistant_message_with_the_tokens_left() {
     let base = json!({"model": "m", "stream": true, "max_tokens": 120,
         "max_completion_tokens": 100, "messages": [{"role": "user", "content": "hi"}]});
-    let body = request(
-        base.to_string().as_bytes(),
-        Endpoint::Chat,
-        "Hello world",
-        30,
-    )
-    .unwrap();
+    let body = request(base.clone(), Endpoint::Chat, "Hello world", 30).unwrap();
     let body: Value = serde_json::from_slice(&body).unwrap();
     let mut expected = base.clone();
     expected["messages"]
@@ -181,31 +175,26 @@ fn chat_continues_an_assistant_message_with_the_tokens_left() {
         .as_array_mut()
         .unwrap()
         .push(json!({"role": "assistant", "content": "Sure:"}));
-    let without = request(prefilled.to_string().as_bytes(), Endpoint::Chat, " x", 1);
+    let without = request(prefilled.clone(), Endpoint::Chat, " x", 1);
     assert_eq!(without, Err(Unresumable::Prompt));
     prefilled["continue_final_message"] = json!(true);
-    let body = request(prefilled.to_string().as_bytes(), Endpoint::Chat, " x", 1).unwrap();
+    let body = request(prefilled.clone(), Endpoint::Chat, " x", 1).unwrap();
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["messages"][1]["content"], "Sure: x");
     assert_eq!(body["messages"].as_array().unwrap().len(), 2);
 
-    let spent = request(base.to_string().as_bytes(), Endpoint::Chat, "x", 100);
+    let spent = request(base.clone(), Endpoint::Chat, "x", 100);
     assert_eq!(spent, Err(Unresumable::Spent));
     // Nothing delivered: the request as it was.
-    let fresh = request(base.to_string().as_bytes(), Endpoint::Chat, "", 0).unwrap();
-    assert_eq!(fresh, base.to_string().as_bytes());
+    let fresh = request(base.clone(), Endpoint::Chat, "", 0).unwrap();
+    assert_eq!(fresh, base.clone());
 }
 
 #[test]
 fn completions_continue_the_prompt_of_one_string() {
     for prompt in [json!("Once"), json!(["Once"])] {
         let base = json!({"model": "m", "stream": true, "max_tokens": 10, "prompt": prompt});
-        let body = request(
-            base.to_string().as_bytes(),
-            Endpoint::Completions,
-            " upon",
-            1,
-        );
+        let body = request(base.clone(), Endpoint::Completions, " upon", 1);
         let body: Value = serde_json::from_slice(&body.unwrap()).unwrap();
         let prompt = body["prompt"].as_str().or(body["prompt"][0].as_str());
         assert_eq!(prompt, Some("Once upon"));
@@ -219,12 +208,7 @@ fn completions_continue_the_prompt_of_one_string() {
         json!({"prompt": "a", "suffix": "z"}),
         json!({"prompt": "a", "best_of": 2}),
     ] {
-        let body = request(
-            refused.to_string().as_bytes(),
-            Endpoint::Completions,
-            "x",
-            1,
-        );
+        let body = request(refused.clone(), Endpoint::Completions, "x", 1);
         assert_eq!(body, Err(Unresumable::Prompt), "{refused}");
     }
 }
@@ -240,9 +224,9 @@ fn answers_bound_to_a_format_are_not_continued() {
     ] {
         let mut base = bound.clone();
         base["messages"] = json!([{"role": "user", "content": "hi"}]);
-        let body = request(base.to_string().as_bytes(), Endpoint::Chat, "x", 1);
+        let body = request(base.clone(), Endpoint::Chat, "x", 1);
         assert_eq!(body, Err(Unresumable::Constrained), "{bound}");
     }
     let text = json!({"response_format": {"type": "text"}, "messages": []});
-    assert!(request(text.to_string().as_bytes(), Endpoint::Chat, "x", 1).is_ok());
+    assert!(request(text.clone(), Endpoint::Chat, "x", 1).is_ok());
 }
