@@ -6,14 +6,17 @@
 //! once. With `max_resumes: 0` the stream ends with the error event it always did.
 //!
 //! Every simulator serves one model with one seed, so the healthy one's answer, asked
-//! directly, is the uninterrupted answer the resumed stream must equal.
+//! directly, is the uninterrupted answer the resumed stream must equal. llama.cpp's
+//! `llama-server`, greedy on a tiny model whose next token depends on the last one alone,
+//! continues through its assistant prefill to the very answer it gives uninterrupted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
+use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quantrouter::profiles::SourceKind;
@@ -22,9 +25,11 @@ use quantrouter::tenants::limiter::LimiterConfig;
 use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use serde_json::{json, Value};
+use support::llama::LlamaServer;
 use support::sim_process::{serve_when_spawned, SimProcess};
 use support::{client, eventually, loopback, send, start_router, SIMPLE};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use vllm_sim::{Faults, SimConfig, SimServer, StreamBreak};
 
@@ -59,14 +64,17 @@ async fn router(set: ProfileSet) -> (Server, tempfile::TempDir) {
     (router, dir)
 }
 
-/// The default profile set with every profile serving [`MODEL`] at `urls`, by profile id.
-fn profile_set(urls: &[(&str, Vec<String>)]) -> ProfileSet {
+/// The default profile set with every profile serving [`MODEL`] at `urls`, by profile id,
+/// each id prefixed with `test` (tests share one process's metrics).
+fn profile_set(test: &str, urls: &[(&str, Vec<String>)]) -> ProfileSet {
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for profile in &mut set.profiles {
         profile.model = MODEL.to_owned();
         let (_, at) = urls.iter().find(|(id, _)| *id == profile.id).unwrap();
         profile.upstream = Upstream::Static(StaticUpstream::new(at.clone()));
+        profile.id = format!("{test}-{}", profile.id);
     }
+    set.default_profile = format!("{test}-{}", set.default_profile);
     set
 }
 
@@ -219,14 +227,17 @@ async fn a_stream_whose_sim_process_is_killed_reaches_the_openai_client_whole() 
     ];
     let both: Vec<String> = sims.iter().map(|s| s.url().to_owned()).collect();
     // fp8 is pinned: the stream goes on on its other endpoint.
-    let set = profile_set(&[
-        ("llama8b-fp16", both.clone()),
-        ("llama8b-fp8", both.clone()),
-        ("llama8b-awq", both.clone()),
-    ]);
+    let set = profile_set(
+        "kill",
+        &[
+            ("llama8b-fp16", both.clone()),
+            ("llama8b-fp8", both.clone()),
+            ("llama8b-awq", both.clone()),
+        ],
+    );
     let (router, _dir) = router(set).await;
     let mut openai = OpenAiClient::start(&router);
-    let request = chat("llama8b-fp8", 120);
+    let request = chat("kill-llama8b-fp8", 120);
     openai.send("chat", &request).await;
 
     // Whichever simulator took the stream dies once some 30 tokens went out.
@@ -267,7 +278,7 @@ async fn a_stream_whose_sim_process_is_killed_reaches_the_openai_client_whole() 
         "the tenant is charged {total} tokens, not {}",
         tenant_tokens(&router).await
     );
-    let profile = "profile=\"llama8b-fp8\"";
+    let profile = "profile=\"kill-llama8b-fp8\"";
     let resumes = "quantrouter_stream_resumes_total";
     assert_eq!(
         metric(&router, resumes, &[profile, "result=\"resumed\""]).await,
@@ -317,11 +328,14 @@ async fn streams_that_end_stall_or_send_an_error_go_on_from_the_next_profile() {
     };
     let breaking = SimServer::bind(loopback(), config.clone()).await.unwrap();
     let healthy = SimServer::bind(loopback(), config).await.unwrap();
-    let mut set = profile_set(&[
-        ("llama8b-fp16", vec![healthy.url()]),
-        ("llama8b-fp8", vec![healthy.url()]),
-        ("llama8b-awq", vec![breaking.url()]),
-    ]);
+    let mut set = profile_set(
+        "break",
+        &[
+            ("llama8b-fp16", vec![healthy.url()]),
+            ("llama8b-fp8", vec![healthy.url()]),
+            ("llama8b-awq", vec![breaking.url()]),
+        ],
+    );
     let (router, _dir) = router(set.clone()).await;
     let mut openai = OpenAiClient::start(&router);
     let request = chat("auto", 40);
@@ -431,7 +445,7 @@ async fn streams_that_end_stall_or_send_an_error_go_on_from_the_next_profile() {
         1
     );
 
-    let int4 = "profile=\"llama8b-awq\"";
+    let int4 = "profile=\"break-llama8b-awq\"";
     let resumes = "quantrouter_stream_resumes_total";
     let resumed = [int4, "result=\"resumed\""];
     assert_eq!(metric(&router, resumes, &resumed).await, 6.0);
@@ -495,4 +509,151 @@ fn agent_text(events: &[Value], kind: &str, pointer: &str) -> String {
         .filter(|e| e["type"] == kind)
         .filter_map(|e| e.pointer(pointer)?.as_str())
         .collect()
+}
+
+/// llama.cpp's server, real and greedy: the router's continuation of a stream it broke
+/// goes on through its assistant prefill exactly where the uninterrupted answer would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_continues_a_broken_stream_through_its_assistant_prefill() {
+    let llama = LlamaServer::start().await;
+    // The int4 profile reaches it through a relay that cuts the stream after its role and
+    // eleven tokens; the others through one that records the requests.
+    let cutting = Relay::start(llama.addr(), Some(12)).await;
+    let recording = Relay::start(llama.addr(), None).await;
+    let set = profile_set(
+        "llama",
+        &[
+            ("llama8b-fp16", vec![recording.url()]),
+            ("llama8b-fp8", vec![recording.url()]),
+            ("llama8b-awq", vec![cutting.url()]),
+        ],
+    );
+    let (router, _dir) = router(set).await;
+    let mut openai = OpenAiClient::start(&router);
+    let request = json!({"model": "auto", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": SIMPLE}],
+        "stream_options": {"include_usage": true}});
+    let seen = openai.stream("chat", &request).await;
+    let whole = uninterrupted(&llama.url(), &request).await;
+    let full = answer_text(&whole);
+    assert_eq!(full.len(), 60, "one token per character: {full:?}");
+    assert_whole(&seen, full, "length");
+    assert_eq!(
+        seen["usage"]["prompt_tokens"],
+        whole["usage"]["prompt_tokens"]
+    );
+    assert_eq!(seen["usage"]["completion_tokens"], 60, "{seen}");
+
+    // The relay cuts after the read that brought the twelfth event: at least eleven
+    // tokens (one character each) reached the client, and the server went on from them.
+    let continued = recording.last_request();
+    let message = &continued["messages"][1];
+    let delivered = message["content"].as_str().unwrap();
+    assert_eq!(message["role"], "assistant", "{continued}");
+    assert!(
+        delivered.len() >= 11 && full.starts_with(delivered),
+        "{continued}"
+    );
+    assert_eq!(continued["continue_final_message"], true);
+    assert_eq!(continued["add_generation_prompt"], false);
+    assert_eq!(continued["max_tokens"], 60 - delivered.len());
+}
+
+/// A TCP relay to `upstream` that records the bodies of the requests it passes and, with
+/// `cut_after`, closes both connections once that many `data:` events went back.
+struct Relay {
+    addr: SocketAddr,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Relay {
+    async fn start(upstream: SocketAddr, cut_after: Option<usize>) -> Self {
+        let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&bodies);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let bodies = Arc::clone(&kept);
+                tokio::spawn(relay(client, upstream, cut_after, bodies));
+            }
+        });
+        Self { addr, bodies }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The body of the last request relayed, as JSON.
+    fn last_request(&self) -> Value {
+        let bodies = self.bodies.lock().unwrap();
+        serde_json::from_slice(bodies.last().expect("a request was relayed")).unwrap()
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    cut_after: Option<usize>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let ((mut from_client, mut to_client), (mut from_server, mut to_server)) =
+        (client.into_split(), server.into_split());
+    let requests = async {
+        let (mut buf, mut seen) = (vec![0u8; 16 * 1024], Vec::new());
+        while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+            seen.extend_from_slice(&buf[..n]);
+            take_bodies(&mut seen, &bodies);
+            if to_server.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let answers = async {
+        let (mut buf, mut events) = (vec![0u8; 16 * 1024], 0);
+        while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+            events += buf[..n].windows(6).filter(|w| w == b"data: ").count();
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            if cut_after.is_some_and(|cut| events >= cut) {
+                return;
+            }
+        }
+    };
+    // Either side ending ends both: a cut closes the client's connection mid-stream.
+    tokio::select! {
+        () = requests => {}
+        () = answers => {}
+    }
+}
+
+/// Moves the bodies of the whole requests at the start of `seen` to `bodies`.
+fn take_bodies(seen: &mut Vec<u8>, bodies: &Mutex<Vec<Vec<u8>>>) {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut request = httparse::Request::new(&mut headers);
+        let Ok(httparse::Status::Complete(head)) = request.parse(seen) else {
+            return;
+        };
+        let length = request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+            .map_or(0, |h| {
+                std::str::from_utf8(h.value).unwrap().parse().unwrap()
+            });
+        if seen.len() < head + length {
+            return;
+        }
+        let body = seen[head..head + length].to_vec();
+        seen.drain(..head + length);
+        if !body.is_empty() {
+            bodies.lock().unwrap().push(body);
+        }
+    }
 }
