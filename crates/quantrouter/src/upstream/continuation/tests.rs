@@ -187,7 +187,7 @@ fn chat_continues_an_assistant_message_with_the_tokens_left() {
     assert_eq!(spent, Err(Unresumable::Spent));
     // Nothing delivered: the request as it was.
     let fresh = request(base.clone(), Endpoint::Chat, "", 0).unwrap();
-    assert_eq!(fresh, base.clone());
+    assert_eq!(fresh, base.to_string());
 }
 
 #[test]
