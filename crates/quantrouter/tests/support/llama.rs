@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// Set by `scripts/test`: the file the background build writes its exit status to (its
@@ -67,19 +66,9 @@ impl LlamaServer {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some((_, url)) = line.split_once("listening on http://") {
-                    return url.trim().trim_end_matches('/').parse().unwrap();
-                }
-            }
-            panic!("llama-server ended before it listened");
-        })
-        .await
-        .expect("llama-server listens within a minute");
-        // Keeps reading, so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let output = child.stderr.take().unwrap();
+        let url = super::announced(output, "listening on http://", Duration::from_secs(60)).await;
+        let addr = url.trim_end_matches('/').parse().unwrap();
         Self {
             _child: child,
             addr,

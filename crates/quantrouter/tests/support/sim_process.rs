@@ -6,7 +6,6 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use vllm_sim::{SimConfig, SimServer};
 
@@ -29,20 +28,9 @@ impl SimProcess {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                // The test harness names the test first, on the same line.
-                if let Some((_, url)) = line.split_once("vllm-sim listening on ") {
-                    return url.trim().to_owned();
-                }
-            }
-            panic!("the simulator process ended before it listened");
-        })
-        .await
-        .expect("the simulator process listens within 30 s");
-        // Keeps reading, so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // The test harness names the test first, on the same line.
+        let output = child.stdout.take().unwrap();
+        let url = super::announced(output, "vllm-sim listening on ", Duration::from_secs(30)).await;
         Self { child, url }
     }
 
