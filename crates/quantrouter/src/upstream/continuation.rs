@@ -27,7 +27,7 @@ pub struct Delivered {
     /// Chunks that carried text: tokens delivered, one per chunk in the streams of vLLM,
     /// SGLang and llama.cpp.
     tokens: u64,
-    /// The answer's finish reason came: it is whole.
+    /// The answer's finish reason, or the stream's `[DONE]`, came: it is whole.
     finished: bool,
     /// Why the stream cannot be continued, once something delivered says so.
     refused: Option<Unresumable>,
@@ -69,17 +69,8 @@ pub enum Seen {
     Replace(Bytes),
     /// Leave it out: a continuation's role chunk, which the client already had.
     Drop,
-    /// The upstream failed: it sent an error event, or ended before the answer finished.
-    Broken(Break),
-}
-
-/// How an upstream failed in its events (rather than in its connection).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Break {
-    /// An error event (vLLM's `data: {"error": …}`).
+    /// The upstream failed: it sent an error event (vLLM's `data: {"error": …}`).
     ErrorEvent,
-    /// `[DONE]`, or the end of the body, before a finish reason.
-    Incomplete,
 }
 
 #[derive(Debug, Clone)]
@@ -99,10 +90,9 @@ impl Delivered {
         };
         let data = data.trim_ascii();
         if data == b"[DONE]" {
-            return match self.finished {
-                true => Seen::Pass,
-                false => Seen::Broken(Break::Incomplete),
-            };
+            // The server says the answer is whole, finish reason or not.
+            self.finished = true;
+            return Seen::Pass;
         }
         match self.continuing {
             None => self.original(data),
@@ -125,7 +115,7 @@ impl Delivered {
         self.tokens
     }
 
-    /// The answer's finish reason was delivered.
+    /// The answer's finish reason, or `[DONE]`, was delivered.
     pub fn finished(&self) -> bool {
         self.finished
     }
@@ -140,7 +130,7 @@ impl Delivered {
         let output = chunk_output(data);
         if output.choices.is_empty() {
             return match is_error(data) {
-                true => Seen::Broken(Break::ErrorEvent),
+                true => Seen::ErrorEvent,
                 false => Seen::Pass,
             };
         }
@@ -158,7 +148,7 @@ impl Delivered {
             return Seen::Pass;
         };
         if is_error_value(&chunk) {
-            return Seen::Broken(Break::ErrorEvent);
+            return Seen::ErrorEvent;
         }
         if let Some(identity) = &self.identity {
             identity.stamp(&mut chunk);

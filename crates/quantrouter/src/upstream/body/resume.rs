@@ -1,6 +1,7 @@
 //! A stream that outlives its upstream (`policy.stream_resume`): when the upstream fails
 //! after content reached the client — its connection breaks, it goes silent past the idle
-//! timeout, it sends an error event, or its body ends before a finish — the request's
+//! timeout, it sends an error event, or its body ends without a finish reason or `[DONE]` —
+//! the request's
 //! [`Resume`] hook asks another endpoint to continue from the delivered text, and that
 //! answer goes on in the same stream ([`super::super::continuation`] makes it fit).
 //!
@@ -21,7 +22,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::guard::{Guarded, Held};
 use super::limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
-use crate::upstream::continuation::{Break, Delivered, Seen};
+use crate::upstream::continuation::{Delivered, Seen};
 use crate::upstream::keepalive::MIN_INTERVAL;
 use crate::upstream::sse::EventBuffer;
 use crate::upstream::{Endpoint, UpstreamIncoming};
@@ -116,8 +117,8 @@ enum Out {
 /// What a frame of a part came to.
 struct Relayed {
     out: Out,
-    /// The part broke in its events; the event that says so, for a stream not resumed.
-    broken: Option<(Break, Bytes)>,
+    /// The part sent an error event: the event, for a stream not resumed.
+    error: Option<Bytes>,
 }
 
 // === impl Resumable ===
@@ -148,15 +149,15 @@ impl Resumable {
                 Seen::Pass => out.push(event),
                 Seen::Replace(event) => out.push(event),
                 Seen::Drop => {}
-                Seen::Broken(why) => {
+                Seen::ErrorEvent => {
                     return Relayed {
                         out,
-                        broken: Some((why, event)),
+                        error: Some(event),
                     }
                 }
             }
         }
-        Relayed { out, broken: None }
+        Relayed { out, error: None }
     }
 
     /// Starts asking for a continuation after `failure`; false when the stream is not to
@@ -283,13 +284,13 @@ impl Body for Resuming {
                         Ok(data) => data,
                         Err(other) => return Poll::Ready(Some(Ok(other))),
                     };
-                    let Relayed { mut out, broken } = resumable.relay(&data);
+                    let Relayed { mut out, error } = resumable.relay(&data);
                     if !resumable.told && !out.is_empty() && resumable.delivered.tokens() > 0 {
                         // A continuation's first output: the idle timeout applies from here.
                         resumable.told = true;
                         this.part.as_mut().inner_pin().output_came();
                     }
-                    let Some((why, event)) = broken else {
+                    let Some(event) = error else {
                         if resumable.events.pending() > MAX_EVENT {
                             // Not examined any more: the stream passes on as it comes.
                             out.push(resumable.events.take_rest());
@@ -301,7 +302,7 @@ impl Body for Resuming {
                             None => continue,
                         }
                     };
-                    if resumable.ask(why.into()) {
+                    if resumable.ask(BodyError::ErrorEvent) {
                         close(this.part.as_mut());
                         match out.into_frame() {
                             Some(frame) => return Poll::Ready(Some(frame)),
@@ -400,17 +401,6 @@ impl Out {
             Out::Nothing => None,
             Out::One(bytes) => Some(Ok(Frame::data(bytes))),
             Out::Many(many) => Some(Ok(Frame::data(many.freeze()))),
-        }
-    }
-}
-
-// === impl Break ===
-
-impl From<Break> for BodyError {
-    fn from(why: Break) -> Self {
-        match why {
-            Break::ErrorEvent => BodyError::ErrorEvent,
-            Break::Incomplete => BodyError::Incomplete,
         }
     }
 }
