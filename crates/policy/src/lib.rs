@@ -54,7 +54,8 @@ pub use profile::{
     ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, OutcomeSink,
     OutputCeiling, Policy, Profile, ProfileIndex, ProfileSet, ProfileSetError, Quality,
     QualityFallback, QueueMetrics, RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream,
-    StreamCheck, Transport, Upstream, UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
+    StreamCheck, StreamResume, Transport, Upstream, UpstreamApi, ValidationErrors, Weights,
+    MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,

@@ -101,6 +101,8 @@ pub struct Policy {
     pub affinity: Affinity,
     /// For which APIs a request's output limit is only a ceiling.
     pub output_ceiling: OutputCeiling,
+    /// Continuing a stream whose upstream failed after content reached the client.
+    pub stream_resume: StreamResume,
 }
 
 /// `policy.output_ceiling`: the APIs whose output limit (`max_tokens`, `max_output_tokens`)
@@ -117,6 +119,15 @@ pub struct OutputCeiling {
     /// The share by which the prompt's estimate is raised before the limit is cut to the
     /// context left: the estimate counts characters, the upstream tokens. 0..=1.
     pub prompt_margin: f64,
+}
+
+/// `policy.stream_resume`: a streamed answer whose upstream fails after content reached the
+/// client is continued from the delivered text by another endpoint, in the same stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamResume {
+    /// Continuations one stream may get; 0 turns resumption off.
+    pub max_resumes: u32,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -313,6 +324,10 @@ pub struct ServiceUpstream {
     /// How a request picks an endpoint; absent: by cached prefix ([`Balance::Prefix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance: Option<Balance>,
+    /// The server continues a final assistant message (`continue_final_message`), so it
+    /// may take over a broken stream ([`StreamResume`]); `false` for one that cannot.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// Fixed base URLs.
@@ -343,6 +358,9 @@ pub struct StaticUpstream {
     /// The APIs the upstream serves natively; the router translates the others to chat.
     #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
     pub apis: Vec<UpstreamApi>,
+    /// The server continues a final assistant message; see [`ServiceUpstream::resume`].
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// An API an upstream may serve (`upstream.apis`).
@@ -382,6 +400,7 @@ impl Default for StaticUpstream {
             http2: false,
             apis: default_apis(),
             balance: None,
+            resume: true,
         }
     }
 }
@@ -621,6 +640,7 @@ impl Default for Policy {
             second_opinion: None,
             affinity: Affinity::default(),
             output_ceiling: OutputCeiling::default(),
+            stream_resume: StreamResume::default(),
         }
     }
 }
@@ -653,6 +673,17 @@ impl OutputCeiling {
         let left = (f64::from(max_context_tokens) - prompt).max(1.0);
         // `left` is in 1..=u32::MAX here; `as` saturates anyway.
         max_tokens.min(left as u32)
+    }
+}
+
+/// The most continuations `policy.stream_resume.max_resumes` may allow one stream.
+const MAX_RESUMES: u32 = 3;
+
+impl Default for StreamResume {
+    /// One continuation hides the usual single failure (a pod scaled down, evicted or out of
+    /// memory); a stream that breaks again is meeting a tier in trouble, not bad luck.
+    fn default() -> Self {
+        Self { max_resumes: 1 }
     }
 }
 
@@ -757,6 +788,12 @@ impl Policy {
             self.output_ceiling.prompt_margin,
             err,
         );
+        if self.stream_resume.max_resumes > MAX_RESUMES {
+            err(
+                "policy.stream_resume.max_resumes".into(),
+                "must be in [0, 3]",
+            );
+        }
         if let Some(c) = &self.calibration {
             check_unit("policy.calibration.sample_rate", c.sample_rate, err);
             positive(
@@ -1062,6 +1099,14 @@ impl Upstream {
         Transport { ca_file, http2 }
     }
 
+    /// Whether the upstream can continue a broken stream (`upstream.resume`).
+    pub fn resumes(&self) -> bool {
+        match self {
+            Upstream::Service(s) => s.resume,
+            Upstream::Static(s) => s.resume,
+        }
+    }
+
     /// Whether the upstream serves `api` natively (`upstream.apis`).
     pub fn serves(&self, api: UpstreamApi) -> bool {
         let apis = match self {
@@ -1096,6 +1141,14 @@ fn is_default_apis(apis: &Vec<UpstreamApi>) -> bool {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_env_name(s: &str) -> bool {

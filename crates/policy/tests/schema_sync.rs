@@ -188,7 +188,8 @@ fn schema_property_names_match_the_rust_fields() {
     )
     .unwrap();
     set.profiles[2].upstream = serde_json::from_str(
-        r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"}}"#,
+        r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"},
+            "resume": false}"#,
     )
     .unwrap();
     set.policy.stream_check = Some(quantrouter_policy::StreamCheck::default());
@@ -217,4 +218,16 @@ fn schema_property_names_match_the_rust_fields() {
     let only_schema: Vec<_> = from_schema.difference(&from_types).collect();
     assert!(only_types.is_empty() && only_schema.is_empty(),
         "fields missing from the schema: {only_types:?}; schema properties the types lack: {only_schema:?}");
+}
+
+#[test]
+fn schema_and_types_bound_the_resumes_of_a_stream() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let mut doc: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
+    for (max_resumes, valid) in [(0, true), (3, true), (4, false)] {
+        doc["policy"]["stream_resume"] = serde_json::json!({ "max_resumes": max_resumes });
+        assert_eq!(validator.is_valid(&doc), valid, "schema, {max_resumes}");
+        let typed = ProfileSet::from_json(&doc.to_string());
+        assert_eq!(typed.is_ok(), valid, "types, {max_resumes}");
+    }
 }

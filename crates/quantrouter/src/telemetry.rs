@@ -33,6 +33,9 @@ pub const INFLIGHT: &str = "quantrouter_inflight";
 pub const RETRIES: &str = "quantrouter_retries_total";
 /// Switches to another profile, by from, to and reason (`error`, `quality`).
 pub const FALLBACKS: &str = "quantrouter_fallbacks_total";
+/// Streams whose upstream broke after content reached the client, by the profile that broke
+/// and result (`resumed`, `failed`, `not_resumable`).
+pub const STREAM_RESUMES: &str = "quantrouter_stream_resumes_total";
 /// Requests refused by admission (queue full or queue timeout), by profile.
 pub const ADMISSION_REJECTED: &str = "quantrouter_admission_rejected_total";
 /// Circuit state per endpoint: 0 closed, 1 half-open, 2 open.
@@ -190,6 +193,10 @@ fn describe() {
     metrics::describe_counter!(
         FALLBACKS,
         "Switches to another profile, by from, to and reason."
+    );
+    metrics::describe_counter!(
+        STREAM_RESUMES,
+        "Streams broken after content reached the client, by profile and result."
     );
     metrics::describe_counter!(
         ADMISSION_REJECTED,
@@ -491,6 +498,12 @@ pub fn retry(profile: &str) {
 pub fn fallback(from: &str, to: &str, reason: &'static str) {
     counter!(FALLBACKS, "from" => from.to_owned(), "to" => to.to_owned(), "reason" => reason)
         .increment(1);
+}
+
+/// A stream of `profile` broke after content reached the client; `result`: `resumed`,
+/// `failed` or `not_resumable`.
+pub fn stream_resume(profile: &str, result: &'static str) {
+    counter!(STREAM_RESUMES, "profile" => profile.to_owned(), "result" => result).increment(1);
 }
 
 /// One calibration comparison of `profile`'s answer with the reference's.

@@ -80,6 +80,13 @@ async fn docs_list_exactly_the_exported_metrics() {
     // A router error.
     let r = t.post("{\"model\": 1}", &[]).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // A stream whose upstream breaks after three events: resumed.
+    t.sims[INT4][1].set_faults(Faults {
+        reset_after_chunks: Some(3),
+        ..Faults::default()
+    });
+    let r = t.post(&support::simple_stream(8), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
     // Admission: one slot on fp16, concurrent pinned requests.
     let t = Arc::new(t);
     let pinned = chat("llama8b-fp16", SIMPLE).replace("\"max_tokens\":8", "\"max_tokens\":20");

@@ -61,6 +61,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         continuous_usage: false,
         tool,
         previous_response_id: None,
+        continued: 0,
     })
 }
 
@@ -122,6 +123,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
             .get("previous_response_id")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        continued: 0,
     })
 }
 

@@ -44,6 +44,9 @@ pub(crate) struct CompletionRequest {
     pub(crate) tool: Option<String>,
     /// Responses: the stored response this one continues.
     pub(crate) previous_response_id: Option<String>,
+    /// Chat with `continue_final_message`: the words (one token each) of the final assistant
+    /// message the answer continues; 0 for a new answer.
+    pub(crate) continued: u32,
 }
 
 /// Token counts, as in every OpenAI `usage` object.
@@ -101,6 +104,10 @@ struct ChatRequestWire {
     ignore_eos: Option<bool>,
     stream: Option<bool>,
     stream_options: Option<StreamOptionsWire>,
+    /// vLLM's chat-template switches: continue the final (assistant) message instead of
+    /// starting a new one; the two cannot both be on, and the second is on by default.
+    continue_final_message: Option<bool>,
+    add_generation_prompt: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,6 +124,21 @@ struct CompletionRequestWire {
 struct MessageWire {
     role: Option<String>,
     content: Option<ContentWire>,
+}
+
+impl MessageWire {
+    /// The message's text: the string, or its text parts joined.
+    fn text(&self) -> String {
+        match &self.content {
+            Some(ContentWire::Text(text)) => text.clone(),
+            Some(ContentWire::Parts(parts)) => parts
+                .iter()
+                .filter(|part| part.kind == "text")
+                .filter_map(|part| part.text.as_deref())
+                .collect(),
+            None => String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -297,7 +319,7 @@ impl CompletionRequest {
 
     fn parse_chat(body: &[u8]) -> Result<Self, ApiError> {
         let wire: ChatRequestWire = serde_json::from_slice(body).map_err(json_error)?;
-        let messages = wire
+        let mut messages = wire
             .messages
             .ok_or_else(|| ApiError::BadRequest("`messages` is required.".to_owned()))?;
         if messages.is_empty() {
@@ -305,39 +327,39 @@ impl CompletionRequest {
                 "`messages` must not be empty.".to_owned(),
             ));
         }
+        // The message to continue is the start of the answer, not part of the prompt: the
+        // answer is planned as the uninterrupted one would be, and resumes after its words.
+        let continued = match continued_message(
+            &wire.continue_final_message,
+            &wire.add_generation_prompt,
+            &messages,
+        )? {
+            true => messages.pop().map(|m| m.text()).unwrap_or_default(),
+            false => String::new(),
+        };
         let mut digest = PromptDigest::new();
         let mut user_text = None;
         let mut cache_text = String::new();
         for message in messages {
-            let role = message.role.unwrap_or_default();
+            let role = message.role.clone().unwrap_or_default();
             digest.add_marker(&role);
             cache_text.push_str(&role);
             cache_text.push('\n');
-            let text = match message.content {
-                Some(ContentWire::Text(text)) => {
-                    digest.add_text(&text);
-                    Some(text)
-                }
-                Some(ContentWire::Parts(parts)) => {
-                    let mut joined = String::new();
-                    for text in parts
-                        .into_iter()
-                        .filter(|part| part.kind == "text")
-                        .filter_map(|part| part.text)
-                    {
-                        digest.add_text(&text);
-                        joined.push_str(&text);
-                    }
-                    Some(joined)
-                }
-                None => None,
-            };
+            let text = message.content.is_some().then(|| message.text());
+            if let Some(text) = &text {
+                digest.add_text(text);
+            }
             cache_text.push_str(text.as_deref().unwrap_or_default());
             cache_text.push('\n');
             if role == "user" {
                 user_text = text;
             }
         }
+        let continued_words =
+            u32::try_from(continued.split_whitespace().count()).unwrap_or(u32::MAX);
+        // The server reads the continued words as prompt, a token each.
+        digest.add_tokens(u64::from(continued_words));
+        cache_text.push_str(&continued);
         Ok(Self {
             model: wire.model,
             digest,
@@ -355,6 +377,7 @@ impl CompletionRequest {
                 .unwrap_or(false),
             tool: crate::agent_api::chat_tool(body),
             previous_response_id: None,
+            continued: continued_words,
         })
     }
 
@@ -397,7 +420,32 @@ impl CompletionRequest {
             continuous_usage: false,
             tool: None,
             previous_response_id: None,
+            continued: 0,
         })
+    }
+}
+
+/// Whether the request continues its final message, as vLLM decides: only with
+/// `add_generation_prompt` off, and only an assistant's message.
+fn continued_message(
+    continue_final: &Option<bool>,
+    add_generation_prompt: &Option<bool>,
+    messages: &[MessageWire],
+) -> Result<bool, ApiError> {
+    if *continue_final != Some(true) {
+        return Ok(false);
+    }
+    if add_generation_prompt.unwrap_or(true) {
+        return Err(ApiError::BadRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                .to_owned(),
+        ));
+    }
+    match messages.last().and_then(|m| m.role.as_deref()) {
+        Some("assistant") => Ok(true),
+        _ => Err(ApiError::BadRequest(
+            "`continue_final_message` needs the final message to be the assistant's.".to_owned(),
+        )),
     }
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct SimState {
     id_salt: u64,
     /// Responses API answers by id, for `previous_response_id` and `GET /v1/responses/{id}`.
     responses: Mutex<HashMap<String, Bytes>>,
+    /// The body of the last completion request, for `GET /sim/last-request`.
+    last_request: Mutex<Option<Bytes>>,
     /// The prefix cache, when `prefix_cache_blocks` is set.
     prefix_cache: Option<PrefixCache>,
     /// When the prefill compute stream is free: prefills run one after another, as they
@@ -119,12 +121,25 @@ impl SimState {
             ids: AtomicU64::new(0),
             id_salt: RandomState::new().build_hasher().finish(),
             responses: Mutex::new(HashMap::new()),
+            last_request: Mutex::new(None),
             metrics,
             faults: FaultState::default(),
             prefix_cache,
             prefill_free_at: std::sync::Mutex::new(None),
             config,
         }
+    }
+
+    /// Keeps the body of a completion request as the last one seen.
+    pub(crate) fn record_request(&self, body: &Bytes) {
+        if let Ok(mut last) = self.last_request.lock() {
+            *last = Some(body.clone());
+        }
+    }
+
+    /// The body of the last completion request.
+    pub(crate) fn last_request(&self) -> Option<Bytes> {
+        self.last_request.lock().ok()?.clone()
     }
 
     /// Keeps a Responses answer; the oldest are not tracked, so a full store starts over.

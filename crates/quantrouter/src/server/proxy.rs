@@ -25,11 +25,13 @@ use crate::apis::{AgentApi, Translation};
 use crate::calibration::{self, Sample};
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
+use crate::resilience::resume::{self, ResumeRequest};
 use crate::resilience::retry::{Answer, Fallback, FallbackReason, Forwarder, Outgoing, Plan};
 use crate::routing::{self, RouteInput, Routed, AUTO_MODEL};
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
+use crate::upstream::body::Resumable;
 use crate::upstream::keepalive::KeepAlive;
 use crate::upstream::{is_event_stream, sse, Reading, TimeLimits, UpstreamBody};
 
@@ -261,6 +263,7 @@ fn respond(
     let decision = &routed.decision;
     let served = Served::of(&answer);
     let labels = served.labels(snapshot, decision);
+    let resumable = resumable(app, ctx, routed, &answer);
     let Answer {
         response,
         held,
@@ -311,12 +314,47 @@ fn respond(
         strip_usage: ctx.parsed.adds_usage(),
     };
     let copy = ledger.wants_answer();
-    let body = UpstreamBody::new(incoming, held, limits, reading).on_end(Box::new(ledger));
+    let body = UpstreamBody::new(incoming, held, limits, reading)
+        .on_end(Box::new(ledger))
+        .resuming(resumable);
     let body = match copy {
         true => body.copy_answer(calibration::MAX_ANSWER),
         false => body,
     };
     Response::from_parts(head, body)
+}
+
+/// A stream that goes on elsewhere when its upstream breaks (`policy.stream_resume`).
+fn resumable(
+    app: &App,
+    ctx: &RequestCtx<'_>,
+    routed: &Routed,
+    answer: &Answer,
+) -> Option<Resumable> {
+    let (parsed, received) = (&ctx.parsed, ctx.received);
+    let set = &ctx.snapshot.set;
+    if !parsed.stream || !resume::eligible(set, received.endpoint, parsed.choices, answer) {
+        return None;
+    }
+    let id = ctx.request_id();
+    let request = ResumeRequest {
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(&ctx.snapshot),
+        decision: routed.decision.clone(),
+        pinned: routed.decision.reason == Reason::Pinned,
+        headers: upstream_headers(ctx.headers(), &id),
+        started: received.started,
+        deadline: ctx.deadline,
+        trace: ctx.trace().cloned(),
+        request_id: id.to_str().unwrap_or_default().to_owned(),
+        priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
+        blocks: routed.placement.blocks.clone(),
+        body: received.body.clone(),
+        api: received.endpoint,
+        adds_usage: parsed.adds_usage(),
+    };
+    Some(request.into_resumable(answer))
 }
 
 /// `policy.calibration`: a non-streamed request answered by another profile than the

@@ -5,7 +5,9 @@
 
 pub mod envoy;
 pub mod kube_api;
+pub mod llama;
 pub mod redis_server;
+pub mod sim_process;
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -427,6 +429,30 @@ where
         }
     });
     (url, count)
+}
+
+/// What a child process announces on `output`: the rest of the first line that holds
+/// `marker`, within `deadline`. The output is read on afterwards, so the child never
+/// blocks on a full pipe.
+pub async fn announced(
+    output: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    marker: &str,
+    deadline: Duration,
+) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(output).lines();
+    let found = tokio::time::timeout(deadline, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, rest)) = line.split_once(marker) {
+                return rest.trim().to_owned();
+            }
+        }
+        panic!("the process ended before it said {marker:?}");
+    })
+    .await;
+    let found = found.unwrap_or_else(|_| panic!("no {marker:?} within {deadline:?}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    found
 }
 
 /// Polls `check` until it holds or `deadline` passes.
