@@ -52,6 +52,9 @@ pub struct ResumeRequest {
     pub api: Api,
     /// The router asks for the usage event (and cuts it out): continuations ask too.
     pub adds_usage: bool,
+    /// Per profile, the output limit its context holds when the request's is only a ceiling
+    /// (`policy.output_ceiling`), as the first attempt was sent it.
+    pub ceilings: Vec<Option<u32>>,
 }
 
 /// The [`Resume`] hook of one stream.
@@ -237,12 +240,23 @@ impl ResumeRequest {
             return None;
         }
         let model_json = &self.snapshot.runtime[profile].model_json;
+        let ceiling = self.ceilings.get(profile.get()).copied().flatten();
         if AgentApi::of(self.api).is_some() {
-            let chat = translation?.chat_body(set, profile, model_json)?;
+            let chat = translation?.chat_body(set, profile, model_json, ceiling)?;
             return Some((Api::Chat, serde_json::from_slice(&chat).ok()?));
         }
         let mut body: Value = serde_json::from_slice(&self.body).ok()?;
         body["model"] = serde_json::from_str(model_json).ok()?;
+        if let Some(ceiling) = ceiling {
+            for key in ["max_tokens", "max_completion_tokens"] {
+                if body[key]
+                    .as_u64()
+                    .is_some_and(|limit| limit > u64::from(ceiling))
+                {
+                    body[key] = ceiling.into();
+                }
+            }
+        }
         if self.adds_usage {
             body["stream_options"] = serde_json::json!({"include_usage": true});
         }

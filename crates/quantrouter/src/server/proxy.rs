@@ -353,6 +353,16 @@ fn resumable(
         body: received.body.clone(),
         api: received.endpoint,
         adds_usage: parsed.adds_usage(),
+        ceilings: (0..set.profiles.len())
+            .map(|p| {
+                routing::output_ceiling(
+                    &ctx.snapshot,
+                    &routed.decision,
+                    parsed,
+                    ProfileIndex::new(p),
+                )
+            })
+            .collect(),
     };
     Some(request.into_resumable(answer))
 }
