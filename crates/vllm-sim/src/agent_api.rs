@@ -59,6 +59,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         include_usage: true,
         tool,
         previous_response_id: None,
+        cache_salt: None,
     })
 }
 
@@ -119,6 +120,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
             .get("previous_response_id")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        cache_salt: None,
     })
 }
 

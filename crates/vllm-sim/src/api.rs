@@ -41,6 +41,8 @@ pub(crate) struct CompletionRequest {
     pub(crate) tool: Option<String>,
     /// Responses: the stored response this one continues.
     pub(crate) previous_response_id: Option<String>,
+    /// vLLM's `cache_salt`: the prefix cache shares blocks only between equal salts.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// Token counts, as in every OpenAI `usage` object.
@@ -283,12 +285,14 @@ impl Endpoint {
 impl CompletionRequest {
     /// Parses a request body; wrong JSON, wrong types and a missing or empty prompt are 400s.
     pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, ApiError> {
-        match endpoint {
+        let mut request = match endpoint {
             Endpoint::Chat => Self::parse_chat(body),
             Endpoint::Completion => Self::parse_completion(body),
             Endpoint::Messages => crate::agent_api::parse_messages(body),
             Endpoint::Responses => crate::agent_api::parse_responses(body),
-        }
+        }?;
+        request.cache_salt = cache_salt(body)?;
+        Ok(request)
     }
 
     fn parse_chat(body: &[u8]) -> Result<Self, ApiError> {
@@ -346,6 +350,7 @@ impl CompletionRequest {
             include_usage: include_usage(wire.stream_options.as_ref()),
             tool: crate::agent_api::chat_tool(body),
             previous_response_id: None,
+            cache_salt: None,
         })
     }
 
@@ -387,7 +392,26 @@ impl CompletionRequest {
             include_usage: include_usage(wire.stream_options.as_ref()),
             tool: None,
             previous_response_id: None,
+            cache_salt: None,
         })
+    }
+}
+
+/// The request's `cache_salt`, which vLLM takes on every generation endpoint and refuses
+/// unless it is a non-empty string.
+fn cache_salt(body: &[u8]) -> Result<Option<String>, ApiError> {
+    #[derive(Deserialize)]
+    struct Salted {
+        #[serde(default)]
+        cache_salt: Option<serde_json::Value>,
+    }
+    let salted: Salted = serde_json::from_slice(body).map_err(json_error)?;
+    match salted.cache_salt {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(salt)) if !salt.is_empty() => Ok(Some(salt)),
+        Some(_) => Err(ApiError::BadRequest(
+            "Parameter 'cache_salt' must be a non-empty string if provided.".to_owned(),
+        )),
     }
 }
 
