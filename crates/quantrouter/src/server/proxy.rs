@@ -82,7 +82,8 @@ pub(super) async fn proxy(
     let parsed = ParsedRequest::parse(&received.body, endpoint)?;
     // A Responses follow-up goes where the response it continues is stored.
     if let Some(previous) = &parsed.previous_response_id {
-        agents::place_follow_up(app, &mut received.parts.headers, previous).await?;
+        let owner = tenant.as_deref().map(|t| &*t.id);
+        agents::place_follow_up(app, &mut received.parts.headers, previous, owner).await?;
     }
     let mut ctx = RequestCtx::new(&received, parsed, app.store.load());
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
