@@ -6,8 +6,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use quantrouter_policy::{
-    conversation_key, prefer_session, prefix_blocks, Classifier, ProfileIndex, ProfileSet, Prompt,
-    Role, RoutingDecision, Segment, DEFAULT_PROFILE_SET,
+    conversation_key, prefer_session, prefix_blocks, Classifier, KeyScope, ProfileIndex,
+    ProfileSet, Prompt, Role, RoutingDecision, Segment, DEFAULT_PROFILE_SET,
 };
 
 mod workload;
@@ -104,8 +104,8 @@ fn affinity_work(
         }],
         wants_json: false,
     };
-    let blocks = prefix_blocks(&prompt);
-    let key = conversation_key(Some("session-1"), None, &prompt);
+    let blocks = prefix_blocks(KeyScope::NONE, &prompt);
+    let key = conversation_key(KeyScope::NONE, Some("session-1"), None, &prompt).map(|c| c.key);
     (blocks, key, prefer_session(decision, session))
 }
 

@@ -76,7 +76,8 @@ fn handle(
     };
     let routed = route(snapshot, &parsed, input).unwrap();
     let profile = routed.decision.profile;
-    parsed.upstream_body(body, &snapshot.runtime[profile].model_json)
+    let salt = routed.cache_salt.as_deref();
+    parsed.upstream_body(body, &snapshot.runtime[profile].model_json, salt)
 }
 
 fn main() {

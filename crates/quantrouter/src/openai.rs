@@ -71,6 +71,8 @@ pub struct ParsedRequest<'a> {
     pub endpoint: Endpoint,
     /// Responses: the stored response this request continues.
     pub previous_response_id: Option<Cow<'a, str>>,
+    /// The client's `cache_salt` (vLLM's KV-cache salt) and the byte range of its value.
+    cache_salt: Option<(Cow<'a, str>, Range<usize>)>,
 }
 
 /// A request the router answers itself, with an OpenAI-shaped error.
@@ -228,6 +230,8 @@ struct WireRequest<'a> {
     text: Option<WireTextConfig<'a>>,
     #[serde(borrow, default)]
     previous_response_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<&'a RawValue>,
     #[serde(default)]
     tools: Option<serde::de::IgnoredAny>,
     #[serde(default)]
@@ -401,8 +405,15 @@ impl<'a> ParsedRequest<'a> {
             .ok_or_else(|| invalid("you must provide a model parameter", "model"))?;
         let model: Cow<'a, str> = serde_json::from_str(raw_model.get())
             .map_err(|_| invalid("model must be a string", "model"))?;
-        let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
-        let model_span = start..start + raw_model.get().len();
+        let model_span = span_in(body, raw_model);
+        let cache_salt = match wire.cache_salt {
+            Some(raw) => {
+                let salt: Cow<'a, str> = serde_json::from_str(raw.get())
+                    .map_err(|_| invalid("cache_salt must be a string", "cache_salt"))?;
+                Some((salt, span_in(body, raw)))
+            }
+            None => None,
+        };
 
         let limit = wire
             .max_completion_tokens
@@ -474,7 +485,13 @@ impl<'a> ParsedRequest<'a> {
             has_stream_options: wire.stream_options.is_some(),
             endpoint,
             previous_response_id: wire.previous_response_id,
+            cache_salt,
         })
+    }
+
+    /// The client's `cache_salt`, if it sent one.
+    pub fn cache_salt(&self) -> Option<&str> {
+        self.cache_salt.as_ref().map(|(salt, _)| salt.as_ref())
     }
 
     /// The prompt as the policy sees it, borrowing from this request.
@@ -497,34 +514,63 @@ impl<'a> ParsedRequest<'a> {
         chat_api && self.stream && !self.has_stream_options
     }
 
-    /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
-    /// and, for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
-    /// added first, so token counts arrive. Every other byte is unchanged; no copy when
-    /// nothing changes.
-    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
+    /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string),
+    /// for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
+    /// added first, so token counts arrive, and `cache_salt` (when given) set, replacing the
+    /// client's. Every other byte is unchanged; no copy when nothing changes.
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str, cache_salt: Option<&str>) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
-        let span = self.model_span.clone();
-        let same_model = &body[span.clone()] == model_json.as_bytes();
         // Parsing succeeded, so the first non-space byte is the object's `{`.
-        let insert_at = match self.adds_usage() {
-            true => body.iter().position(|b| *b == b'{').map(|i| i + 1),
-            false => None,
-        };
-        if same_model && insert_at.is_none() {
+        let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+        // At most three edits, kept on the stack: the usage option, the salt, the model.
+        let mut edits: [(Range<usize>, &[u8]); 3] = Default::default();
+        let mut count = 0;
+        if self.adds_usage() {
+            edits[count] = (open..open, USAGE);
+            count += 1;
+        }
+        let salt_json = cache_salt.map(|salt| serde_json::Value::from(salt).to_string());
+        let salt_field;
+        match (&salt_json, &self.cache_salt) {
+            (Some(json), Some((_, span))) => {
+                edits[count] = (span.clone(), json.as_bytes());
+                count += 1;
+            }
+            (Some(json), None) => {
+                salt_field = format!(r#""cache_salt":{json},"#);
+                edits[count] = (open..open, salt_field.as_bytes());
+                count += 1;
+            }
+            (None, _) => {}
+        }
+        let span = self.model_span.clone();
+        if body[span.clone()] != *model_json.as_bytes() {
+            edits[count] = (span, model_json.as_bytes());
+            count += 1;
+        }
+        let edits = &mut edits[..count];
+        if edits.is_empty() {
             return body.clone();
         }
-        let mut out = BytesMut::with_capacity(body.len() + model_json.len() + USAGE.len());
+        // Stable: what is inserted at the same place keeps its order.
+        edits.sort_by_key(|(range, _)| range.start);
+        let added: usize = edits.iter().map(|(_, with)| with.len()).sum();
+        let mut out = BytesMut::with_capacity(body.len() + added);
         let mut from = 0;
-        if let Some(at) = insert_at {
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(USAGE);
-            from = at;
+        for (range, with) in edits.iter() {
+            out.extend_from_slice(&body[from..range.start]);
+            out.extend_from_slice(with);
+            from = range.end;
         }
-        out.extend_from_slice(&body[from..span.start]);
-        out.extend_from_slice(model_json.as_bytes());
-        out.extend_from_slice(&body[span.end..]);
+        out.extend_from_slice(&body[from..]);
         out.freeze()
     }
+}
+
+/// The byte range of a value borrowed from `body`.
+fn span_in(body: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    start..start + raw.get().len()
 }
 
 type Texts<'a> = Vec<(Role, Cow<'a, str>)>;

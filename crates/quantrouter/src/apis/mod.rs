@@ -129,7 +129,13 @@ impl Translation {
                 message: format!("request body is not valid JSON: {e}"),
                 param: None,
             })?;
-        let chat = api.to_chat(&request, "null");
+        let chat = api.to_chat(&request, "null").map(|mut chat| {
+            // vLLM's KV-cache salt is no field of either API, but a client may send it.
+            if let Some(salt) = request.get("cache_salt") {
+                chat["cache_salt"] = salt.clone();
+            }
+            chat
+        });
         match chat {
             Ok(chat) => Ok(Some(Self {
                 api,
@@ -154,18 +160,23 @@ impl Translation {
     }
 
     /// The chat body for a profile without the API, with `model_json` (a JSON-encoded
-    /// string); `None` for a profile that serves the API.
+    /// string) and `cache_salt` (when given, in place of the client's); `None` for a profile
+    /// that serves the API.
     pub fn chat_body(
         &self,
         set: &ProfileSet,
         profile: ProfileIndex,
         model_json: &str,
+        cache_salt: Option<&str>,
     ) -> Option<Bytes> {
         if set.profiles[profile].upstream.serves(self.api.upstream()) {
             return None;
         }
         let mut chat = self.chat.clone()?;
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
+        if let Some(salt) = cache_salt {
+            chat["cache_salt"] = salt.into();
+        }
         Some(Bytes::from(chat.to_string()))
     }
 }

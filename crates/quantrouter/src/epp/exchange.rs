@@ -417,7 +417,8 @@ impl Exchange {
             (!addresses.is_empty()).then_some((next, addresses))
         });
         let strip_usage = parsed.adds_usage();
-        let upstream_body = parsed.upstream_body(&body, &runtime.model_json);
+        let salt = routed.cache_salt.as_deref();
+        let upstream_body = parsed.upstream_body(&body, &runtime.model_json, salt);
         let mut mutation = HeaderMutation::default();
         let mut lb = BTreeMap::new();
         mutation

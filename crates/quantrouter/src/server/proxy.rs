@@ -27,6 +27,7 @@ use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
 use crate::resilience::retry::{Answer, Fallback, FallbackReason, Forwarder, Outgoing, Plan};
 use crate::routing::{self, RouteInput, Routed, AUTO_MODEL};
+use crate::second_opinion::Rated;
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
@@ -90,8 +91,13 @@ pub(super) async fn proxy(
     ctx.grant = admit_tenant(app, tenant, &ctx.parsed, &ctx.snapshot).await?;
     // Route: the policy's decision, with the request's and the tenant's overrides, and a
     // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
-    let rating =
-        crate::second_opinion::consult(app, &ctx.snapshot, &ctx.parsed, ctx.headers()).await;
+    let rated = Rated {
+        snapshot: &ctx.snapshot,
+        parsed: &ctx.parsed,
+        headers: ctx.headers(),
+        tenant: ctx.grant.as_ref().map(|g| &*g.tenant),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let routed = route(app, &mut ctx, rating)?;
     // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
     // stream answers at once and waits in its body, with keep-alives.
@@ -224,11 +230,12 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
         priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
         placement: &routed.placement,
     };
+    let salt = routed.cache_salt.as_deref();
     let body_for = |profile: ProfileIndex| {
         let model_json = &snapshot.runtime[profile].model_json;
         let chat = translation
             .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, salt));
         match chat {
             Some(body) => Outgoing {
                 path: Endpoint::Chat.path(),
@@ -236,7 +243,7 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
             },
             None => Outgoing {
                 path: endpoint.path(),
-                body: parsed.upstream_body(body, model_json),
+                body: parsed.upstream_body(body, model_json, salt),
             },
         }
     };
@@ -280,7 +287,7 @@ fn respond(
     head.headers
         .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
     let sample =
-        sample_for_calibration(app, ctx, decision, served.profile).filter(|_| status.is_success());
+        sample_for_calibration(app, ctx, routed, served.profile).filter(|_| status.is_success());
     let attributes = match ctx.trace() {
         Some(_) => span_attributes(snapshot, &served, status, &ctx.parsed),
         None => Vec::new(),
@@ -321,9 +328,10 @@ fn respond(
 fn sample_for_calibration(
     app: &App,
     ctx: &RequestCtx<'_>,
-    decision: &RoutingDecision,
+    routed: &Routed,
     served: ProfileIndex,
 ) -> Option<Sample> {
+    let decision = &routed.decision;
     let (snapshot, parsed, received) = (&ctx.snapshot, &ctx.parsed, ctx.received);
     let policy = snapshot.set.policy.calibration.as_ref()?;
     let reference = snapshot.set.index_of(&policy.reference_profile)?;
@@ -355,7 +363,11 @@ fn sample_for_calibration(
         choices: parsed.choices,
         path: received.endpoint.path(),
         headers: upstream_headers(&received.parts.headers, &id),
-        body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),
+        body: parsed.upstream_body(
+            &received.body,
+            &snapshot.runtime[reference].model_json,
+            routed.cache_salt.as_deref(),
+        ),
         request_id: key.to_owned(),
     })
 }
@@ -792,7 +804,13 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let model = classifier.model.as_ref();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
+    let rated = Rated {
+        snapshot: &snapshot,
+        parsed: &parsed,
+        headers: &parts.headers,
+        tenant: tenant.as_deref(),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let input = RouteInput {
         classifier: model,
         headers: &parts.headers,
