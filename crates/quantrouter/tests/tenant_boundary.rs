@@ -472,21 +472,9 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
     run(&Port::of(&[&t.router]), &reads, &mut Saved::new()).await;
 
     // The same through the official client.
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python/tenant_boundary.py");
-    let output = tokio::process::Command::new(support::python())
-        .arg(script)
-        .arg(format!("http://{}", t.router.public_addr()))
-        .args([key_of("team-a"), key_of("team-b"), key_of("reader-py")])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.contains("checks passed"),
-        "the openai client:\n{stdout}\n{stderr}"
-    );
+    let url = format!("http://{}", t.router.public_addr());
+    let keys = ["team-a", "team-b", "reader-py"].map(key_of);
+    support::python_checks("tenant_boundary.py", &[&[url][..], &keys[..]].concat()).await;
 }
 
 // === sessions ===
@@ -616,16 +604,21 @@ async fn the_affinity_header_reports_only_the_tenants_own_traffic() {
     run(&Port::of(&[&t.router]), &table, &mut Saved::new()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_isolated_tenant_shares_no_kv_cache_block() {
+/// Two tenants with the default `prefix_cache` and two isolated ones.
+async fn shared_and_isolated() -> (Arc<Tenants>, tempfile::TempDir) {
     let isolated = json!({"prefix_cache": "isolated"});
-    let (tenants, _dir) = tenants(&[
+    let specs = [
         ("team-a", json!({})),
         ("team-b", json!({})),
         ("iso-a", isolated.clone()),
         ("iso-b", isolated),
-    ])
-    .await;
+    ];
+    tenants(&specs).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_tenant_shares_no_kv_cache_block() {
+    let (tenants, _dir) = shared_and_isolated().await;
     let t = Tiers::start([1, 1, 2], cached_sims, |_| {}, with_tenants(&tenants)).await;
     let port = Port::of(&[&t.router]);
     // The router's table: an isolated tenant's prompt is placed under its salt.
@@ -672,13 +665,7 @@ async fn an_isolated_tenant_shares_no_kv_cache_block() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_tenants_requests_carry_its_cache_salt_upstream() {
-    let isolated = json!({"prefix_cache": "isolated"});
-    let (tenants, _dir) = tenants(&[
-        ("team-a", json!({})),
-        ("iso-a", isolated.clone()),
-        ("iso-b", isolated),
-    ])
-    .await;
+    let (tenants, _dir) = shared_and_isolated().await;
     let (url, seen) = support::capture_upstream().await;
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for profile in &mut set.profiles {

@@ -15,19 +15,8 @@ import traceback
 
 import openai
 
-checks = 0
-
-
-class CheckFailed(Exception):
-    pass
-
-
-def check(name, condition, detail=""):
-    global checks
-    if not condition:
-        raise CheckFailed(f"{name}: {detail!r}")
-    checks += 1
-    print(f"ok {name}", flush=True)
+import report
+from report import check
 
 
 def client(url, key):
@@ -81,7 +70,7 @@ def main():
     except Exception:
         traceback.print_exc()
         sys.exit(1)
-    print(f"{checks} checks passed")
+    print(f"{report.passed} checks passed")
 
 
 if __name__ == "__main__":
