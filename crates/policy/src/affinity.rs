@@ -11,6 +11,10 @@
 //!   turns used while that profile still meets the new turn's constraints
 //!   ([`prefer_session`]).
 //!
+//! Both are keyed within a [`KeyScope`], the tenant's: one tenant's prompts and session ids
+//! never match another's, so what the router says about earlier traffic (the
+//! `x-quantrouter-affinity` header) is only ever about the tenant's own.
+//!
 //! The router cannot see the server's tokens, so a prompt is cut into blocks of
 //! [`PREFIX_BLOCK_BYTES`] bytes (about a 16-token KV block) whose hashes chain: a block
 //! matches only behind the same prefix, as in vLLM's block hashes. Which endpoint holds
@@ -21,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 use crate::features::{Prompt, Role};
 use crate::profile::ProfileIndex;
@@ -106,6 +111,22 @@ pub enum AffinityUse {
     Prefix,
 }
 
+/// Whose traffic a key belongs to: block hashes and conversation keys start from the scope,
+/// so keys of different scopes never match. [`KeyScope::NONE`] is a router without tenants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KeyScope(u64);
+
+/// A conversation's key, and whether this request may follow its earlier turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conversation {
+    pub key: u64,
+    /// The client named the conversation (a session id, OpenAI's `user`), or the request
+    /// continues one: an assistant turn or a tool's result is in its history. A first turn
+    /// keyed by its messages has no conversation to keep yet: it is remembered for its next
+    /// turn, but the same opening sent again is routed on its own.
+    pub recall: bool,
+}
+
 /// The prompt blocks recently sent to one endpoint, least recently used forgotten first.
 ///
 /// A hit on block `k` means the endpoint saw the whole prefix up to `k` (hashes chain);
@@ -176,6 +197,33 @@ impl Affinity {
     }
 }
 
+// === impl KeyScope ===
+
+impl KeyScope {
+    /// Everyone's: a router without tenants.
+    pub const NONE: Self = Self(0);
+
+    /// A scope from a secret digest (a tenant's: [`crate::TenantKeys`]).
+    pub fn from_digest(digest: &[u8; 32]) -> Self {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Self(u64::from_le_bytes(first))
+    }
+
+    /// The part of this scope whose requests carry `salt` as vLLM's `cache_salt`: the model
+    /// server shares KV blocks only between equal salts, so the router's table must not
+    /// either. A cryptographic hash, because a client chooses its salt and must not be able
+    /// to choose its way into another scope.
+    pub fn salted(self, salt: &str) -> Self {
+        let digest = Sha256::new()
+            .chain_update(b"quantrouter prefix scope\0")
+            .chain_update(self.0.to_le_bytes())
+            .chain_update(salt.as_bytes())
+            .finalize();
+        Self::from_digest(&digest.into())
+    }
+}
+
 // === impl AffinityUse ===
 
 impl AffinityUse {
@@ -190,9 +238,10 @@ impl AffinityUse {
 }
 
 /// The chained hashes of the prompt's full blocks (of its first [`MAX_PREFIX_BYTES`]),
-/// each message framed by its role so the same text in another role differs.
-pub fn prefix_blocks(prompt: &Prompt<'_>) -> Vec<u64> {
-    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES);
+/// each message framed by its role so the same text in another role differs, within
+/// `scope`.
+pub fn prefix_blocks(scope: KeyScope, prompt: &Prompt<'_>) -> Vec<u64> {
+    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES, scope);
     for segment in &prompt.segments {
         hasher.feed(&[role_byte(segment.role), 0x1e]);
         hasher.feed(segment.text.as_bytes());
@@ -204,19 +253,24 @@ pub fn prefix_blocks(prompt: &Prompt<'_>) -> Vec<u64> {
     hasher.blocks
 }
 
-/// The key a conversation's turns share: the client's session id, else OpenAI's `user`,
-/// else a hash of the messages up to the first user message (the system prompt and the
-/// opening question, which every later turn repeats). `None` for an empty prompt.
+/// The key a conversation's turns share within `scope`: the client's session id, else
+/// OpenAI's `user`, else a hash of the messages up to the first user message (the system
+/// prompt and the opening question, which every later turn repeats). `None` for an empty
+/// prompt.
 pub fn conversation_key(
+    scope: KeyScope,
     session_id: Option<&str>,
     user: Option<&str>,
     prompt: &Prompt<'_>,
-) -> Option<u64> {
+) -> Option<Conversation> {
     let named = |tag: u8, value: &str| {
-        let mut hasher = BlockHasher::new(usize::MAX);
+        let mut hasher = BlockHasher::new(usize::MAX, scope);
         hasher.feed(&[tag]);
         hasher.feed(value.as_bytes());
-        hasher.digest()
+        Conversation {
+            key: hasher.digest(),
+            recall: true,
+        }
     };
     if let Some(id) = session_id.filter(|s| !s.is_empty()) {
         return Some(named(b's', id));
@@ -231,13 +285,30 @@ pub fn conversation_key(
     if opening.is_empty() {
         return None;
     }
-    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES);
+    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES, scope);
     hasher.feed(b"m");
     for segment in opening {
         hasher.feed(&[role_byte(segment.role), 0x1e]);
         hasher.feed(segment.text.as_bytes());
     }
-    Some(hasher.digest())
+    let continues = prompt
+        .segments
+        .iter()
+        .any(|s| matches!(s.role, Role::Assistant | Role::Other));
+    Some(Conversation {
+        key: hasher.digest(),
+        recall: continues,
+    })
+}
+
+/// Whether a turn's profile becomes its conversation's: only when the router chose it. A
+/// request pinned to a profile (by model name or header), or sent to the default profile
+/// as a shadow or canary control, says nothing about what the later turns need.
+pub fn remembers(decision: &RoutingDecision) -> bool {
+    !matches!(
+        decision.reason,
+        Reason::Pinned | Reason::Shadow | Reason::CanaryControl
+    )
 }
 
 /// Keeps the conversation on `session`, the profile its earlier turns used, when adaptive
@@ -403,13 +474,14 @@ impl Hasher for Prehashed {
 // === impl BlockHasher ===
 
 impl BlockHasher {
-    fn new(limit: usize) -> Self {
+    /// A hasher of at most `limit` bytes whose chain starts from `scope`.
+    fn new(limit: usize, scope: KeyScope) -> Self {
         Self {
             word: 0,
             word_len: 0,
             block: 0,
             block_len: 0,
-            chain: 0,
+            chain: scope.0,
             room: limit,
             blocks: Vec::new(),
         }

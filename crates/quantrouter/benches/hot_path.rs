@@ -24,7 +24,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use quantrouter::openai::{Endpoint, ParsedRequest};
+use quantrouter::openai::{BodyEdits, Endpoint, ParsedRequest};
 use quantrouter::profiles::{Snapshot, SourceKind};
 use quantrouter::resilience::ResilienceConfig;
 use quantrouter::routing::{route, RouteInput};
@@ -81,7 +81,11 @@ fn handle(
     };
     let routed = route(snapshot, &parsed, input).unwrap();
     let profile = routed.decision.profile;
-    parsed.upstream_body(body, &snapshot.runtime[profile].model_json)
+    let edits = BodyEdits {
+        cache_salt: routed.cache_salt.as_deref(),
+        ..BodyEdits::default()
+    };
+    parsed.upstream_body(body, &snapshot.runtime[profile].model_json, edits)
 }
 
 /// `ITERATIONS` token chunks of a stream through the per-event work of its body.

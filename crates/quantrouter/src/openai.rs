@@ -76,6 +76,8 @@ pub struct ParsedRequest<'a> {
     pub endpoint: Endpoint,
     /// Responses: the stored response this request continues.
     pub previous_response_id: Option<Cow<'a, str>>,
+    /// The client's `cache_salt` (vLLM's KV-cache salt) and the byte range of its value.
+    cache_salt: Option<(Cow<'a, str>, Range<usize>)>,
 }
 
 /// A request the router answers itself, with an OpenAI-shaped error.
@@ -233,6 +235,8 @@ struct WireRequest<'a> {
     text: Option<WireTextConfig<'a>>,
     #[serde(borrow, default)]
     previous_response_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(default)]
@@ -416,8 +420,15 @@ impl<'a> ParsedRequest<'a> {
             .ok_or_else(|| invalid("you must provide a model parameter", "model"))?;
         let model: Cow<'a, str> = serde_json::from_str(raw_model.get())
             .map_err(|_| invalid("model must be a string", "model"))?;
-        let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
-        let model_span = start..start + raw_model.get().len();
+        let model_span = span_in(body, raw_model);
+        let cache_salt = match wire.cache_salt {
+            Some(raw) => {
+                let salt: Cow<'a, str> = serde_json::from_str(raw.get())
+                    .map_err(|_| invalid("cache_salt must be a string", "cache_salt"))?;
+                Some((salt, span_in(body, raw)))
+            }
+            None => None,
+        };
 
         let (max_tokens, max_tokens_span) = output_limit(&wire, body, endpoint, counting)?;
         if let Some(t) = wire.temperature {
@@ -475,7 +486,13 @@ impl<'a> ParsedRequest<'a> {
             has_stream_options: wire.stream_options.is_some(),
             endpoint,
             previous_response_id: wire.previous_response_id,
+            cache_salt,
         })
+    }
+
+    /// The client's `cache_salt`, if it sent one.
+    pub fn cache_salt(&self) -> Option<&str> {
+        self.cache_salt.as_ref().map(|(salt, _)| salt.as_ref())
     }
 
     /// The prompt as the policy sees it, borrowing from this request.
@@ -498,58 +515,89 @@ impl<'a> ParsedRequest<'a> {
         chat_api && self.stream && !self.has_stream_options
     }
 
-    /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
-    /// and, for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
-    /// added first, so token counts arrive. Every other byte is unchanged; no copy when
-    /// nothing changes.
-    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
-        self.upstream_body_within(body, model_json, None)
-    }
-
-    /// [`Self::upstream_body`], with the output limit lowered to `ceiling` when it is above
-    /// (an upstream refuses a limit its context cannot hold).
-    pub fn upstream_body_within(
-        &self,
-        body: &Bytes,
-        model_json: &str,
-        ceiling: Option<u32>,
-    ) -> Bytes {
+    /// The body for upstream, with the few edits routing makes and every other byte
+    /// unchanged (no copy when nothing changes): `model` set to `model_json` (an already
+    /// JSON-encoded string); for a stream without `stream_options`,
+    /// `"stream_options":{"include_usage":true}` added first, so token counts arrive; the
+    /// output limit lowered to `edits.ceiling` when it is above (an upstream refuses a limit
+    /// its context cannot hold); and `edits.cache_salt` set, replacing the client's.
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
-        // At most three splices, in no particular order in the body; no allocation unless
-        // something changes.
-        let mut edits: [Option<(Range<usize>, &[u8])>; 3] = [None, None, None];
-        if body[self.model_span.clone()] != *model_json.as_bytes() {
-            edits[0] = Some((self.model_span.clone(), model_json.as_bytes()));
+        // Parsing succeeded, so the first non-space byte is the object's `{`.
+        let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+        // At most four splices, kept on the stack: the usage option, the salt, the limit,
+        // the model.
+        let mut splices: [(Range<usize>, &[u8]); 4] = Default::default();
+        let mut count = 0;
+        if self.adds_usage() {
+            splices[count] = (open..open, USAGE);
+            count += 1;
         }
-        let lowered = match (ceiling, self.max_tokens, &self.max_tokens_span) {
+        let salt_json = edits
+            .cache_salt
+            .map(|salt| serde_json::Value::from(salt).to_string());
+        let salt_field;
+        match (&salt_json, &self.cache_salt) {
+            (Some(json), Some((_, span))) => {
+                splices[count] = (span.clone(), json.as_bytes());
+                count += 1;
+            }
+            (Some(json), None) => {
+                salt_field = format!(r#""cache_salt":{json},"#);
+                splices[count] = (open..open, salt_field.as_bytes());
+                count += 1;
+            }
+            (None, _) => {}
+        }
+        let lowered = match (edits.ceiling, self.max_tokens, &self.max_tokens_span) {
             (Some(ceiling), Some(limit), Some(span)) if ceiling < limit => {
                 Some((span.clone(), ceiling.to_string()))
             }
             _ => None,
         };
         if let Some((span, digits)) = &lowered {
-            edits[1] = Some((span.clone(), digits.as_bytes()));
+            splices[count] = (span.clone(), digits.as_bytes());
+            count += 1;
         }
-        // Parsing succeeded, so the first non-space byte is the object's `{`.
-        if self.adds_usage() {
-            if let Some(at) = body.iter().position(|b| *b == b'{').map(|i| i + 1) {
-                edits[2] = Some((at..at, USAGE));
-            }
+        let span = self.model_span.clone();
+        if body[span.clone()] != *model_json.as_bytes() {
+            splices[count] = (span, model_json.as_bytes());
+            count += 1;
         }
-        if edits.iter().all(Option::is_none) {
+        let splices = &mut splices[..count];
+        if splices.is_empty() {
             return body.clone();
         }
-        edits.sort_by_key(|edit| edit.as_ref().map_or(usize::MAX, |(span, _)| span.start));
-        let mut out = BytesMut::with_capacity(body.len() + model_json.len() + USAGE.len());
+        // Stable: what is inserted at the same place keeps its order.
+        splices.sort_by_key(|(range, _)| range.start);
+        let added: usize = splices.iter().map(|(_, with)| with.len()).sum();
+        let mut out = BytesMut::with_capacity(body.len() + added);
         let mut from = 0;
-        for (span, with) in edits.into_iter().flatten() {
-            out.extend_from_slice(&body[from..span.start]);
+        for (range, with) in splices.iter() {
+            out.extend_from_slice(&body[from..range.start]);
             out.extend_from_slice(with);
-            from = span.end;
+            from = range.end;
         }
         out.extend_from_slice(&body[from..]);
         out.freeze()
     }
+}
+
+/// What routing changes in a request's body on its way to one profile
+/// ([`ParsedRequest::upstream_body`]); the default changes nothing but `model`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyEdits<'e> {
+    /// The output limit that profile's context holds, when the request's is only a ceiling
+    /// (`policy.output_ceiling`) and above it.
+    pub ceiling: Option<u32>,
+    /// The tenant's KV-cache salt (`prefix_cache: "isolated"`), replacing the client's.
+    pub cache_salt: Option<&'e str>,
+}
+
+/// The byte range of a value borrowed from `body`.
+fn span_in(body: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    start..start + raw.get().len()
 }
 
 type Texts<'a> = Vec<(Role, Cow<'a, str>)>;
@@ -681,9 +729,8 @@ fn output_limit(
             param,
         ));
     }
-    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
     let limit = u32::try_from(n).unwrap_or(u32::MAX);
-    Ok((Some(limit), Some(start..start + raw.get().len())))
+    Ok((Some(limit), Some(span_in(body, raw))))
 }
 
 fn invalid(message: &str, param: &str) -> ApiError {

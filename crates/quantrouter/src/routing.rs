@@ -7,8 +7,8 @@ use std::time::Duration;
 use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
     conversation_key, decide, prefix_blocks, score, AffinityUse, Classification, Classifier,
-    Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason, RouteError, RouteRequest,
-    RoutingDecision, UpstreamApi,
+    Conversation, KeyScope, Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason,
+    RouteError, RouteRequest, RoutingDecision, UpstreamApi,
 };
 
 use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
@@ -179,21 +179,27 @@ pub fn route(
             RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
         })?,
     };
+    let tenant = tenant.map(|(tenant, _)| tenant);
+    let scope = tenant.map_or(KeyScope::NONE, |t| t.keys.scope());
     let conversation = match set.policy.affinity.session {
         true => conversation_key(
+            scope,
             header_str(headers, SESSION_HEADER)?,
             parsed.user.as_deref(),
             &prompt,
         ),
         false => None,
     };
+    let (cache_salt, placed_in) = cache_keying(tenant, parsed.cache_salt());
     Ok(Routed {
         decision,
         classification,
         wait_for,
         cold_preferred,
-        placement: Placement::new(prefix_blocks(&prompt)).with_prompt_bytes(features.prompt_bytes),
+        placement: Placement::new(prefix_blocks(placed_in, &prompt))
+            .with_prompt_bytes(features.prompt_bytes),
         conversation,
+        cache_salt,
         affinity: AffinityUse::None,
         prompt: PromptSize {
             bytes: features.prompt_bytes,
@@ -264,8 +270,11 @@ pub struct Routed {
     pub prompt: PromptSize,
     /// The prompt's blocks, for the endpoint holding its cached prefix.
     pub placement: Placement,
-    /// The conversation's key, when session affinity is on.
-    pub conversation: Option<u64>,
+    /// The conversation's key (within the tenant's), when session affinity is on.
+    pub conversation: Option<Conversation>,
+    /// vLLM's `cache_salt` for the upstream body, in place of the client's: set for a tenant
+    /// whose `prefix_cache` is `isolated`; otherwise the body goes as the client sent it.
+    pub cache_salt: Option<String>,
     /// Whether the conversation's earlier turns decided the profile.
     pub affinity: AffinityUse,
 }
@@ -279,6 +288,19 @@ impl Routed {
             used => used,
         }
     }
+}
+
+/// The `cache_salt` a request's upstream body gets (see [`Routed::cache_salt`]) and the
+/// scope its prompt's blocks are placed in: the tenant's, narrowed by the salt the model
+/// server will see, since the server shares KV blocks only between equal salts.
+fn cache_keying(tenant: Option<&ActiveTenant>, client: Option<&str>) -> (Option<String>, KeyScope) {
+    let scope = tenant.map_or(KeyScope::NONE, |t| t.keys.scope());
+    let salt = tenant.and_then(|t| t.keys.cache_salt(client));
+    let placed_in = match (salt.as_deref(), client) {
+        (Some(salt), _) | (None, Some(salt)) => scope.salted(salt),
+        (None, None) => scope,
+    };
+    (salt.map(std::borrow::Cow::into_owned), placed_in)
 }
 
 /// A prompt's size as the context check estimates it, to compare with the tokens the

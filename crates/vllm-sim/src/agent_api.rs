@@ -62,6 +62,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         tool,
         previous_response_id: None,
         continued: 0,
+        cache_salt: None,
     })
 }
 
@@ -124,6 +125,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
             .and_then(Value::as_str)
             .map(str::to_owned),
         continued: 0,
+        cache_salt: None,
     })
 }
 

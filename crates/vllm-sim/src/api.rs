@@ -47,6 +47,8 @@ pub(crate) struct CompletionRequest {
     /// Chat with `continue_final_message`: the words (one token each) of the final assistant
     /// message the answer continues; 0 for a new answer.
     pub(crate) continued: u32,
+    /// vLLM's `cache_salt`: the prefix cache shares blocks only between equal salts.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// Token counts, as in every OpenAI `usage` object.
@@ -309,12 +311,14 @@ impl Endpoint {
 impl CompletionRequest {
     /// Parses a request body; wrong JSON, wrong types and a missing or empty prompt are 400s.
     pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, ApiError> {
-        match endpoint {
+        let mut request = match endpoint {
             Endpoint::Chat => Self::parse_chat(body),
             Endpoint::Completion => Self::parse_completion(body),
             Endpoint::Messages => crate::agent_api::parse_messages(body),
             Endpoint::Responses => crate::agent_api::parse_responses(body),
-        }
+        }?;
+        request.cache_salt = cache_salt(body)?;
+        Ok(request)
     }
 
     fn parse_chat(body: &[u8]) -> Result<Self, ApiError> {
@@ -378,6 +382,7 @@ impl CompletionRequest {
             tool: crate::agent_api::chat_tool(body),
             previous_response_id: None,
             continued: continued_words,
+            cache_salt: None,
         })
     }
 
@@ -421,6 +426,7 @@ impl CompletionRequest {
             tool: None,
             previous_response_id: None,
             continued: 0,
+            cache_salt: None,
         })
     }
 }
@@ -445,6 +451,24 @@ fn continued_message(
         Some("assistant") => Ok(true),
         _ => Err(ApiError::BadRequest(
             "`continue_final_message` needs the final message to be the assistant's.".to_owned(),
+        )),
+    }
+}
+
+/// The request's `cache_salt`, which vLLM takes on every generation endpoint and refuses
+/// unless it is a non-empty string.
+fn cache_salt(body: &[u8]) -> Result<Option<String>, ApiError> {
+    #[derive(Deserialize)]
+    struct Salted {
+        #[serde(default)]
+        cache_salt: Option<serde_json::Value>,
+    }
+    let salted: Salted = serde_json::from_slice(body).map_err(json_error)?;
+    match salted.cache_salt {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(salt)) if !salt.is_empty() => Ok(Some(salt)),
+        Some(_) => Err(ApiError::BadRequest(
+            "Parameter 'cache_salt' must be a non-empty string if provided.".to_owned(),
         )),
     }
 }

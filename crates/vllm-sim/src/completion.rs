@@ -234,7 +234,7 @@ async fn answer_whole(
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
     let prefill = state.start_prefill(
-        &job.request.cache_text,
+        &job.request,
         prompt_tokens,
         u64::from(tokens),
         Instant::now(),
@@ -322,7 +322,7 @@ async fn stream_events(
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
     let prefill = state.start_prefill(
-        &job.request.cache_text,
+        &job.request,
         prompt_tokens,
         u64::from(job.generation.tokens()),
         Instant::now(),

@@ -21,7 +21,7 @@ use http_body_util::Full;
 use quantrouter_policy::{ProfileIndex, ProfileSet, UpstreamApi};
 use serde_json::{json, Value};
 
-use crate::openai::{ApiError, Endpoint};
+use crate::openai::{ApiError, BodyEdits, Endpoint};
 
 pub use relay::AgentBody;
 
@@ -170,7 +170,13 @@ impl Translation {
                 message: format!("request body is not valid JSON: {e}"),
                 param: None,
             })?;
-        let chat = api.to_chat(&request, "null");
+        let chat = api.to_chat(&request, "null").map(|mut chat| {
+            // vLLM's KV-cache salt is no field of either API, but a client may send it.
+            if let Some(salt) = request.get("cache_salt") {
+                chat["cache_salt"] = salt.clone();
+            }
+            chat
+        });
         match chat {
             Ok(chat) => Ok(Some(Self {
                 api,
@@ -206,14 +212,15 @@ impl Translation {
     }
 
     /// The chat body for a profile without the API, with `model_json` (a JSON-encoded
-    /// string) and the output limit lowered to `ceiling` when it is above; `None` for a
-    /// profile that serves the API.
+    /// string) and `edits` made (the output limit lowered to the ceiling when it is above,
+    /// the tenant's `cache_salt` in place of the client's); `None` for a profile that serves
+    /// the API.
     pub fn chat_body(
         &self,
         set: &ProfileSet,
         profile: ProfileIndex,
         model_json: &str,
-        ceiling: Option<u32>,
+        edits: BodyEdits<'_>,
     ) -> Option<Bytes> {
         if set.profiles[profile].upstream.serves(self.api.upstream()) {
             return None;
@@ -221,10 +228,13 @@ impl Translation {
         let mut chat = self.chat.clone()?;
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
         let limit = chat.get("max_tokens").and_then(Value::as_u64);
-        if let (Some(ceiling), Some(limit)) = (ceiling, limit) {
+        if let (Some(ceiling), Some(limit)) = (edits.ceiling, limit) {
             if u64::from(ceiling) < limit {
                 chat["max_tokens"] = json!(ceiling);
             }
+        }
+        if let Some(salt) = edits.cache_salt {
+            chat["cache_salt"] = salt.into();
         }
         Some(Bytes::from(chat.to_string()))
     }

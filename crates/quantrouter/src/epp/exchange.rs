@@ -26,7 +26,7 @@ use super::proto::ext_proc::{
 };
 use super::proto::BodySendMode;
 use crate::app::App;
-use crate::openai::{find_usage, ApiError, Endpoint, ParsedRequest, Usage};
+use crate::openai::{find_usage, ApiError, BodyEdits, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::resilience::CircuitState;
 use crate::resilience::{Overloaded, Permit};
@@ -417,8 +417,11 @@ impl Exchange {
             (!addresses.is_empty()).then_some((next, addresses))
         });
         let strip_usage = parsed.adds_usage();
-        let ceiling = crate::routing::output_ceiling(&snapshot, &decision, &parsed, profile);
-        let upstream_body = parsed.upstream_body_within(&body, &runtime.model_json, ceiling);
+        let edits = BodyEdits {
+            ceiling: crate::routing::output_ceiling(&snapshot, &decision, &parsed, profile),
+            cache_salt: routed.cache_salt.as_deref(),
+        };
+        let upstream_body = parsed.upstream_body(&body, &runtime.model_json, edits);
         let mut mutation = HeaderMutation::default();
         let mut lb = BTreeMap::new();
         mutation

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::retry::{Answer, Forwarder, Outgoing, Plan};
 use super::ResilienceConfig;
 use crate::apis::{AgentApi, Translation};
-use crate::openai::Endpoint as Api;
+use crate::openai::{BodyEdits, Endpoint as Api};
 use crate::profiles::Snapshot;
 use crate::telemetry;
 use crate::traces::RequestTrace;
@@ -55,6 +55,8 @@ pub struct ResumeRequest {
     /// Per profile, the output limit its context holds when the request's is only a ceiling
     /// (`policy.output_ceiling`), as the first attempt was sent it.
     pub ceilings: Vec<Option<u32>>,
+    /// The tenant's KV-cache salt, which every attempt of the request carries.
+    pub cache_salt: Option<String>,
 }
 
 /// The [`Resume`] hook of one stream.
@@ -242,11 +244,18 @@ impl ResumeRequest {
         let model_json = &self.snapshot.runtime[profile].model_json;
         let ceiling = self.ceilings.get(profile.get()).copied().flatten();
         if AgentApi::of(self.api).is_some() {
-            let chat = translation?.chat_body(set, profile, model_json, ceiling)?;
+            let edits = BodyEdits {
+                ceiling,
+                cache_salt: self.cache_salt.as_deref(),
+            };
+            let chat = translation?.chat_body(set, profile, model_json, edits)?;
             return Some((Api::Chat, serde_json::from_slice(&chat).ok()?));
         }
         let mut body: Value = serde_json::from_slice(&self.body).ok()?;
         body["model"] = serde_json::from_str(model_json).ok()?;
+        if let Some(salt) = &self.cache_salt {
+            body["cache_salt"] = salt.as_str().into();
+        }
         if let Some(ceiling) = ceiling {
             for key in ["max_tokens", "max_completion_tokens"] {
                 if body[key]

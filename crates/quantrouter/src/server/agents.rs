@@ -1,7 +1,8 @@
 //! The agent APIs' endpoints: `POST /v1/messages` and `POST /v1/responses` (routed like
 //! chat by [`super::proxy::proxy`], their answers relayed in their API by
 //! [`crate::apis::relay`]), and `GET`/`DELETE /v1/responses/{id}` on the profile that
-//! stored the response.
+//! stored the response. A stored response belongs to the tenant whose request stored it;
+//! to every other tenant it does not exist (404 `response_not_found`).
 
 use std::sync::Arc;
 
@@ -9,15 +10,19 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
+use quantrouter_policy::limits::{RateHeaders, Reservation};
 use tokio::time::Instant;
 
 use super::context::RequestId;
 use super::proxy::{proxy, read_json_body};
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::relay::{relay, OnStored};
+use crate::apis::stored::Stored;
 use crate::apis::{AgentApi, RequestSlot, DROPPED_TOOLS_HEADER};
 use crate::openai::{ApiError, ParsedRequest};
 use crate::routing::{self, PROFILE_HEADER};
+use crate::tenants::gate::{insert_rate_headers, Charge};
+use crate::tenants::ActiveTenant;
 
 /// `POST /v1/messages` or `POST /v1/responses`.
 pub(super) async fn create(
@@ -26,12 +31,17 @@ pub(super) async fn create(
     api: AgentApi,
 ) -> Result<Response<ResponseBody>, ApiError> {
     anthropic_key(req.headers_mut());
+    // The tenant a stored answer will belong to (`proxy` refuses a bad key the same way).
+    let owner = match api {
+        AgentApi::Responses => owner(app.authenticate(req.headers())?),
+        AgentApi::Messages => None,
+    };
     let slot = RequestSlot::default();
     req.extensions_mut().insert(slot.clone());
     let mut response = proxy(app, req, api.endpoint()).await?;
     report_dropped_tools(app, &mut response, api, &slot);
     let on_stored = match api {
-        AgentApi::Responses => on_stored(app, response.headers()),
+        AgentApi::Responses => on_stored(app, response.headers(), owner),
         AgentApi::Messages => None,
     };
     Ok(relay(response, api, slot, on_stored))
@@ -105,11 +115,18 @@ pub(super) async fn count_tokens(
     Ok(response)
 }
 
-/// Remembers which profile stored a native Responses answer.
-fn on_stored(app: &Arc<App>, headers: &HeaderMap) -> Option<OnStored> {
+/// Remembers which profile stored a native Responses answer, and for which tenant.
+fn on_stored(app: &Arc<App>, headers: &HeaderMap, tenant: Option<String>) -> Option<OnStored> {
     let profile = headers.get(PROFILE_HEADER)?.to_str().ok()?.to_owned();
     let store = Arc::clone(&app.responses);
-    Some(Box::new(move |id| store.remember(id, profile)))
+    Some(Box::new(move |id| {
+        store.remember(id, Stored { profile, tenant });
+    }))
+}
+
+/// The id of the tenant that owns what a request stores; `None` without tenants.
+fn owner(tenant: Option<Arc<ActiveTenant>>) -> Option<String> {
+    tenant.map(|t| t.id.to_string())
 }
 
 /// The id in `/v1/responses/{id}`.
@@ -119,15 +136,17 @@ pub(super) fn stored_id(path: &str) -> Option<&str> {
 }
 
 /// A follow-up (`previous_response_id`) is pinned to the profile that stored the response
-/// it continues; one the router cannot place is refused, not sent where it would fail.
+/// it continues; one the router cannot place, or another tenant's (`tenant` is the caller's
+/// id), is refused, not sent where it would fail or read what is not the caller's.
 pub(super) async fn place_follow_up(
     app: &App,
     headers: &mut HeaderMap,
     previous: &str,
+    tenant: Option<&str>,
 ) -> Result<(), ApiError> {
     let profile = app
         .responses
-        .profile_of(previous)
+        .profile_of(previous, tenant)
         .await
         .ok_or_else(|| ApiError::ResponseNotFound(previous.to_owned()))?;
     let value = HeaderValue::from_str(&profile)
@@ -144,13 +163,19 @@ pub(super) async fn stored(
     /// A stored response is one answer; far above any.
     const LIMIT: usize = 16 * 1024 * 1024;
     let (parts, _) = req.into_parts();
-    app.authenticate(&parts.headers)?;
+    let tenant = app.authenticate(&parts.headers)?;
+    let owner = owner(tenant.clone());
+    let rate = count_read(app, tenant).await?;
     let path = parts.uri.path().to_owned();
     let id = stored_id(&path).unwrap_or_default().to_owned();
     let method = parts.method.clone();
     let request_id = RequestId::of(&parts);
     let unknown = || ApiError::ResponseNotFound(id.clone());
-    let profile = app.responses.profile_of(&id).await.ok_or_else(unknown)?;
+    let profile = app
+        .responses
+        .profile_of(&id, owner.as_deref())
+        .await
+        .ok_or_else(unknown)?;
     let snapshot = app.store.load();
     let index = snapshot.set.index_of(&profile).ok_or_else(unknown)?;
     let pool = &snapshot.runtime[index].pool;
@@ -197,5 +222,27 @@ pub(super) async fn stored(
     }
     head.headers.remove(header::TRANSFER_ENCODING);
     head.headers.remove(header::CONNECTION);
+    if let Some(rate) = &rate {
+        insert_rate_headers(&mut head.headers, rate);
+    }
     Ok(Response::from_parts(head, Either::Left(Full::new(bytes))))
+}
+
+/// A read or delete of a stored response counts as one request against the tenant's
+/// limits, whatever it answers: each may be an upstream request, and none uses tokens.
+/// Refused like any request at a limit (429, `Retry-After`).
+async fn count_read(
+    app: &App,
+    tenant: Option<Arc<ActiveTenant>>,
+) -> Result<Option<RateHeaders>, ApiError> {
+    let (Some(tenants), Some(tenant)) = (&app.tenants, tenant) else {
+        return Ok(None);
+    };
+    let mut grant = tenants.admit(tenant, 0, Reservation::default()).await?;
+    tenants.settle(&mut grant)(Charge::Used {
+        input: 0,
+        output: 0,
+        cost: 0.0,
+    });
+    Ok(Some(grant.rate))
 }

@@ -23,11 +23,12 @@ use super::delivery::{ColdAnswer, Relayed};
 use super::{App, ResponseBody, REQUEST_ID};
 use crate::apis::{AgentApi, Translation};
 use crate::calibration::{self, Sample};
-use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
+use crate::openai::{self, ApiError, BodyEdits, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
 use crate::resilience::resume::{self, ResumeRequest};
 use crate::resilience::retry::{Answer, Fallback, FallbackReason, Forwarder, Outgoing, Plan};
 use crate::routing::{self, RouteInput, Routed, AUTO_MODEL};
+use crate::second_opinion::Rated;
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::traces::RequestTrace;
@@ -86,15 +87,21 @@ pub(super) async fn proxy(
     let parsed = ParsedRequest::parse(&received.body, endpoint)?;
     // A Responses follow-up goes where the response it continues is stored.
     if let Some(previous) = &parsed.previous_response_id {
-        agents::place_follow_up(app, &mut received.parts.headers, previous).await?;
+        let owner = tenant.as_deref().map(|t| &*t.id);
+        agents::place_follow_up(app, &mut received.parts.headers, previous, owner).await?;
     }
     let mut ctx = RequestCtx::new(&received, parsed, app.store.load());
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
     ctx.grant = admit_tenant(app, tenant, &ctx.parsed, &ctx.snapshot).await?;
     // Route: the policy's decision, with the request's and the tenant's overrides, and a
     // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
-    let rating =
-        crate::second_opinion::consult(app, &ctx.snapshot, &ctx.parsed, ctx.headers()).await;
+    let rated = Rated {
+        snapshot: &ctx.snapshot,
+        parsed: &ctx.parsed,
+        headers: ctx.headers(),
+        tenant: ctx.grant.as_ref().map(|g| &*g.tenant),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let routed = route(app, &mut ctx, rating)?;
     // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
     // stream answers at once and waits in its body, with keep-alives.
@@ -228,13 +235,17 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
         priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
         placement: &routed.placement,
     };
+    let salt = routed.cache_salt.as_deref();
     let body_for = |profile: ProfileIndex| {
         let model_json = &snapshot.runtime[profile].model_json;
         // `policy.output_ceiling`: a limit the profile's context cannot hold is lowered.
-        let ceiling = routing::output_ceiling(snapshot, decision, parsed, profile);
+        let edits = BodyEdits {
+            ceiling: routing::output_ceiling(snapshot, decision, parsed, profile),
+            cache_salt: salt,
+        };
         let chat = translation
             .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, ceiling));
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, edits));
         match chat {
             Some(body) => Outgoing {
                 path: Endpoint::Chat.path(),
@@ -242,7 +253,7 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
             },
             None => Outgoing {
                 path: endpoint.path(),
-                body: parsed.upstream_body_within(body, model_json, ceiling),
+                body: parsed.upstream_body(body, model_json, edits),
             },
         }
     };
@@ -287,7 +298,7 @@ fn respond(
     head.headers
         .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
     let sample =
-        sample_for_calibration(app, ctx, decision, served.profile).filter(|_| status.is_success());
+        sample_for_calibration(app, ctx, routed, served.profile).filter(|_| status.is_success());
     let attributes = match ctx.trace() {
         Some(_) => span_attributes(snapshot, &served, status, &ctx.parsed),
         None => Vec::new(),
@@ -363,6 +374,7 @@ fn resumable(
                 )
             })
             .collect(),
+        cache_salt: routed.cache_salt.clone(),
     };
     Some(request.into_resumable(answer))
 }
@@ -373,9 +385,10 @@ fn resumable(
 fn sample_for_calibration(
     app: &App,
     ctx: &RequestCtx<'_>,
-    decision: &RoutingDecision,
+    routed: &Routed,
     served: ProfileIndex,
 ) -> Option<Sample> {
+    let decision = &routed.decision;
     let (snapshot, parsed, received) = (&ctx.snapshot, &ctx.parsed, ctx.received);
     let policy = snapshot.set.policy.calibration.as_ref()?;
     let reference = snapshot.set.index_of(&policy.reference_profile)?;
@@ -407,7 +420,14 @@ fn sample_for_calibration(
         choices: parsed.choices,
         path: received.endpoint.path(),
         headers: upstream_headers(&received.parts.headers, &id),
-        body: parsed.upstream_body(&received.body, &snapshot.runtime[reference].model_json),
+        body: parsed.upstream_body(
+            &received.body,
+            &snapshot.runtime[reference].model_json,
+            BodyEdits {
+                cache_salt: routed.cache_salt.as_deref(),
+                ..BodyEdits::default()
+            },
+        ),
         request_id: key.to_owned(),
     })
 }
@@ -848,7 +868,13 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let model = classifier.model.as_ref();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
+    let rated = Rated {
+        snapshot: &snapshot,
+        parsed: &parsed,
+        headers: &parts.headers,
+        tenant: tenant.as_deref(),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let input = RouteInput {
         classifier: model,
         headers: &parts.headers,

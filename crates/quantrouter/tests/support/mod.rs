@@ -630,6 +630,27 @@ pub async fn capture_upstream() -> (String, Captured) {
     (url, seen)
 }
 
+/// Runs `tests/python/<script>` with `args` in the Python of the official clients, and
+/// returns its output once it exited 0 having said "checks passed".
+pub async fn python_checks(script: &str, args: &[String]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let output = tokio::process::Command::new(python())
+        .arg(path)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("checks passed"),
+        "{script}:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
 /// The Python with the official clients in it (`QUANTROUTER_PYTHON`, else the repository's
 /// `.venv`).
 pub fn python() -> PathBuf {
