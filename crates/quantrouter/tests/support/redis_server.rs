@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use quantrouter::documents::RedisStore;
+use quantrouter::redis_conn::{Redis, RedisSettings};
 use quantrouter_policy::ProfileSet;
 use tempfile::TempDir;
 
@@ -158,8 +159,30 @@ impl RedisServer {
         self.tls_dir.as_ref().map(|dir| dir.path().join("ca.crt"))
     }
 
+    /// A plain client, for a test to read and write keys itself.
     pub fn client(&self) -> redis::Client {
-        quantrouter::documents::client(&self.url(), self.ca_file().as_deref()).unwrap()
+        let url = self.url();
+        match self.ca_file() {
+            Some(ca) => {
+                quantrouter::tls::install_crypto_provider();
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).unwrap()),
+                };
+                redis::Client::build_with_tls(url.as_str(), certificates).unwrap()
+            }
+            None => redis::Client::open(url).unwrap(),
+        }
+    }
+
+    /// The router's handle on this server, as `--redis-url` and `--redis-ca-file` make it.
+    pub fn handle(&self) -> Redis {
+        Redis::open(&RedisSettings {
+            url: self.url(),
+            ca_file: self.ca_file(),
+            sentinel_password: None,
+        })
+        .unwrap()
     }
 
     /// The keys matching `pattern` (Redis `KEYS`: fine for a test's small database).
@@ -200,7 +223,7 @@ impl RedisServer {
     }
 
     pub async fn store(&self) -> RedisStore<ProfileSet> {
-        RedisStore::connect(&self.client(), "qr").await.unwrap()
+        RedisStore::connect(&self.handle(), "qr").await.unwrap()
     }
 }
 
@@ -282,4 +305,13 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
         // `tls_dir` (a TempDir) removes itself when dropped after this.
     }
+}
+
+/// The router's handle on whatever `url` names (a dead port, a Sentinel set, a cluster).
+pub fn handle_at(url: &str) -> Redis {
+    Redis::open(&RedisSettings {
+        url: url.to_owned(),
+        ..RedisSettings::default()
+    })
+    .unwrap()
 }
