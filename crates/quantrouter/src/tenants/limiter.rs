@@ -91,20 +91,51 @@ end
 return 1
 "#;
 
-/// Re-seeds counters a Redis lost with what the replicas last read of them: KEYS are pairs
-/// of a counter and its floor key, ARGV a value and an expiry time per pair. The floor key
-/// keeps the largest value any replica offered, and the counter grows by what that adds, so
-/// the counter ends at the largest last read plus whatever was added to it otherwise (the
-/// replicas' local counts), in whichever order the replicas come.
+/// Re-seeds counters after a new epoch with what the replicas last read of them: KEYS are
+/// pairs of a counter and its floor key for the epoch, ARGV a value and an expiry time per
+/// pair. The floor starts at what the counter held when the epoch's re-seeding first touched
+/// it (nothing after an empty restart; what a promoted replica had, after a failover) and
+/// keeps the largest value offered since; the counter grows by what the floor grows. So the
+/// counter ends at the larger of what it held and the largest last read, plus whatever was
+/// added meanwhile (the replicas' local counts, [`FLUSH_SCRIPT`]), in whichever order the
+/// replicas come.
 pub const RAISE_SCRIPT: &str = r#"
 for i = 1, #KEYS, 2 do
   local n = (i + 1) / 2
   local offered = tonumber(ARGV[2 * n - 1])
-  local floor = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+  local known = redis.call('GET', KEYS[i + 1])
+  local floor = tonumber(known or redis.call('GET', KEYS[i]) or '0')
   if offered > floor then
     redis.call('INCRBY', KEYS[i], offered - floor)
     redis.call('PEXPIREAT', KEYS[i], ARGV[2 * n])
-    redis.call('SET', KEYS[i + 1], offered, 'PXAT', ARGV[2 * n])
+    floor = offered
+    known = nil
+  end
+  if not known then
+    redis.call('SET', KEYS[i + 1], floor, 'PXAT', ARGV[2 * n])
+  end
+end
+return 1
+"#;
+
+/// [`APPLY_SCRIPT`] while an epoch is being re-seeded: KEYS are pairs of a counter and its
+/// floor key for the epoch, ARGV a delta and an expiry time per pair. A counter whose floor
+/// is not set yet gets it first, from what the counter holds before this delta: a replica's
+/// local counts are never taken for what the counter held ([`RAISE_SCRIPT`]).
+pub const FLUSH_SCRIPT: &str = r#"
+for i = 1, #KEYS, 2 do
+  local n = (i + 1) / 2
+  local delta = tonumber(ARGV[2 * n - 1])
+  if delta ~= 0 then
+    if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+      local held = tonumber(redis.call('GET', KEYS[i]) or '0')
+      redis.call('SET', KEYS[i + 1], held, 'PXAT', ARGV[2 * n])
+    end
+    local value = redis.call('INCRBY', KEYS[i], delta)
+    if value < 0 then
+      redis.call('SET', KEYS[i], 0, 'KEEPTTL')
+    end
+    redis.call('PEXPIREAT', KEYS[i], ARGV[2 * n])
   end
 end
 return 1
@@ -268,6 +299,7 @@ struct RedisCounters {
     admit: redis::Script,
     apply: redis::Script,
     raise: redis::Script,
+    flush: redis::Script,
     epoch_script: redis::Script,
 }
 
@@ -443,6 +475,7 @@ impl Limiter {
             admit: redis::Script::new(ADMIT_SCRIPT),
             apply: redis::Script::new(APPLY_SCRIPT),
             raise: redis::Script::new(RAISE_SCRIPT),
+            flush: redis::Script::new(FLUSH_SCRIPT),
             epoch_script: redis::Script::new(EPOCH_SCRIPT),
         });
         let shared = Arc::new(Shared {
@@ -883,7 +916,7 @@ impl Shared {
         self.replicas.store(replicas.max(1), Ordering::Relaxed);
         if lost {
             let floors = self.last_read(&redis.prefix);
-            if let Err(error) = bounded(redis.raise_all(&conn, &floors)).await {
+            if let Err(error) = bounded(redis.raise_all(&conn, &floors, &epoch.tag)).await {
                 // Seen again as lost at the next beat: the epoch is not taken as known.
                 return redis.mark_down(&error);
             }
@@ -899,7 +932,8 @@ impl Shared {
             }
         }
         redis.lock_epoch().seen = Some(epoch.value);
-        if let Err(error) = self.flush(redis, &conn, now_ms).await {
+        let reseeding = waiting.then_some(epoch.tag.as_str());
+        if let Err(error) = self.flush(redis, &conn, now_ms, reseeding).await {
             return redis.mark_down(&error);
         }
         if waiting {
@@ -947,8 +981,15 @@ impl Shared {
             .arg(masters)
             .invoke_async(&mut conn)
             .await?;
+        let created_ms = value
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
         let epoch = Epoch {
             value,
+            tag: created_ms.to_string(),
+            created_ms,
             redis_now_ms,
             former: renewed == 2,
         };
@@ -961,12 +1002,7 @@ impl Shared {
     fn observe_epoch(&self, redis: &RedisCounters, epoch: &Epoch) -> (bool, bool, bool) {
         let mut state = redis.lock_epoch();
         let lost = state.seen.as_ref().is_some_and(|seen| *seen != epoch.value);
-        let created_ms = epoch
-            .value
-            .rsplit(':')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0);
+        let created_ms = epoch.created_ms;
         let grace = u64::try_from(self.reseed_grace.as_millis()).unwrap_or(u64::MAX);
         state.former |= epoch.former;
         state.waiting = (state.waiting || lost || state.former)
@@ -995,7 +1031,8 @@ impl Shared {
             })
             .filter(|floors| !floors.is_empty())
             .collect();
-        redis.raise_all(conn, &floors).await?;
+        let tag = Windows::at(self.clock.now_ms()).minute_label();
+        redis.raise_all(conn, &floors, &format!("former-{tag}")).await?;
         if !floors.is_empty() {
             tracing::info!(
                 tenants = floors.len(),
@@ -1006,12 +1043,14 @@ impl Shared {
     }
 
     /// Hands Redis what was counted locally, one tenant (one cluster slot) at a time; what
-    /// could not be delivered waits for the next beat.
+    /// could not be delivered waits for the next beat. While the epoch `reseeding` is
+    /// re-seeded, the counts go in beside its floors ([`FLUSH_SCRIPT`]).
     async fn flush(
         &self,
         redis: &RedisCounters,
         conn: &Conn,
         now_ms: u64,
+        reseeding: Option<&str>,
     ) -> Result<(), CounterError> {
         let pending = self.take_unsynced(now_ms.max(self.clock.now_ms()));
         if pending.is_empty() {
@@ -1024,7 +1063,11 @@ impl Shared {
         let counters: usize = by_tenant.values().map(Vec::len).sum();
         let mut tenants = by_tenant.into_iter();
         while let Some((tenant, updates)) = tenants.next() {
-            if let Err(error) = bounded(redis.apply_call(conn.clone(), &updates)).await {
+            let delivered = match reseeding {
+                Some(tag) => bounded(redis.flush_call(conn.clone(), &updates, tag)).await,
+                None => bounded(redis.apply_call(conn.clone(), &updates)).await,
+            };
+            if let Err(error) = delivered {
                 let undelivered = std::iter::once((tenant, updates)).chain(tenants);
                 self.return_unsynced(undelivered.flat_map(|(tenant, updates)| {
                     updates
@@ -1126,6 +1169,9 @@ impl Shared {
 #[derive(Debug)]
 struct Epoch {
     value: String,
+    /// Names its floor keys (`<counter>:floor:<tag>`): the time it was made.
+    tag: String,
+    created_ms: u64,
     redis_now_ms: u64,
     /// It replaced an epoch of the key layout before hash tags.
     former: bool,
@@ -1194,7 +1240,14 @@ impl RedisCounters {
         // Loaded now, a script costs requests one round trip even right after a restart of
         // Redis (otherwise the first call finds it missing and loads it on the way).
         if self.loaded.load(Ordering::Relaxed) != conn.id() {
-            for script in [&self.admit, &self.apply, &self.raise, &self.epoch_script] {
+            let scripts = [
+                &self.admit,
+                &self.apply,
+                &self.raise,
+                &self.flush,
+                &self.epoch_script,
+            ];
+            for script in scripts {
                 script.load_async(&mut conn).await?;
             }
             self.loaded.store(conn.id(), Ordering::Relaxed);
@@ -1220,9 +1273,10 @@ impl RedisCounters {
         &self,
         conn: &Conn,
         floors: &[Vec<(String, Pending)>],
+        tag: &str,
     ) -> Result<(), CounterError> {
         for tenant in floors {
-            self.raise_call(conn.clone(), tenant).await?;
+            self.raise_call(conn.clone(), tenant, tag).await?;
         }
         Ok(())
     }
@@ -1263,19 +1317,41 @@ impl RedisCounters {
 
     async fn raise_call(
         &self,
-        mut conn: Conn,
+        conn: Conn,
         floors: &[(String, Pending)],
+        tag: &str,
     ) -> Result<(), CounterError> {
-        if floors.is_empty() {
+        self.with_floors(&self.raise, conn, floors, tag).await
+    }
+
+    async fn flush_call(
+        &self,
+        conn: Conn,
+        updates: &[(String, Pending)],
+        tag: &str,
+    ) -> Result<(), CounterError> {
+        self.with_floors(&self.flush, conn, updates, tag).await
+    }
+
+    /// `script` on each counter and its floor key of the epoch `tag`, with the counter's
+    /// amount and expiry.
+    async fn with_floors(
+        &self,
+        script: &redis::Script,
+        mut conn: Conn,
+        counters: &[(String, Pending)],
+        tag: &str,
+    ) -> Result<(), CounterError> {
+        if counters.is_empty() {
             return Ok(());
         }
-        let mut invocation = self.raise.prepare_invoke();
-        for (key, floor) in floors {
+        let mut invocation = script.prepare_invoke();
+        for (key, amount) in counters {
             invocation
                 .key(key)
-                .key(format!("{key}:floor"))
-                .arg(floor.delta)
-                .arg(floor.expire_at_ms);
+                .key(format!("{key}:floor:{tag}"))
+                .arg(amount.delta)
+                .arg(amount.expire_at_ms);
         }
         let _: i64 = invocation.invoke_async(&mut conn).await?;
         Ok(())
