@@ -23,6 +23,8 @@ use crate::resilience::backoff::Backoff;
 /// Longest a search for the master may take: every sentinel is asked (three at once) and the
 /// master it names is checked.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a sentinel takes to say where a master is, when a failed search is explained.
+const DIAGNOSIS_TIMEOUT: Duration = Duration::from_millis(500);
 /// Resubscription waits after a sentinel went away: 100 ms doubling to 5 s, as the
 /// document followers reconnect.
 const RESUBSCRIBE: Backoff = Backoff {
@@ -175,8 +177,11 @@ impl Tracker {
                     "no sentinel named the master in time",
                     format!("{} within {DISCOVERY_TIMEOUT:?}", self.state.described),
                 ))
-            })?
-            .map_err(|error| self.state.explain(error))?;
+            })?;
+        let found = match found {
+            Ok(found) => found,
+            Err(error) => return Err(self.state.explain(error).await),
+        };
         let generation = self.state.found(found.get_connection_info().clone());
         Ok((found, generation))
     }
@@ -303,28 +308,54 @@ impl State {
         tracing::warn!(master = %self.name, %host, port, "sentinels switched the redis master; following it");
     }
 
-    /// Says what a failed discovery means, naming the master and the sentinels.
-    fn explain(&self, error: RedisError) -> RedisError {
+    /// Says what a failed discovery means, naming the master and the sentinels: each
+    /// sentinel is asked for the master's address, which tells a sentinel set out of reach
+    /// from an unknown master name and from a master that does not answer (a failover
+    /// under way).
+    async fn explain(&self, error: RedisError) -> RedisError {
         let (name, sentinels) = (&self.name, &self.described);
-        match error.kind() {
-            ErrorKind::MasterNameNotFoundBySentinel => RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "the sentinels name no master that is up",
-                format!(
-                    "`{name}` at {sentinels}: the name is unknown to them, or its master is down while they fail over"
-                ),
-            )),
-            kind if error.is_io_error() || error.is_connection_refusal() => RedisError::from((
-                kind,
+        let mut answered = 0;
+        let mut named = Vec::new();
+        for sentinel in &self.sentinels {
+            let asked = async {
+                let mut conn = sentinel.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(name)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            match tokio::time::timeout(DIAGNOSIS_TIMEOUT, asked).await {
+                Ok(Ok(address)) => {
+                    answered += 1;
+                    named.extend(address.map(|(host, port)| format!("{host}:{port}")));
+                }
+                Ok(Err(_)) | Err(_) => {}
+            }
+        }
+        named.dedup();
+        if answered == 0 {
+            return RedisError::from((
+                ErrorKind::Io,
                 "no sentinel answered",
                 format!("{sentinels} (master `{name}`): {error}"),
-            )),
-            kind => RedisError::from((
-                kind,
-                "asking the sentinels for the master failed",
-                format!("{sentinels} (master `{name}`): {error}"),
-            )),
+            ));
         }
+        if named.is_empty() {
+            return RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "no sentinel knows the master",
+                format!("`{name}` is unknown to the sentinels at {sentinels}"),
+            ));
+        }
+        RedisError::from((
+            ErrorKind::Io,
+            "the master the sentinels name does not answer as one",
+            format!(
+                "`{name}` at {}: {error} (a failover may be under way)",
+                named.join(", ")
+            ),
+        ))
     }
 }
 

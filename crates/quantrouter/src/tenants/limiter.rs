@@ -1032,7 +1032,9 @@ impl Shared {
             .filter(|floors| !floors.is_empty())
             .collect();
         let tag = Windows::at(self.clock.now_ms()).minute_label();
-        redis.raise_all(conn, &floors, &format!("former-{tag}")).await?;
+        redis
+            .raise_all(conn, &floors, &format!("former-{tag}"))
+            .await?;
         if !floors.is_empty() {
             tracing::info!(
                 tenants = floors.len(),
