@@ -15,16 +15,17 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use quantrouter::apis::stored::ResponseStore;
 use quantrouter::calibration::outcomes::{read_stream, stream_key, OutcomeLog};
+use quantrouter::documents::RedisStore;
 use quantrouter::keda::publish::{ClusterReader, RedisTarget};
 use quantrouter::profiles::redis_source::{RedisSource, RedisSourceConfig};
 use quantrouter::profiles::{self, Embedded, ProfileSource};
 use quantrouter::redis_conn::Redis;
 use quantrouter::server::{Server, ServerConfig};
-use quantrouter::tenants::limiter::{unix_ms, CounterSource, Limiter, LimiterConfig};
+use quantrouter::tenants::limiter::{unix_ms, CounterKeys, CounterSource, Limiter, LimiterConfig};
 use quantrouter::tenants::{usage, Clock, TenantSource, TenantStore, Tenants, TenantsConfig};
 use quantrouter_policy::limits::{Outcome, Windows, DAY_MS};
 use quantrouter_policy::{ProfileSet, TenantDocument};
-use support::redis_server::{cluster_info, RedisCluster, Sentinel, SentinelSet};
+use support::redis_server::{cluster_info, RedisCluster, RedisServer, Sentinel, SentinelSet};
 use support::{chat, cli, client, eventually, loopback, send, sim_tiers, RouterProcess, SIMPLE};
 
 const DATA_PASSWORD: &str = "data-secret";
@@ -752,4 +753,68 @@ async fn bad_urls_unknown_masters_and_absent_sentinels_are_clear_errors_never_ha
         "the faults took {:?}",
         started.elapsed()
     );
+}
+
+// --- Upgrade ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_finds_the_documents_and_counters_of_the_former_key_layout() {
+    let redis = RedisServer::start(None);
+    let now = future_noon();
+    // What routers of the layout before hash tags left: a profile set and its history, a
+    // tenant document, the counters' epoch and a tenant's counters of the minute.
+    let (profiles, _sims) = sim_tiers(Duration::ZERO).await;
+    let mut tenants = TenantDocument::from_push_json(&tenants_doc(&[("team-a", 60)])).unwrap();
+    tenants.version = 3;
+    let former = CounterKeys::former("qr", "team-a", Windows::at(now));
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut pipe = redis::pipe();
+    pipe.set("qr:profiles", versioned(&profiles, 5))
+        .rpush("qr:profiles:history", versioned(&profiles, 4))
+        .set("qr:tenants", serde_json::to_string(&tenants).unwrap())
+        .set(
+            "qr:tenants:epoch",
+            "old-replica-1700000000000:1700000000000",
+        )
+        .set(&former.requests, 40)
+        .set(&former.tokens, 900);
+    pipe.query_async::<()>(&mut conn).await.unwrap();
+
+    // The documents are copied to the current keys the first time a router or operator
+    // connects, history and all.
+    let store = RedisStore::<ProfileSet>::connect(&redis.handle(), "qr")
+        .await
+        .unwrap();
+    assert_eq!(store.keys().active, "qr:{profiles}");
+    assert_eq!(store.active().await.unwrap().unwrap().version, 5);
+    let history = store.history().await.unwrap();
+    assert_eq!(history.iter().map(|h| h.version).collect::<Vec<_>>(), [4]);
+
+    // A router of this version starts on the tenant document, and carries the minute's
+    // counters over before it counts in Redis: the tenant does not get its minute again.
+    let config = TenantsConfig {
+        file: None,
+        file_interval: Duration::from_secs(1),
+        redis: Some((redis.handle(), "qr".into())),
+        redis_poll: Duration::from_secs(60),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let mut limiter = LimiterConfig::new(Some((redis.handle(), "qr".into())), "new-1".into());
+    limiter.heartbeat = Duration::from_millis(50);
+    let clock = Clock::manual(now);
+    let tenants = Tenants::start(config, limiter, clock).await.unwrap();
+    assert_eq!(tenants.store.load().version, 3);
+    let up = eventually(Duration::from_secs(10), || async {
+        tenants.limiter.stats().redis_up
+    })
+    .await;
+    assert!(up, "the limiter did not count in redis");
+    let (counters, source) = tenants.limiter.counters("team-a", now).await;
+    assert_eq!(source, CounterSource::Redis);
+    assert_eq!((counters.requests, counters.tokens), (40, 900));
 }

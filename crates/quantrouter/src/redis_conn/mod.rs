@@ -115,7 +115,7 @@ enum Target {
     Server(redis::Client),
     Sentinel(sentinel::Tracker),
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         /// Where a subscription goes: any node hears every `PUBLISH` of the cluster.
         seeds: Vec<redis::Client>,
     },
@@ -266,7 +266,14 @@ impl Redis {
                 (Inner::Node(conn), generation)
             }
             Target::Cluster { client, .. } => {
-                (Inner::Cluster(client.get_async_connection().await?), 0)
+                let conn = client.get_async_connection().await.map_err(|error| {
+                    RedisError::from((
+                        error.kind(),
+                        "connecting to the cluster failed",
+                        format!("{}: {error}", self.shared.url),
+                    ))
+                })?;
+                (Inner::Cluster(conn), 0)
             }
         };
         Ok(Conn {
@@ -331,7 +338,10 @@ fn cluster_target(
         .iter()
         .map(|node| node_client(url, node, certs.as_ref()))
         .collect::<Result<_, _>>()?;
-    Ok(Target::Cluster { client, seeds })
+    Ok(Target::Cluster {
+        client: Box::new(client),
+        seeds,
+    })
 }
 
 fn address(node: &Node, tls: bool) -> ConnectionAddr {

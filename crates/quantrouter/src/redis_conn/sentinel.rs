@@ -325,12 +325,9 @@ impl State {
                     .query_async::<Option<(String, u16)>>(&mut conn)
                     .await
             };
-            match tokio::time::timeout(DIAGNOSIS_TIMEOUT, asked).await {
-                Ok(Ok(address)) => {
-                    answered += 1;
-                    named.extend(address.map(|(host, port)| format!("{host}:{port}")));
-                }
-                Ok(Err(_)) | Err(_) => {}
+            if let Ok(Ok(address)) = tokio::time::timeout(DIAGNOSIS_TIMEOUT, asked).await {
+                answered += 1;
+                named.extend(address.map(|(host, port)| format!("{host}:{port}")));
             }
         }
         named.dedup();

@@ -7,10 +7,20 @@ fn node(host: &str, port: u16) -> Node {
     }
 }
 
+/// A URL, and the topology, TLS, user, password and database it names.
+type Case = (
+    &'static str,
+    Topology,
+    bool,
+    Option<&'static str>,
+    Option<&'static str>,
+    i64,
+);
+
 #[test]
 fn good_urls_parse_into_their_topology_tls_credentials_and_database() {
     let server = |host, port| Topology::Server(node(host, port));
-    let table: Vec<(&str, Topology, bool, Option<&str>, Option<&str>, i64)> = vec![
+    let table: Vec<Case> = vec![
         ("redis://h", server("h", 6379), false, None, None, 0),
         ("redis://h:6380/", server("h", 6380), false, None, None, 0),
         (
