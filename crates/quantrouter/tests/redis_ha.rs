@@ -23,21 +23,17 @@ use quantrouter::redis_conn::Redis;
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter::tenants::limiter::{unix_ms, CounterKeys, CounterSource, Limiter, LimiterConfig};
 use quantrouter::tenants::{usage, Clock, TenantSource, TenantStore, Tenants, TenantsConfig};
-use quantrouter_policy::limits::{Outcome, Windows, DAY_MS};
+use quantrouter_policy::limits::{Outcome, Windows};
 use quantrouter_policy::{ProfileSet, TenantDocument};
 use support::redis_server::{cluster_info, RedisCluster, RedisServer, Sentinel, SentinelSet};
-use support::{chat, cli, client, eventually, loopback, send, sim_tiers, RouterProcess, SIMPLE};
+use support::{
+    chat, cli, client, eventually, future_noon, loopback, send, sim_tiers, RouterProcess, SIMPLE,
+};
 
 const DATA_PASSWORD: &str = "data-secret";
 const SENTINEL_PASSWORD: &str = "sentinel-secret";
 /// The routers' key prefix (the default).
 const PREFIX: &str = "quantrouter";
-
-/// Noon (and 30 s) two days from now, UTC: counters of its windows outlive a test.
-fn future_noon() -> u64 {
-    let today = unix_ms(SystemTime::now()) / DAY_MS;
-    (today + 2) * DAY_MS + 12 * 3_600_000 + 30_000
-}
 
 fn key_of(tenant: &str) -> String {
     format!("sk-{tenant}-7fQ2")

@@ -104,37 +104,7 @@ impl RedisUrl {
             Kind::Server | Kind::Cluster => REDIS_PORT,
         };
         let nodes = parse_hosts(hosts, default_port)?;
-        let (topology, db) = match kind {
-            Kind::Server => {
-                let [node] = <[Node; 1]>::try_from(nodes).map_err(|nodes| {
-                    fault(
-                        "hosts",
-                        format!(
-                            "{scheme}:// takes one server, not {}: use {scheme}+sentinel:// or {scheme}+cluster:// for several",
-                            nodes.len()
-                        ),
-                    )
-                })?;
-                (Topology::Server(node), parse_db(path.unwrap_or(""))?)
-            }
-            Kind::Sentinel => {
-                let (master, db) = parse_master(path)?;
-                let topology = Topology::Sentinel {
-                    sentinels: nodes,
-                    master,
-                };
-                (topology, db)
-            }
-            Kind::Cluster => {
-                if !matches!(path, None | Some("") | Some("0")) {
-                    return Err(fault(
-                        format!("path `/{}`", path.unwrap_or_default()),
-                        "a cluster takes no master name and has only database 0",
-                    ));
-                }
-                (Topology::Cluster { seeds: nodes }, 0)
-            }
-        };
+        let (topology, db) = topology(scheme, kind, nodes, path)?;
         Ok(Self {
             topology,
             tls,
@@ -219,6 +189,47 @@ fn scheme_of(scheme: &str) -> Result<(bool, Kind), UrlError> {
                 format!("scheme `{other}`"),
                 format!("expected {SCHEMES}"),
             ))
+        }
+    })
+}
+
+/// The topology a scheme's kind, its hosts and the URL's path (after the hosts) name, and the
+/// database.
+fn topology(
+    scheme: &str,
+    kind: Kind,
+    nodes: Vec<Node>,
+    path: Option<&str>,
+) -> Result<(Topology, i64), UrlError> {
+    Ok(match kind {
+        Kind::Server => {
+            let [node] = <[Node; 1]>::try_from(nodes).map_err(|nodes| {
+                fault(
+                    "hosts",
+                    format!(
+                        "{scheme}:// takes one server, not {}: use {scheme}+sentinel:// or {scheme}+cluster:// for several",
+                        nodes.len()
+                    ),
+                )
+            })?;
+            (Topology::Server(node), parse_db(path.unwrap_or(""))?)
+        }
+        Kind::Sentinel => {
+            let (master, db) = parse_master(path)?;
+            let topology = Topology::Sentinel {
+                sentinels: nodes,
+                master,
+            };
+            (topology, db)
+        }
+        Kind::Cluster => {
+            if !matches!(path, None | Some("") | Some("0")) {
+                return Err(fault(
+                    format!("path `/{}`", path.unwrap_or_default()),
+                    "a cluster takes no master name and has only database 0",
+                ));
+            }
+            (Topology::Cluster { seeds: nodes }, 0)
         }
     })
 }

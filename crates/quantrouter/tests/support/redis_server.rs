@@ -461,12 +461,7 @@ impl SentinelSet {
 
     /// `127.0.0.1:A,127.0.0.1:B,127.0.0.1:C`.
     pub fn sentinel_hosts(&self) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        hosts.join(",")
+        loopback_hosts(self.sentinels.iter().map(|s| s.port))
     }
 
     pub fn sentinel_password(&self) -> Option<&str> {
@@ -658,12 +653,9 @@ impl RedisCluster {
         let nodes: Vec<RedisServer> = (0..masters + replicas)
             .map(|_| cluster_node(dir.path()))
             .collect();
-        let hosts: Vec<String> = nodes[..masters]
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
+        let hosts = loopback_hosts(nodes[..masters].iter().map(|n| n.port));
         let mut create = vec!["--cluster", "create"];
-        create.extend(hosts.iter().map(String::as_str));
+        create.extend(hosts.split(','));
         create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
         redis_cli(&create);
         let cluster = Self { nodes, _dir: dir };
@@ -696,12 +688,8 @@ impl RedisCluster {
 
     /// `redis+cluster://127.0.0.1:A,127.0.0.1:B,...` (every node as a seed).
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let hosts = loopback_hosts(self.nodes.iter().map(|n| n.port));
+        format!("redis+cluster://{hosts}")
     }
 
     pub fn handle(&self) -> Redis {
@@ -768,6 +756,12 @@ impl RedisCluster {
             "--cluster-yes",
         ]);
     }
+}
+
+/// `127.0.0.1:A,127.0.0.1:B,…`.
+fn loopback_hosts(ports: impl Iterator<Item = u16>) -> String {
+    let hosts: Vec<String> = ports.map(|port| format!("127.0.0.1:{port}")).collect();
+    hosts.join(",")
 }
 
 /// `CLUSTER INFO` of a node, or "" when it does not answer.
