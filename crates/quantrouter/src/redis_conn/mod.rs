@@ -38,9 +38,14 @@ pub use url::{Node, RedisUrl, Topology, UrlError};
 /// Longest wait for a TCP (and TLS) connection to a node: a reachable Redis accepts within
 /// milliseconds, and a caller bounds the whole call anyway.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// A backstop for answers nobody waits for any more: every caller bounds its own calls (3 s
-/// at most), so this only frees what a frozen server never answers.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for an answer on a connection of its own (the documents, the CLI): the bound
+/// every operator command and document read has anyway, so a frozen server fails the call
+/// instead of holding it.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest wait for an answer on a kept connection ([`Link`]: tenant counters, stored
+/// Responses, outcome records, KEDA numbers): their calls are single keys or small scripts,
+/// and a stored Response's lookup is on a request's path.
+const LINK_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A cluster's own retries (a redirection, `TRYAGAIN` while a slot moves, a node that is
 /// failing over): waits of 20 ms doubling to 500 ms, about 1 s in all, inside the callers'
 /// bounds.
@@ -254,15 +259,19 @@ impl Redis {
     }
 
     async fn open_conn(&self, link: Option<Weak<Slot>>) -> RedisResult<Conn> {
+        let config = node_config(match link {
+            Some(_) => LINK_RESPONSE_TIMEOUT,
+            None => RESPONSE_TIMEOUT,
+        });
         let (inner, generation) = match &self.shared.target {
             Target::Server(client) => {
                 let conn = client
-                    .get_multiplexed_async_connection_with_config(&node_config())
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await?;
                 (Inner::Node(conn), self.generation())
             }
             Target::Sentinel(tracker) => {
-                let (conn, generation) = tracker.connect(&node_config()).await?;
+                let (conn, generation) = tracker.connect(&config).await?;
                 (Inner::Node(conn), generation)
             }
             Target::Cluster { client, .. } => {
@@ -325,7 +334,8 @@ fn cluster_target(
         .map_err(OpenError::Client)?;
     let mut builder = ClusterClientBuilder::new(infos)
         .connection_timeout(CONNECT_TIMEOUT)
-        .response_timeout(RESPONSE_TIMEOUT)
+        .response_timeout(LINK_RESPONSE_TIMEOUT)
+        .overall_response_timeout(Some(RESPONSE_TIMEOUT))
         .retries(CLUSTER_RETRIES)
         .retry_wait_formula(10, 2)
         .min_retry_wait(10)
@@ -367,10 +377,10 @@ fn data_settings(url: &RedisUrl) -> RedisConnectionInfo {
     settings
 }
 
-fn node_config() -> redis::AsyncConnectionConfig {
+fn node_config(response_timeout: Duration) -> redis::AsyncConnectionConfig {
     redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_response_timeout(Some(response_timeout))
 }
 
 async fn pubsub(client: &redis::Client) -> RedisResult<redis::aio::PubSub> {
