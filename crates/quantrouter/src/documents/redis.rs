@@ -130,7 +130,10 @@ impl<D: Document> RedisStore<D> {
             kind: PhantomData,
         };
         if !redis.url().is_cluster() {
-            store.migrate(prefix).await?;
+            // A user that may not run scripts can still read: the copy is only a convenience.
+            if let Err(error) = store.migrate(prefix).await {
+                tracing::warn!(%error, key = %store.keys.active, "document of the former key layout not copied");
+            }
         }
         Ok(store)
     }
