@@ -683,6 +683,17 @@ impl RedisCluster {
                     .all(|r| info(&r.client(), "replication").contains("master_link_status:up"))
         });
         assert!(ready, "the cluster did not come up");
+        // Formed with a patient handshake (nodes that miss it on a loaded machine never
+        // join); from now on a second, so a failover takes seconds.
+        for node in &cluster.nodes {
+            let mut conn = node.client().get_connection().unwrap();
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-node-timeout")
+                .arg(1000)
+                .query::<()>(&mut conn)
+                .unwrap();
+        }
         cluster
     }
 
@@ -740,8 +751,18 @@ impl RedisCluster {
     }
 
     /// Moves the lowest `slots` slots of the master on `from` to the one on `to`
-    /// (`redis-cli --cluster reshard`), keys and all.
+    /// (`redis-cli --cluster reshard`), keys and all, once every node agrees on the slots
+    /// (as it checks first, and refuses otherwise: right after a failover some may not).
     pub fn reshard(&self, from: u16, to: u16, slots: u16) {
+        let entry = format!("127.0.0.1:{to}");
+        let agreed = wait_until(Duration::from_secs(20), || {
+            Command::new("redis-cli")
+                .args(["--cluster", "check", &entry])
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|out| out.status.success())
+        });
+        assert!(agreed, "the cluster's nodes did not agree on its slots");
         let (from_id, to_id) = (self.node_id(from), self.node_id(to));
         redis_cli(&[
             "--cluster",
@@ -787,7 +808,7 @@ fn cluster_node(dir: &Path) -> RedisServer {
             "--cluster-config-file",
             &format!("nodes-{port}.conf"),
             "--cluster-node-timeout",
-            "1000",
+            "5000",
             "--dir",
             dir.to_str().unwrap(),
         ]
@@ -801,18 +822,29 @@ fn cluster_node(dir: &Path) -> RedisServer {
     panic!("no cluster node could listen");
 }
 
-/// Runs `redis-cli` with `args`; it must succeed.
+/// Runs `redis-cli` with `args`; it must succeed within a minute (`--cluster create` waits
+/// for the nodes to join for as long as it takes).
 pub fn redis_cli(args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("out");
+    let mut child = Command::new("redis-cli")
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
         .expect("redis-cli not found: run scripts/install-tools redis");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "redis-cli {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut status = None;
+    wait_until(Duration::from_secs(60), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("redis-cli {args:?} did not finish within a minute: {text}");
+    };
+    assert!(status.success(), "redis-cli {args:?}: {text}");
     text
 }
