@@ -328,11 +328,15 @@ async fn a_sentinel_failover_under_traffic_answers_every_request_and_limits_stay
 
     let watched = Arc::clone(&set);
     let promoted = tokio::task::spawn_blocking(move || {
-        watched.wait_for_new_master(old, Duration::from_secs(30))
+        watched.wait_for_new_master(old, Duration::from_secs(60))
     })
     .await
     .unwrap();
-    assert!(promoted.is_some(), "the sentinels promoted no replica");
+    assert!(
+        promoted.is_some(),
+        "the sentinels promoted no replica:\n{}",
+        set.logs()
+    );
     let switched = killed.elapsed();
     let shared_again = eventually(Duration::from_secs(30), || async {
         counting_in_redis(admins[0]).await && counting_in_redis(admins[1]).await

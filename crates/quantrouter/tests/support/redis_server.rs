@@ -405,8 +405,8 @@ pub struct SentinelSet {
 pub struct Sentinel {
     port: u16,
     child: Child,
-    /// The sentinel's configuration file, which it rewrites.
-    _dir: TempDir,
+    /// The sentinel's configuration file, which it rewrites, and its log.
+    dir: TempDir,
 }
 
 impl SentinelSet {
@@ -508,6 +508,17 @@ impl SentinelSet {
         found
     }
 
+    /// What the sentinels logged, for a failure's message.
+    pub fn logs(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(|s| {
+                let log = std::fs::read_to_string(s.dir.path().join("sentinel.log"));
+                format!("--- sentinel {}\n{}", s.port, log.unwrap_or_default())
+            })
+            .collect()
+    }
+
     fn sentinel_clients(&self) -> Vec<redis::Client> {
         self.sentinels
             .iter()
@@ -538,7 +549,8 @@ impl Sentinel {
                 .unwrap();
             let port = free_port();
             let mut conf = format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nsentinel resolve-hostnames no\n",
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                 sentinel resolve-hostnames no\n",
                 dir = dir.path().display(),
             );
             if let Some((name, master)) = monitor {
@@ -564,11 +576,7 @@ impl Sentinel {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server not found: run scripts/install-tools redis");
-            let mut sentinel = Self {
-                port,
-                child,
-                _dir: dir,
-            };
+            let mut sentinel = Self { port, child, dir };
             let client = sentinel_client(port, password);
             let up = wait_until(Duration::from_secs(10), || {
                 sentinel.child.try_wait().ok().flatten().is_some()
