@@ -20,6 +20,7 @@ pub mod keda;
 pub mod openai;
 pub mod probes;
 pub mod profiles;
+pub mod redis_conn;
 pub mod resilience;
 pub mod routing;
 pub mod second_opinion;

@@ -411,7 +411,7 @@ async fn a_follow_up_goes_to_the_profile_that_stored_the_response() {
 async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
     let redis = RedisServer::start(None);
     let shared = |c: &mut ServerConfig| {
-        c.stored_responses.redis = Some((redis.client(), "qr".into()));
+        c.stored_responses.redis = Some((redis.handle(), "qr".into()));
     };
     let native = |set: &mut quantrouter_policy::ProfileSet| {
         for profile in &mut set.profiles {

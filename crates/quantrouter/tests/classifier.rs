@@ -197,7 +197,7 @@ async fn with_the_classifier_off_routing_uses_the_structural_score() {
 async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
     let redis = RedisServer::start(None);
     let redis_config = || ClassifierConfig {
-        redis: Some((redis.client(), "qr".into())),
+        redis: Some((redis.handle(), "qr".into())),
         ..config()
     };
     let replicas = [
@@ -207,7 +207,7 @@ async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
     for h in &replicas {
         assert_eq!(route(h, GREETING).await["tier"], "int4");
     }
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "qr")
         .await
         .unwrap();
     let code = everything_is_code(1);
@@ -240,7 +240,7 @@ async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
         .await
         .unwrap();
     redis::cmd("SET")
-        .arg("qr:classifier")
+        .arg("qr:{classifier}")
         .arg(tampered.to_string())
         .query_async::<()>(&mut conn)
         .await
@@ -279,12 +279,12 @@ async fn serving(h: &Harness, version: u64, doc: &ClassifierDocument) -> bool {
 async fn requests_in_flight_while_models_change_all_succeed() {
     let redis = RedisServer::start(None);
     let h = with_classifier(ClassifierConfig {
-        redis: Some((redis.client(), "qr".into())),
+        redis: Some((redis.handle(), "qr".into())),
         ..config()
     })
     .await;
     let workers = support::steady_requests(&h.url("/v1/chat/completions"), 6, 25, GREETING);
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "qr")
         .await
         .unwrap();
     let models = [everything_is_code(1), everything_is_code(2)];
@@ -486,7 +486,7 @@ async fn a_push_redis_answers_late_is_waited_for_and_reported_as_pushed() {
     .await
     .unwrap();
     assert_eq!((code, stdout.trim()), (0, "pushed version 1"), "{stderr}");
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "quantrouter")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "quantrouter")
         .await
         .unwrap();
     assert_eq!(ops.active().await.unwrap().unwrap().version, 1);

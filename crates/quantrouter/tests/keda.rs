@@ -38,7 +38,7 @@ const LIVE_TTL: Duration = Duration::from_secs(60);
 fn shared(redis: &RedisServer, replica: &str, ttl: Duration) -> KedaConfig {
     KedaConfig {
         redis: Some(RedisTarget {
-            client: redis.client(),
+            redis: redis.handle(),
             prefix: "qr".into(),
         }),
         replica_id: replica.into(),
@@ -149,7 +149,7 @@ async fn the_tier_numbers_add_up_every_live_replica_and_forget_dead_ones() {
     let crashed = Publisher::start(
         store,
         RedisTarget {
-            client: redis.client(),
+            redis: redis.handle(),
             prefix: "qr".into(),
         },
         &shared(&redis, "router-c", Duration::from_secs(1)),
@@ -183,11 +183,10 @@ async fn without_redis_a_replica_answers_its_own_numbers() {
         .local_addr()
         .unwrap()
         .port();
-    let down =
-        quantrouter::documents::client(&format!("redis://127.0.0.1:{dead_port}"), None).unwrap();
+    let down = support::redis_server::handle_at(&format!("redis://127.0.0.1:{dead_port}"));
     let router = start_router(h.set.clone(), |c| {
         c.keda.redis = Some(RedisTarget {
-            client: down,
+            redis: down,
             prefix: "qr".into(),
         });
     })

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use quantrouter::classifier::{self, ClassifierConfig};
 use quantrouter::profiles::SourceKind;
+use quantrouter::redis_conn::Redis;
 use quantrouter::resilience::BudgetConfig;
 use quantrouter::server::ServerConfig;
 use quantrouter_policy::classifier::{
@@ -193,7 +194,7 @@ fn measured(set: &ProfileSet, second_opinion: bool) -> ProfileSet {
 
 /// The router's Redis (for the outcome stream) and a calibration budget that never refuses
 /// a sample.
-fn sample_everything(config: &mut ServerConfig, redis: redis::Client) {
+fn sample_everything(config: &mut ServerConfig, redis: Redis) {
     config.stored_responses.redis = Some((redis, PREFIX.into()));
     config.resilience.calibration = BudgetConfig {
         ratio: 1.0,
@@ -253,14 +254,14 @@ async fn sampled_traffic_trains_a_head_that_ranks_the_workload_better() {
         file: None,
         off: false,
         file_interval: Duration::from_millis(20),
-        redis: Some((redis.client(), PREFIX.into())),
+        redis: Some((redis.handle(), PREFIX.into())),
         redis_poll: Duration::from_millis(50),
     })
     .await
     .unwrap()
     .store;
     let (set, _sims) = tiers().await;
-    let client = redis.client();
+    let client = redis.handle();
     let router = start_router(set.clone(), move |c: &mut ServerConfig| {
         c.classifier = classifiers;
         sample_everything(c, client);
@@ -402,7 +403,7 @@ fn outcome_records(result: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_refuses_costs_records_not_requests() {
     let (_socket, address) = support::refusing_address();
-    let client = redis::Client::open(format!("redis://{address}")).unwrap();
+    let client = support::redis_server::handle_at(&format!("redis://{address}"));
     let (mut set, _sims) = tiers().await;
     // The file beside the stream still gets every record.
     let dir = tempfile::tempdir().unwrap();
@@ -462,7 +463,7 @@ async fn logged_prompts_keep_records_and_the_stream_bounded_in_bytes() {
         .unwrap();
     outcomes.max_len = MAX_LEN;
     outcomes.file = Some(file.to_str().unwrap().into());
-    let client = redis.client();
+    let client = redis.handle();
     let router = start_router(set, move |c: &mut ServerConfig| {
         sample_everything(c, client);
         c.log_prompts = true;

@@ -376,7 +376,7 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
     ])
     .await;
     let shared = |c: &mut ServerConfig| {
-        c.stored_responses.redis = Some((redis.client(), "qr".into()));
+        c.stored_responses.redis = Some((redis.handle(), "qr".into()));
         c.tenants = Some(Arc::clone(&tenants));
     };
     let t = Tiers::start(

@@ -10,15 +10,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 use serde::Deserialize;
+
+use crate::redis_conn::{Conn, Link};
 
 /// Settings of the placement store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     /// Redis and its key prefix, shared by the replicas; `None`: per replica.
-    pub redis: Option<(redis::Client, String)>,
+    pub redis: Option<(crate::redis_conn::Redis, String)>,
     /// How long a placement is kept: a day covers a working day's agent sessions, and the
     /// upstreams (vLLM keeps stored responses in memory) rarely keep them longer.
     pub ttl: Duration,
@@ -54,9 +55,8 @@ struct Local {
 
 #[derive(Debug)]
 struct Shared {
-    client: redis::Client,
+    link: Link,
     prefix: String,
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
 }
 
 impl Default for StoreConfig {
@@ -75,10 +75,9 @@ impl ResponseStore {
     pub fn new(config: StoreConfig) -> Self {
         Self {
             local: Mutex::new(Local::default()),
-            redis: config.redis.map(|(client, prefix)| Shared {
-                client,
+            redis: config.redis.map(|(redis, prefix)| Shared {
+                link: Link::new(redis),
                 prefix,
-                conn: tokio::sync::Mutex::new(None),
             }),
             ttl: config.ttl,
             capacity: config.local_capacity.max(1),
@@ -121,7 +120,6 @@ impl ResponseStore {
             Ok(value) => value.map(|value| Stored::from_redis(&value)),
             Err(error) => {
                 tracing::warn!(%error, "cannot read a stored response's placement from redis");
-                *shared.conn.lock().await = None;
                 None
             }
         }
@@ -167,23 +165,14 @@ impl ResponseStore {
         };
         let value = stored.to_redis();
         let mut conn = self.connection(shared).await?;
-        let result = conn
-            .set_ex(shared.key(response), value, self.ttl.as_secs().max(1))
-            .await;
-        if result.is_err() {
-            *shared.conn.lock().await = None;
-        }
-        result
+        conn.set_ex(shared.key(response), value, self.ttl.as_secs().max(1))
+            .await
     }
 
-    async fn connection(&self, shared: &Shared) -> redis::RedisResult<MultiplexedConnection> {
-        let mut conn = shared.conn.lock().await;
-        if let Some(conn) = conn.as_ref() {
-            return Ok(conn.clone());
-        }
-        let opened = shared.client.get_multiplexed_async_connection().await?;
-        *conn = Some(opened.clone());
-        Ok(opened)
+    /// The shared connection; one that breaks is replaced on the next call (with Sentinel,
+    /// on the master of the moment).
+    async fn connection(&self, shared: &Shared) -> redis::RedisResult<Conn> {
+        shared.link.get().await
     }
 }
 

@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use quantrouter_policy::classifier::{outcome_from_value, OutcomeRecord, TrafficOutcome};
 use quantrouter_policy::{OutcomeSink, TaskClass};
-use redis::aio::MultiplexedConnection;
 use serde::Deserialize;
 use tokio::sync::{watch, Semaphore};
 
 use super::Calibrator;
 use crate::profiles::ProfileStore;
+use crate::redis_conn::{Conn, Link, Redis};
 use crate::telemetry;
 
 /// Writes in flight at once, per replica.
@@ -58,9 +58,8 @@ pub struct OutcomeLog {
 
 #[derive(Debug)]
 struct Shared {
-    client: redis::Client,
+    link: Link,
     key: String,
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
 }
 
 /// One outcome file and `FILE.1` beside it, as this replica last checked them. A file is
@@ -143,12 +142,11 @@ impl Default for OutcomeLog {
 
 impl OutcomeLog {
     /// A log to the router's Redis (client and key prefix), if it has one.
-    pub fn new(redis: Option<(redis::Client, String)>, log_prompts: bool) -> Self {
+    pub fn new(redis: Option<(Redis, String)>, log_prompts: bool) -> Self {
         Self {
-            redis: redis.map(|(client, prefix)| Shared {
-                client,
+            redis: redis.map(|(redis, prefix)| Shared {
+                link: Link::new(redis),
                 key: stream_key(&prefix),
-                conn: tokio::sync::Mutex::new(None),
             }),
             log_prompts,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -208,7 +206,7 @@ impl OutcomeLog {
                     // would only repeat it.
                     match &self.redis {
                         Some(shared) => {
-                            *shared.conn.lock().await = None;
+                            shared.link.reset();
                             tracing::warn!(%error, "outcome record not written to Redis");
                         }
                         None => tracing::debug!(%error, "outcome record not written to Redis"),
@@ -498,22 +496,16 @@ impl Shared {
             .await
     }
 
-    async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
-        let mut conn = self.conn.lock().await;
-        if let Some(conn) = conn.as_ref() {
-            return Ok(conn.clone());
-        }
-        let opened = self.client.get_multiplexed_async_connection().await?;
-        *conn = Some(opened.clone());
-        Ok(opened)
+    async fn connection(&self) -> redis::RedisResult<Conn> {
+        self.link.get().await
     }
 }
 
 /// Every record of the stream `key`, oldest first. An entry that is not a valid record
 /// (another router version's features, a field missing) fails the whole read, naming it.
-pub async fn read_stream(client: &redis::Client, key: &str) -> Result<Vec<OutcomeRecord>, String> {
-    let mut conn = client
-        .get_multiplexed_async_connection()
+pub async fn read_stream(redis: &Redis, key: &str) -> Result<Vec<OutcomeRecord>, String> {
+    let mut conn = redis
+        .connect()
         .await
         .map_err(|e| format!("connecting to Redis: {e}"))?;
     let mut out = Vec::new();

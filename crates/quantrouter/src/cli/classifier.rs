@@ -279,7 +279,11 @@ fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
     let mut records = Vec::new();
     for path in paths {
         if let Some((url, prefix)) = path.to_str().and_then(redis_source) {
-            let client = crate::documents::client(&url, None)
+            let settings = crate::redis_conn::RedisSettings {
+                url,
+                ..Default::default()
+            };
+            let client = crate::redis_conn::Redis::open(&settings)
                 .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))?;
             let key = crate::calibration::outcomes::stream_key(&prefix);
             let read = super::block_on(async {
@@ -307,14 +311,20 @@ fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
     Ok(records)
 }
 
-/// `redis://HOST:PORT[/PREFIX]` (or `rediss://`) as the server's URL and the key prefix;
-/// the path is the router's key prefix, not a database number.
+/// `redis://HOST:PORT[/PREFIX]` (or `rediss://`, `redis+cluster://HOSTS[/PREFIX]`,
+/// `redis+sentinel://HOSTS/MASTER[/PREFIX]`) as the Redis URL and the key prefix; the path
+/// is the router's key prefix, not a database number.
 fn redis_source(source: &str) -> Option<(String, String)> {
     let (scheme, rest) = source.split_once("://")?;
-    if scheme != "redis" && scheme != "rediss" {
-        return None;
-    }
-    let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    // A Sentinel URL's path starts with the master's name.
+    let server_parts = match scheme {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => 1,
+        "redis+sentinel" | "rediss+sentinel" => 2,
+        _ => return None,
+    };
+    let parts: Vec<&str> = rest.splitn(server_parts + 1, '/').collect();
+    let host = parts[..server_parts.min(parts.len())].join("/");
+    let prefix = parts.get(server_parts).copied().unwrap_or("");
     let prefix = match prefix.trim_matches('/') {
         "" => "quantrouter",
         prefix => prefix,
@@ -480,6 +490,20 @@ mod tests {
         assert_eq!(
             redis_source("rediss://h:1/team:a/"),
             Some(("rediss://h:1".into(), "team:a".into()))
+        );
+        assert_eq!(
+            redis_source("redis+sentinel://s1:26379,s2:26379/mymaster/team"),
+            Some((
+                "redis+sentinel://s1:26379,s2:26379/mymaster".into(),
+                "team".into()
+            ))
+        );
+        assert_eq!(
+            redis_source("redis+cluster://n1:7000,n2:7001"),
+            Some((
+                "redis+cluster://n1:7000,n2:7001".into(),
+                "quantrouter".into()
+            ))
         );
         assert_eq!(redis_source("outcomes.jsonl"), None);
         assert_eq!(redis_source("http://h/x"), None);

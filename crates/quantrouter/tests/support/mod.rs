@@ -455,6 +455,14 @@ pub async fn announced(
     found
 }
 
+/// Noon (and 30 s) two days from now, UTC: a limit window in the future, whose counters do
+/// not expire under the real clock while a test runs.
+pub fn future_noon() -> u64 {
+    use quantrouter_policy::limits::DAY_MS;
+    let today = quantrouter::tenants::limiter::unix_ms(std::time::SystemTime::now()) / DAY_MS;
+    (today + 2) * DAY_MS + 12 * 3_600_000 + 30_000
+}
+
 /// Polls `check` until it holds or `deadline` passes.
 pub async fn eventually<F, Fut>(deadline: Duration, mut check: F) -> bool
 where
