@@ -101,6 +101,10 @@ pub struct TrainingMetrics {
     /// Outcome records the outcome head was trained on.
     #[serde(skip_serializing_if = "is_zero")]
     pub outcome_records: usize,
+    /// The outcome head's APGR on its own training records: above ½, or `classifier train`
+    /// would not have written it (and `classifier push` refuses a document that says less).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome_training_apgr: Option<f64>,
     /// Held-out-category figures of the outcome head (`--cross-validate category`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcomes: Option<OutcomeCrossValidation>,
@@ -333,6 +337,7 @@ impl TrainingMetrics {
             dev: None,
             leave_one_source_out: None,
             outcome_records: 0,
+            outcome_training_apgr: None,
             outcomes: None,
         }
     }
