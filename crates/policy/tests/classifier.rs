@@ -252,3 +252,85 @@ fn a_gsm8k_only_workload_sends_its_easiest_problems_to_a_cheaper_tier() {
     let [cheaper, ..] = split(&off);
     assert!(cheaper * 50 <= records.len(), "{cheaper}");
 }
+
+/// Issue: `policy.risk_tolerance` moved only math and reasoning prompts. On the dev split and
+/// the open-ended outcome prompts, raising it sends prompts of every task class to a cheaper
+/// profile, and never a prompt to a dearer one. Prints the shares per class (docs/routing.md
+/// §3).
+#[test]
+fn the_risk_tolerance_moves_every_task_class() {
+    let model = Classifier::builtin().unwrap();
+    let data = training_data();
+    let mut texts: Vec<String> = data
+        .iter()
+        .filter(|p| p.split == Split::Dev)
+        .map(|p| p.prompt.clone())
+        .collect();
+    let arena = parse_outcomes(&read(
+        "../../eval/outcomes/arena-bench-mixtral-gpt4turbo-outcomes.jsonl",
+    ))
+    .unwrap();
+    texts.extend(arena.into_iter().map(|r| r.prompt));
+    // Per prompt: its class and the profile chosen at each tolerance.
+    let tolerances = [0.0, 0.05, 0.1, 0.25];
+    let mut set = default_set();
+    let mut routed: Vec<(TaskClass, Vec<usize>)> = Vec::new();
+    for text in &texts {
+        let prompt = Prompt {
+            segments: vec![Segment {
+                role: Role::User,
+                text,
+            }],
+            wants_json: false,
+        };
+        let (features, _) = score(&prompt, &set.policy.complexity, Some(&model));
+        assert!(features.risk.is_some(), "{text}");
+        let profiles = tolerances
+            .iter()
+            .map(|&t| {
+                set.policy.risk_tolerance = t;
+                let request = RouteRequest {
+                    features: &features,
+                    max_tokens: None,
+                    overrides: Overrides::default(),
+                    routing_key: "test",
+                };
+                decide(&set, &request, &[]).unwrap().profile.get()
+            })
+            .collect();
+        routed.push((features.task_class, profiles));
+    }
+    let cost = |p: usize| set.profiles[p].cost_per_1m_output_tokens;
+    for class in quantrouter_policy::classifier::TASK_CLASSES {
+        let of: Vec<&Vec<usize>> = routed
+            .iter()
+            .filter(|(c, _)| *c == class)
+            .map(|(_, p)| p)
+            .collect();
+        let shares: Vec<String> = (0..tolerances.len())
+            .map(|t| {
+                let on = |id: &str| {
+                    let i = set.index_of(id).unwrap().get();
+                    100.0 * of.iter().filter(|p| p[t] == i).count() as f64 / of.len() as f64
+                };
+                format!(
+                    "{:.1}/{:.1}/{:.1}",
+                    on("llama8b-fp16"),
+                    on("llama8b-fp8"),
+                    on("llama8b-awq")
+                )
+            })
+            .collect();
+        println!(
+            "{:<10} {:>4} prompts: {}",
+            class.as_str(),
+            of.len(),
+            shares.join("  ")
+        );
+        let moved = of.iter().filter(|p| cost(p[3]) < cost(p[0])).count();
+        assert!(moved > 0, "{class:?}: {shares:?}");
+        assert!(of
+            .iter()
+            .all(|p| p.windows(2).all(|w| cost(w[1]) <= cost(w[0]))));
+    }
+}
