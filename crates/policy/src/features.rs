@@ -105,6 +105,21 @@ impl TaskClass {
     }
 }
 
+// === impl Prompt ===
+
+impl<'a> Prompt<'a> {
+    /// One user message and nothing else: how benchmark records and labelled prompts are read.
+    pub fn user(text: &'a str) -> Self {
+        Self {
+            segments: vec![Segment {
+                role: Role::User,
+                text,
+            }],
+            wants_json: false,
+        }
+    }
+}
+
 // === impl Features ===
 
 impl Features {

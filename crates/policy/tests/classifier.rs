@@ -276,14 +276,7 @@ fn the_risk_tolerance_moves_every_task_class() {
     let mut set = default_set();
     let mut routed: Vec<(TaskClass, Vec<usize>)> = Vec::new();
     for text in &texts {
-        let prompt = Prompt {
-            segments: vec![Segment {
-                role: Role::User,
-                text,
-            }],
-            wants_json: false,
-        };
-        let (features, _) = score(&prompt, &set.policy.complexity, Some(&model));
+        let (features, _) = score(&Prompt::user(text), &set.policy.complexity, Some(&model));
         assert!(features.risk.is_some(), "{text}");
         let profiles = tolerances
             .iter()

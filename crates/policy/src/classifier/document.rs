@@ -419,9 +419,16 @@ mod tests {
         );
         assert_eq!(
             path_of(edited(
-                |d| d["weights"]["outcome"]["choices"] = serde_json::json!([1.0])
+                |d| d["weights"]["outcome"]["choices"]["weights"] = serde_json::json!([1.0])
             )),
             "weights.outcome.choices"
+        );
+        // A head of the twenty-input format, before the parts by kind of prompt.
+        assert_eq!(
+            path_of(edited(|d| {
+                d["weights"]["outcome"]["free_form"] = serde_json::json!(vec![0.0; 20])
+            })),
+            "weights.outcome.free_form"
         );
         assert_eq!(
             path_of(edited(

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
+use crate::features::{FeatureError, Features, Prompt, TaskClass};
 use crate::profile::ComplexityWeights;
 use grams::{for_each_gram, Gram, DENSE, DENSE_FEATURES};
 
@@ -163,16 +163,9 @@ impl Classifier {
     /// The task class the policy gives a record's prompt: a traffic record carries the one
     /// the router gave it.
     pub fn record_class(&self, record: &OutcomeRecord, window: usize) -> TaskClass {
-        record.task_class.unwrap_or_else(|| {
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: &record.prompt,
-                }],
-                wants_json: false,
-            };
-            self.task_class(&prompt, window)
-        })
+        record
+            .task_class
+            .unwrap_or_else(|| self.task_class(&Prompt::user(&record.prompt), window))
     }
 
     /// Records as the outcome head's fit sees them, each in the task class this model gives

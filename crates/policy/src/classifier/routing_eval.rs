@@ -12,7 +12,7 @@ use super::outcome::{
     fit_examples, DegenerateHead, OutcomeExample, OutcomeHead, OutcomeRecord, Verdicts,
 };
 use super::{score, Classifier};
-use crate::features::{Prompt, Role, Segment};
+use crate::features::Prompt;
 use crate::profile::ComplexityWeights;
 
 /// Folds of a benchmark that has a single category.
@@ -225,6 +225,10 @@ pub fn cross_validate(
     model: &Classifier,
 ) -> OutcomeCrossValidation {
     let examples = model.outcome_examples(records, window);
+    let weights = ComplexityWeights {
+        scoring_window_chars: window,
+        ..ComplexityWeights::default()
+    };
     let mut by_source: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, r) in records.iter().enumerate() {
         by_source.entry(&r.source).or_default().push(i);
@@ -274,7 +278,10 @@ pub fn cross_validate(
             mean_apgr,
             pooled: routing_curve(&scores, &all),
             length: routing_curve(&length_scores(&all), &all),
-            complexity: Some(routing_curve(&complexity_scores(model, &all, window), &all)),
+            complexity: Some(routing_curve(
+                &complexity_scores(Some(model), &all, &weights),
+                &all,
+            )),
         });
     }
     OutcomeCrossValidation {
@@ -311,28 +318,16 @@ fn held_out_groups(
     (format!("{FOLDS} folds by prompt"), groups)
 }
 
-/// Scores by the complexity `model` gives each record's prompt (0 for a record without text).
+/// Scores by the complexity `model` gives each record's prompt (without a model: the
+/// structural score; 0 for a record without text).
 pub fn complexity_scores(
-    model: &Classifier,
+    model: Option<&Classifier>,
     records: &[&OutcomeRecord],
-    window: usize,
+    weights: &ComplexityWeights,
 ) -> Vec<f64> {
-    let weights = ComplexityWeights {
-        scoring_window_chars: window,
-        ..ComplexityWeights::default()
-    };
     records
         .iter()
-        .map(|r| {
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: &r.prompt,
-                }],
-                wants_json: false,
-            };
-            score(&prompt, &weights, Some(model)).0.complexity
-        })
+        .map(|r| score(&Prompt::user(&r.prompt), weights, model).0.complexity)
         .collect()
 }
 

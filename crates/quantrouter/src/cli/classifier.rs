@@ -10,8 +10,7 @@ use quantrouter_policy::classifier::{
     TrainOptions,
 };
 use quantrouter_policy::{
-    score, Classifier, ClassifierDocument, ComplexityWeights, ProfileSet, Prompt, Role, Segment,
-    TaskClass,
+    Classifier, ClassifierDocument, ComplexityWeights, ProfileSet, TaskClass,
 };
 
 use super::{document_command, load_set, CliError, DocumentCommand};
@@ -367,19 +366,10 @@ fn outcome_report(
             .iter()
             .map(|e| head.logit(&e.inputs, e.task_class))
             .collect(),
-        None => records
-            .iter()
-            .map(|r| {
-                let prompt = Prompt {
-                    segments: vec![Segment {
-                        role: Role::User,
-                        text: &r.prompt,
-                    }],
-                    wants_json: false,
-                };
-                score(&prompt, weights, model).0.complexity
-            })
-            .collect(),
+        None => {
+            let all: Vec<&OutcomeRecord> = records.iter().collect();
+            complexity_scores(model, &all, weights)
+        }
     };
     let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
     for (i, r) in records.iter().enumerate() {
@@ -413,7 +403,7 @@ fn outcome_report(
             ),
         ];
         if let Some((model, _)) = head {
-            let complexity = complexity_scores(model, &chosen, window);
+            let complexity = complexity_scores(Some(model), &chosen, weights);
             baselines.push(("complexity", routing_curve(&complexity, &chosen)));
         }
         let _ = writeln!(out, "  {:<14} {curve}", "router");

@@ -25,14 +25,7 @@ impl OutcomeInputs {
 
     /// The inputs of a single user message, as outcome records are read.
     pub fn of_text(text: &str, window: usize) -> Self {
-        let prompt = Prompt {
-            segments: vec![crate::features::Segment {
-                role: crate::features::Role::User,
-                text,
-            }],
-            wants_json: false,
-        };
-        Self::of(&prompt, window)
+        Self::of(&Prompt::user(text), window)
     }
 
     /// Whether the prompt lists answer choices (a multiple-choice question).
