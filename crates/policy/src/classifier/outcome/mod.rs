@@ -1,21 +1,24 @@
-//! The outcome head: from a prompt's shape, how likely a cheaper tier's answer falls short
-//! where the reference's does not (`docs/routing.md` §1c).
+//! The outcome head: from what a prompt looks like, how much of the answer's quality a
+//! cheaper tier is expected to lose against the reference (`docs/routing.md` §1c).
 //!
 //! The task-class and difficulty heads learn labels given per source, so they tell kinds of
 //! prompt apart but rank prompts of one kind no better than chance. This head learns from
-//! outcome records — per prompt, whether a cheap and a reference model answered correctly —
-//! and reads what makes one prompt of a kind harder than another: how many quantities and
-//! sentences, operators, fractions and decimals, rare (long) words, negations, and the
-//! answer's format.
+//! outcome records — per prompt, how a cheap and a reference model's answers were judged,
+//! right or wrong or graded — and reads what makes one prompt harder than another: a
+//! question's shape (quantities, sentences, operators, rare words, answer choices) and what a
+//! request asks for (the kind of ask, constraints, steps, the answer's length and format,
+//! code context).
 //!
-//! Its target is the soft `(1 + reference_ok − cheap_ok) / 2`, whose expectation `p` makes
-//! `2p − 1 = P(cheap worse) − P(cheap better)`: the net probability that the cheaper answer
-//! loses what the reference's gets right. That, clamped to [0,1], is the `risk` the policy
-//! compares with `risk_tolerance`. A free-form prompt is scored by a logistic regression
-//! fitted by Newton's method from zero. A multiple-choice prompt is scored by a small
-//! ensemble of boosted regression trees fitted to the target minus its category's mean, so
-//! that they learn what ranks questions within a subject rather than what tells subjects
-//! apart (the means are dropped afterwards). Both fits are deterministic.
+//! Its target is `(1 + reference − cheap) / 2` of the two answers' scores in [0, 1], whose
+//! expectation `p` makes `2p − 1` the quality the cheaper answer is expected to lose. That,
+//! clamped to [0,1], is the `risk` the policy compares with `risk_tolerance`, for every
+//! prompt. Word problems and other prompts without answer choices are scored by logistic
+//! regressions of their own, fitted by Newton's method and drawn towards one row fitted to
+//! both; multiple-choice prompts by a small ensemble of boosted regression trees fitted to
+//! the target minus its category's mean, so that they learn what ranks questions within a
+//! subject rather than what tells subjects apart (the means are dropped afterwards). Every
+//! part estimates the same target, so their risks are on one scale. All fits are
+//! deterministic.
 
 use serde::{Deserialize, Serialize};
 

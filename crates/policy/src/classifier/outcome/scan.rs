@@ -141,16 +141,10 @@ impl Scan {
             let b = t[i];
             if line_start {
                 line_start = false;
-                line.indented = t[i..].starts_with(b"  ") || b == b'\t';
-                if is_option_letter(t, i) {
-                    line.option = true;
-                    line.option_digit = false;
-                    line.last = b' ';
-                    self.options += 1;
+                if self.start_line(t, i, &mut line) {
                     i += 3;
                     continue;
                 }
-                self.list_items += u32::from(is_list_item(&t[i..]));
             }
             if b.is_ascii_digit() {
                 i = self.number(t, i, &mut line, after_number);
@@ -158,23 +152,7 @@ impl Scan {
                 continue;
             }
             if is_word_byte(b) {
-                let start = i;
-                // The first eight bytes, lowercased, as one number: the word lists compare
-                // numbers, not strings (this pass is on the request path).
-                let mut key = 0u64;
-                while i < t.len() && is_word_byte(t[i]) {
-                    if i - start < 8 {
-                        key |= u64::from(t[i] | 0x20) << (8 * (i - start));
-                    }
-                    i += 1;
-                }
-                self.word(
-                    &t[start..i],
-                    key,
-                    t.get(i..).unwrap_or_default(),
-                    line.option,
-                );
-                line.last = t[i - 1];
+                i = self.read_word(t, i, &mut line);
                 after_number = false;
                 continue;
             }
@@ -195,6 +173,39 @@ impl Scan {
             after_number = false;
         }
         self.end_line(line);
+    }
+
+    /// Notes what the line starting at `i` is: indented, an item of a list, or an answer
+    /// choice (true: its three bytes of label are read).
+    fn start_line(&mut self, t: &[u8], i: usize, line: &mut Line) -> bool {
+        line.indented = t[i..].starts_with(b"  ") || t[i] == b'\t';
+        if is_option_letter(t, i) {
+            line.option = true;
+            line.option_digit = false;
+            line.last = b' ';
+            self.options += 1;
+            return true;
+        }
+        self.list_items += u32::from(is_list_item(&t[i..]));
+        false
+    }
+
+    /// Reads the word starting at `i`; returns where it ends.
+    fn read_word(&mut self, t: &[u8], mut i: usize, line: &mut Line) -> usize {
+        let start = i;
+        // The first eight bytes, lowercased, as one number: the word lists compare numbers,
+        // not strings (this pass is on the request path).
+        let mut key = 0u64;
+        while i < t.len() && is_word_byte(t[i]) {
+            if i - start < 8 {
+                key |= u64::from(t[i] | 0x20) << (8 * (i - start));
+            }
+            i += 1;
+        }
+        let rest = t.get(i..).unwrap_or_default();
+        self.word(&t[start..i], key, rest, line.option);
+        line.last = t[i - 1];
+        i
     }
 
     /// Reads the number starting at `i`; returns where it ends.
