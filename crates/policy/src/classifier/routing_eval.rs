@@ -239,25 +239,11 @@ pub fn cross_validate(
         let (by, groups) = held_out_groups(records, &members, seed);
         let mut folds = Vec::new();
         for (name, held) in &groups {
-            let prompts: HashSet<&str> = held.iter().map(|&i| records[i].prompt_key()).collect();
-            let train: Vec<OutcomeExample<'_>> = records
-                .iter()
-                .zip(&examples)
-                .enumerate()
-                .filter(|(i, (r, _))| {
-                    held.binary_search(i).is_err() && !prompts.contains(r.prompt_key())
-                })
-                .map(|(_, (_, e))| *e)
-                .collect();
-            let head = fit_examples(&train);
-            let held_records: Vec<&OutcomeRecord> = held.iter().map(|&i| &records[i]).collect();
-            let scores: Vec<f64> = held
-                .iter()
-                .map(|&i| head.logit(&examples[i].inputs, examples[i].task_class))
-                .collect();
+            let scores = score_held_out(records, &examples, held);
             for (&i, &s) in held.iter().zip(&scores) {
                 held_out_scores[i] = s;
             }
+            let held_records: Vec<&OutcomeRecord> = held.iter().map(|&i| &records[i]).collect();
             let curve = routing_curve(&scores, &held_records);
             let counted = leads_enough(&held_records);
             folds.push(FoldReport {
@@ -288,6 +274,32 @@ pub fn cross_validate(
         records: records.len(),
         sources,
     }
+}
+
+/// The logits of the records at `held` (sorted) by a head fitted to the others
+/// ([`trained_on`]).
+fn score_held_out(
+    records: &[OutcomeRecord],
+    examples: &[OutcomeExample<'_>],
+    held: &[usize],
+) -> Vec<f64> {
+    let train: Vec<OutcomeExample<'_>> = trained_on(records, held)
+        .into_iter()
+        .map(|i| examples[i])
+        .collect();
+    let head = fit_examples(&train);
+    held.iter()
+        .map(|&i| head.logit(&examples[i].inputs, examples[i].task_class))
+        .collect()
+}
+
+/// The records a head that scores those at `held` (sorted) may learn from: every other one
+/// whose prompt is none of theirs, whatever its source.
+fn trained_on(records: &[OutcomeRecord], held: &[usize]) -> Vec<usize> {
+    let prompts: HashSet<&str> = held.iter().map(|&i| records[i].prompt_key()).collect();
+    (0..records.len())
+        .filter(|i| held.binary_search(i).is_err() && !prompts.contains(records[*i].prompt_key()))
+        .collect()
 }
 
 /// The held-out groups of one source's records (`members`, in order): its categories, or
@@ -431,6 +443,31 @@ mod tests {
         const { assert!(86.0 / 100.0 - 81.0 / 100.0 < MIN_GAP) };
         assert!(leads(of(86, 81)));
         assert!(!leads(of(85, 81)));
+    }
+
+    /// The same prompt answered by two model pairs is one prompt: holding it out of one pair's
+    /// file holds it out of the other's too. A traffic record without text is its own prompt.
+    #[test]
+    fn a_held_out_prompt_is_held_out_of_every_source() {
+        let mut records: Vec<OutcomeRecord> = (0..6).map(|i| record(i, false, true)).collect();
+        for r in &mut records[3..] {
+            r.source = "other pair".into();
+        }
+        // Records 0 and 3, 1 and 4 share their prompts; 2 and 5 do not.
+        records[3].prompt = records[0].prompt.clone();
+        records[4].prompt = records[1].prompt.clone();
+        records.push(OutcomeRecord {
+            prompt: String::new(),
+            ..record(6, true, true)
+        });
+        records.push(OutcomeRecord {
+            prompt: String::new(),
+            ..record(7, true, true)
+        });
+        assert_eq!(trained_on(&records, &[0]), vec![1, 2, 4, 5, 6, 7]);
+        assert_eq!(trained_on(&records, &[1, 2]), vec![0, 3, 5, 6, 7]);
+        assert_eq!(trained_on(&records, &[6]), vec![0, 1, 2, 3, 4, 5, 7]);
+        assert_eq!(records[0].fold(0, 5), records[3].fold(0, 5));
     }
 
     #[test]
