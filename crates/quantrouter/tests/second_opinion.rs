@@ -27,7 +27,10 @@ const CHEAP: &str = "llama8b-fp8";
 fn faults(delay_ms: u64, quantities_over: Option<u32>) -> Faults {
     Faults {
         delay_ms,
-        wrong_when: Some(WrongWhen { quantities_over }),
+        wrong_when: Some(WrongWhen {
+            quantities_over,
+            ..WrongWhen::default()
+        }),
         ..Faults::default()
     }
 }

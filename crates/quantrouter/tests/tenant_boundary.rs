@@ -754,6 +754,7 @@ async fn the_second_opinion_asks_only_a_profile_the_tenant_may_use() {
     rater.set_faults(Faults {
         wrong_when: Some(WrongWhen {
             quantities_over: Some(4),
+            ..WrongWhen::default()
         }),
         ..Faults::default()
     });

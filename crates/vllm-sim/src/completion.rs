@@ -140,18 +140,27 @@ async fn prepare(
     let known = answers::lookup(request.user_text.as_deref());
     let class = known.map_or(TaskClass::General, |k| k.class());
     let (hash, seed) = (request.digest.hash(), state.config.seed);
-    // A word problem under `wrong_when`: its numbers decide, not a draw.
+    // A word problem under `wrong_when`: its numbers decide, not a draw; a request without
+    // numbers, its listed items when the rule counts them.
+    let text = request.user_text.as_deref().unwrap_or_default();
     let numbers = match (known, plan.wrong_when) {
-        (None, Some(_)) => answers::quantities(request.user_text.as_deref().unwrap_or_default()),
+        (None, Some(_)) => answers::quantities(text),
         _ => Vec::new(),
     };
     let rated = answers::is_rating(&request.cache_text);
     let by_rule = !numbers.is_empty() && !rated;
-    let wrong = match by_rule {
-        true => plan
+    let by_items = match (known, plan.wrong_when) {
+        (None, Some(rule)) if numbers.is_empty() && !rated && rule.items_over.is_some() => {
+            Some(rule.wrong_items(answers::list_items(text)))
+        }
+        _ => None,
+    };
+    let wrong = match (by_rule, by_items) {
+        (true, _) => plan
             .wrong_when
             .is_some_and(|rule| rule.wrong(numbers.len())),
-        false => answers::answers_wrong(hash, seed, plan.wrong_rate.of(class)),
+        (false, Some(wrong)) => wrong,
+        (false, None) => answers::answers_wrong(hash, seed, plan.wrong_rate.of(class)),
     };
     if plan.acts() || wrong {
         state
@@ -168,8 +177,7 @@ async fn prepare(
         .map(|cap| cap.saturating_add(u64::from(request.continued)));
     let generation = match known {
         _ if rated => {
-            let text = request.user_text.as_deref().unwrap_or_default();
-            let digit = answers::rating(answers::quantities(text).len(), plan.wrong_when);
+            let digit = answers::rating(text, plan.wrong_when);
             Generation::fixed(digit.to_string(), max_tokens)
         }
         _ if by_rule && !plan.degenerate => Generation::fixed(

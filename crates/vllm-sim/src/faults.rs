@@ -64,12 +64,16 @@ pub enum StreamBreak {
     ErrorEvent,
 }
 
-/// `wrong_when`: the conditions under which a word problem is answered wrongly (any one).
+/// `wrong_when`: the conditions under which a word problem, or a request without numbers,
+/// is answered wrongly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WrongWhen {
     /// Wrong when the last user message holds more than this many numbers.
     pub quantities_over: Option<u32>,
+    /// Wrong when the last user message holds no numbers and lists more than this many
+    /// items (lines starting `- ` or `* `): an open-ended request with many requirements.
+    pub items_over: Option<u32>,
 }
 
 /// Why a fault set was rejected.
@@ -190,6 +194,12 @@ impl WrongWhen {
     pub(crate) fn wrong(&self, quantities: usize) -> bool {
         self.quantities_over
             .is_some_and(|limit| quantities > limit as usize)
+    }
+
+    /// Whether the rule makes the answer to a message without numbers that lists `items`
+    /// items wrong.
+    pub(crate) fn wrong_items(&self, items: usize) -> bool {
+        self.items_over.is_some_and(|limit| items > limit as usize)
     }
 }
 

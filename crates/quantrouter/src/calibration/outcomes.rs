@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(back.source, "traffic");
         assert_eq!(back.category, "math");
         assert_eq!(back.task_class, Some(TaskClass::Math));
-        assert!(!back.weak_correct && back.strong_correct);
+        assert_eq!(back.verdicts.scores(), (0.0, 1.0));
         let inputs = OutcomeInputs::of_text("Ann has 3 apples and buys 4 more. How many?", 4096);
         assert_eq!(back.inputs, Some(inputs));
         assert!(back.prompt.is_empty());
