@@ -24,11 +24,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 
 use crate::features::{Prompt, Role};
-use crate::profile::ProfileIndex;
+use crate::profile::{Affinity, ProfileIndex};
 use crate::select::{Reason, RoutingDecision};
 
 /// Prompt bytes per prefix block: 16 tokens (vLLM's default block size) at the usual four
@@ -43,33 +43,6 @@ pub const MAX_PREFIX_BYTES: usize = 32 * 1024;
 /// what one 80 GB GPU's KV cache holds for an 8B model. Remembering more than the server
 /// can hold would promise hits it has evicted.
 pub const DEFAULT_TABLE_BLOCKS: usize = 16 * 1024;
-
-/// `policy.affinity`: how strongly requests stick to where their cache is.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Affinity {
-    /// A prompt's cached prefix may send it to an endpoint whose load is at most this many
-    /// times the least loaded endpoint's (and always to one with a single request more).
-    pub max_load_factor: f64,
-    /// What a block of the prompt the endpoint must compute weighs against a block of
-    /// prefill already queued there: above 1, because a recomputed prefix also delays
-    /// whatever queues behind it and leaves the cached copy unused.
-    pub recompute_weight: f64,
-    /// Keep a conversation on the profile its earlier turns used while that profile meets
-    /// the new turn's constraints.
-    pub session: bool,
-}
-
-/// `upstream.balance`: how a request picks one endpoint of a profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Balance {
-    /// The endpoint most likely to hold the prompt's prefix, within the load bound.
-    #[default]
-    Prefix,
-    /// The less loaded of two random endpoints (power of two choices).
-    LeastLoad,
-}
 
 /// What the router knows of one endpoint when choosing where a prompt goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -160,42 +133,6 @@ struct BlockHasher {
 
 /// FxHash's multiplier: one multiply per word mixes well enough for table keys.
 const MIX: u64 = 0x517c_c1b7_2722_0a95;
-
-// === impl Affinity ===
-
-impl Default for Affinity {
-    /// 1.5: a cached prefix is worth queueing behind half as many requests again as the
-    /// least loaded endpoint has (prefill saved against queue wait), not more — the bound
-    /// under which a hot prefix's max/mean replica load stays at 1.5. Recompute weight 4:
-    /// a conversation leaves its cache only for a queue several times its own prefill, so
-    /// moves stay rare and the hit rate stays; at 1 every move that helps one turn costs
-    /// the turns behind it more (docs/routing.md). Sessions on: a turn that moves tier
-    /// recomputes the whole conversation.
-    fn default() -> Self {
-        Self {
-            max_load_factor: 1.5,
-            recompute_weight: 4.0,
-            session: true,
-        }
-    }
-}
-
-impl Affinity {
-    pub(crate) fn check(&self, err: &mut impl FnMut(String, &str)) {
-        if !(self.max_load_factor >= 1.0 && self.max_load_factor.is_finite()) {
-            err(
-                "policy.affinity.max_load_factor".into(),
-                "must be a number >= 1",
-            );
-        }
-        if !(self.recompute_weight >= 1.0 && self.recompute_weight.is_finite()) {
-            err(
-                "policy.affinity.recompute_weight".into(),
-                "must be a number >= 1",
-            );
-        }
-    }
-}
 
 // === impl KeyScope ===
 

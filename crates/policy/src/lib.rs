@@ -41,8 +41,8 @@ pub mod wait_queue;
 
 pub use affinity::{
     choose_endpoint, conversation_key, prefer_session, prefix_blocks, prompt_blocks, remembers,
-    Affinity, AffinityUse, Balance, Conversation, EndpointChoice, EndpointLoad, KeyScope,
-    PrefixTable, DEFAULT_TABLE_BLOCKS, MAX_PREFIX_BYTES, PREFIX_BLOCK_BYTES,
+    AffinityUse, Conversation, EndpointChoice, EndpointLoad, KeyScope, PrefixTable,
+    DEFAULT_TABLE_BLOCKS, MAX_PREFIX_BYTES, PREFIX_BLOCK_BYTES,
 };
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use calibration::{sampled, AgreementTally, CostWindow, QualityEstimate};
@@ -51,11 +51,11 @@ pub use classifier::{
 };
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
-    ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, OutcomeSink,
-    OutputCeiling, Policy, Profile, ProfileIndex, ProfileSet, ProfileSetError, Quality,
-    QualityFallback, QueueMetrics, RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream,
-    StreamCheck, StreamResume, Transport, Upstream, UpstreamApi, ValidationErrors, Weights,
-    MAX_VERSION,
+    Affinity, ApiKeySource, Balance, Calibration, ComplexityWeights, FieldError, Latency, Mode,
+    OutcomeSink, OutputCeiling, Policy, Profile, ProfileIndex, ProfileSet, ProfileSetError,
+    Quality, QualityFallback, QueueMetrics, RequiredQuality, SecondOpinion, ServiceUpstream,
+    StaticUpstream, StreamCheck, StreamResume, Transport, Upstream, UpstreamApi, ValidationErrors,
+    Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,

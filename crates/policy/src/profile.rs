@@ -8,7 +8,6 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::affinity::{Affinity, Balance};
 use crate::features::TaskClass;
 
 /// A profile's position in its [`ProfileSet`]: what a decision names, and what everything
@@ -128,6 +127,33 @@ pub struct OutputCeiling {
 pub struct StreamResume {
     /// Continuations one stream may get; 0 turns resumption off.
     pub max_resumes: u32,
+}
+
+/// `policy.affinity`: how strongly requests stick to where their cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Affinity {
+    /// A prompt's cached prefix may send it to an endpoint whose load is at most this many
+    /// times the least loaded endpoint's (and always to one with a single request more).
+    pub max_load_factor: f64,
+    /// What a block of the prompt the endpoint must compute weighs against a block of
+    /// prefill already queued there: above 1, because a recomputed prefix also delays
+    /// whatever queues behind it and leaves the cached copy unused.
+    pub recompute_weight: f64,
+    /// Keep a conversation on the profile its earlier turns used while that profile meets
+    /// the new turn's constraints.
+    pub session: bool,
+}
+
+/// `upstream.balance`: how a request picks one endpoint of a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// The endpoint most likely to hold the prompt's prefix, within the load bound.
+    #[default]
+    Prefix,
+    /// The less loaded of two random endpoints (power of two choices).
+    LeastLoad,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -653,6 +679,42 @@ impl Default for OutputCeiling {
         Self {
             apis: vec![UpstreamApi::Messages, UpstreamApi::Responses],
             prompt_margin: 0.1,
+        }
+    }
+}
+
+// === impl Affinity ===
+
+impl Default for Affinity {
+    /// 1.5: a cached prefix is worth queueing behind half as many requests again as the
+    /// least loaded endpoint has (prefill saved against queue wait), not more — the bound
+    /// under which a hot prefix's max/mean replica load stays at 1.5. Recompute weight 4:
+    /// a conversation leaves its cache only for a queue several times its own prefill, so
+    /// moves stay rare and the hit rate stays; at 1 every move that helps one turn costs
+    /// the turns behind it more (docs/routing.md). Sessions on: a turn that moves tier
+    /// recomputes the whole conversation.
+    fn default() -> Self {
+        Self {
+            max_load_factor: 1.5,
+            recompute_weight: 4.0,
+            session: true,
+        }
+    }
+}
+
+impl Affinity {
+    pub(crate) fn check(&self, err: &mut impl FnMut(String, &str)) {
+        if !(self.max_load_factor >= 1.0 && self.max_load_factor.is_finite()) {
+            err(
+                "policy.affinity.max_load_factor".into(),
+                "must be a number >= 1",
+            );
+        }
+        if !(self.recompute_weight >= 1.0 && self.recompute_weight.is_finite()) {
+            err(
+                "policy.affinity.recompute_weight".into(),
+                "must be a number >= 1",
+            );
         }
     }
 }
