@@ -18,11 +18,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::data::{Difficulty, LabelledPrompt, Split};
-use super::eval::{EvalSummary, LosoSummary};
 use super::grams::{DENSE, DENSE_FEATURES};
+use super::metrics::{EvalSummary, LosoSummary, OutcomeCrossValidation};
 use super::outcome::OutcomeHead;
-use super::routing_eval::OutcomeCrossValidation;
-use super::{Classifier, CLASSES, LABELS, OUTPUTS, TASK_CLASSES};
+use super::{Classifier, CLASSES, DEFAULT_CLASSIFIER, LABELS, OUTPUTS, TASK_CLASSES};
 use crate::features::TaskClass;
 
 /// The one format this binary reads and writes.
@@ -360,6 +359,15 @@ fn digest(features: &FeatureSettings, weights: &EncodedWeights) -> String {
 }
 
 const _: () = assert!(CLASSES + LABELS == OUTPUTS);
+
+// === impl Classifier ===
+
+impl Classifier {
+    /// The built-in model.
+    pub fn builtin() -> Result<Self, ClassifierError> {
+        ClassifierDocument::from_json(DEFAULT_CLASSIFIER)?.classifier()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -8,9 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
 use super::data::{Difficulty, LabelledPrompt, Split};
+use super::metrics::{EvalSummary, LosoSummary, SourceReport};
 use super::train::{fit, TrainOptions};
 use super::{Classifier, CLASSES, TASK_CLASSES};
 use crate::audit::{AuditReport, LabelledText};
@@ -33,41 +32,6 @@ pub struct ClassReport {
     pub correct: usize,
     /// `confusion[labelled][predicted]`, in [`TASK_CLASSES`] order.
     pub confusion: [[usize; CLASSES]; CLASSES],
-}
-
-/// The headline numbers of an evaluation, kept in a model's metrics.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EvalSummary {
-    pub prompts: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_class_accuracy: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heavy_to_cheapest: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub light_to_cheapest: Option<f64>,
-}
-
-/// One held-out source.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SourceReport {
-    pub source: String,
-    #[serde(flatten)]
-    pub summary: EvalSummary,
-}
-
-/// Leave-one-source-out: every source measured by a model trained without it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LosoSummary {
-    pub sources: Vec<SourceReport>,
-    /// Mean over the sources that have heavy prompts, and the worst of them.
-    pub mean_heavy_to_cheapest: f64,
-    pub worst_heavy_to_cheapest: f64,
-    /// Mean over the sources that have light prompts, and the worst of them.
-    pub mean_light_to_cheapest: f64,
-    pub worst_light_to_cheapest: f64,
 }
 
 /// Routes every prompt with `classifier` (none: the structural score alone) and compares

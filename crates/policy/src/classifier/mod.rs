@@ -23,13 +23,17 @@ mod document;
 mod eval;
 mod grams;
 mod lexicon;
+mod metrics;
 mod outcome;
 mod routing_eval;
 mod train;
 
 pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
-pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
+pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport};
+pub use metrics::{
+    FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, SourceReport,
+};
 pub use outcome::{
     fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, DegenerateHead,
     LinearRow, OutcomeExample, OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree,
@@ -37,7 +41,7 @@ pub use outcome::{
 };
 pub use routing_eval::{
     check_fit, complexity_scores, cross_validate, length_scores, random_scores, routing_curve,
-    FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
+    FOLDS, MIN_GAP,
 };
 pub use train::{fit, retrain_outcomes, train, train_with_outcomes, TrainOptions};
 
@@ -122,11 +126,6 @@ pub fn score(
 // === impl Classifier ===
 
 impl Classifier {
-    /// The built-in model.
-    pub fn builtin() -> Result<Self, ClassifierError> {
-        ClassifierDocument::from_json(DEFAULT_CLASSIFIER)?.classifier()
-    }
-
     /// Scores a prompt whose structural `features` were extracted with a scoring window of
     /// `window` bytes.
     pub fn classify(
@@ -184,19 +183,6 @@ impl Classifier {
                 category: &r.category,
             })
             .collect()
-    }
-
-    /// The outcome head against the records it was fitted to ([`check_fit`]): its APGR on
-    /// them, or why it must not be used. A model without a head passes.
-    pub fn check_outcome_fit(
-        &self,
-        records: &[OutcomeRecord],
-        window: usize,
-    ) -> Result<Option<f64>, DegenerateHead> {
-        match &self.outcome {
-            Some(head) => check_fit(head, &self.outcome_examples(records, window)),
-            None => Ok(None),
-        }
     }
 
     fn task_class(&self, prompt: &Prompt<'_>, window: usize) -> TaskClass {

@@ -5,9 +5,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use serde::{Deserialize, Serialize};
-
 use super::data::hash;
+use super::metrics::{FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation};
 use super::outcome::{
     fit_examples, DegenerateHead, OutcomeExample, OutcomeHead, OutcomeRecord, Verdicts,
 };
@@ -17,56 +16,6 @@ use crate::profile::ComplexityWeights;
 
 /// Folds of a benchmark that has a single category.
 pub const FOLDS: u64 = 5;
-
-/// The routing curve of one score over a set of records.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RoutingCurve {
-    pub prompts: usize,
-    /// Accuracy with every prompt on the cheap model, and on the reference.
-    pub cheap_accuracy: f64,
-    pub reference_accuracy: f64,
-    /// `(share of reference calls, accuracy)`, by share.
-    pub points: Vec<(f64, f64)>,
-    /// `None` when the reference is no better than the cheap model (no gap to recover).
-    pub apgr: Option<f64>,
-    pub cpt50: Option<f64>,
-    pub cpt80: Option<f64>,
-}
-
-/// One held-out group of a cross-validation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FoldReport {
-    pub held_out: String,
-    pub prompts: usize,
-    pub apgr: Option<f64>,
-}
-
-/// Held-out figures of one benchmark (source).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SourceCrossValidation {
-    pub source: String,
-    /// `category` (one model per held-out category) or [`FOLDS`] folds (a single category).
-    pub by: String,
-    pub folds: Vec<FoldReport>,
-    /// Mean over folds whose reference is better than the cheap model by at least
-    /// [`MIN_GAP`] (smaller gaps make a fold's APGR a ratio of noise).
-    pub mean_apgr: Option<f64>,
-    /// APGR of the held-out scores of the whole benchmark, pooled.
-    pub pooled: RoutingCurve,
-    /// The same benchmark by prompt length alone.
-    pub length: RoutingCurve,
-    /// By the model's complexity, when a model was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub complexity: Option<RoutingCurve>,
-}
-
-/// The whole cross-validation, kept in a model's metrics.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct OutcomeCrossValidation {
-    pub records: usize,
-    pub sources: Vec<SourceCrossValidation>,
-}
 
 /// Smallest reference-over-cheap accuracy gap a fold needs to count in the mean.
 pub const MIN_GAP: f64 = 0.05;
@@ -387,6 +336,23 @@ impl std::fmt::Display for OutcomeCrossValidation {
             }
         }
         Ok(())
+    }
+}
+
+// === impl Classifier ===
+
+impl Classifier {
+    /// The outcome head against the records it was fitted to ([`check_fit`]): its APGR on
+    /// them, or why it must not be used. A model without a head passes.
+    pub fn check_outcome_fit(
+        &self,
+        records: &[OutcomeRecord],
+        window: usize,
+    ) -> Result<Option<f64>, DegenerateHead> {
+        match &self.outcome {
+            Some(head) => check_fit(head, &self.outcome_examples(records, window)),
+            None => Ok(None),
+        }
     }
 }
 
