@@ -292,3 +292,43 @@ async fn the_subset_hint_limits_the_endpoints_the_picker_chooses_from() {
     assert_eq!(refused["status"], 503, "{refused}");
     assert_eq!(refused["error"]["type"], "server_error", "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_choose_where_envoy_sends_or_retries_its_request() {
+    // One enabled tier, failing: the picker has no fallback to name, so Envoy's retry goes
+    // wherever the fallback header says — which must never be the client's choice.
+    let (mut set, sims) = sim_tiers(Duration::ZERO).await;
+    for profile in &mut set.profiles[1..] {
+        profile.enabled = false;
+    }
+    sims[0].set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 503,
+        ..Faults::default()
+    });
+    let (elsewhere, received) = support::capture_upstream().await;
+    let elsewhere = elsewhere.trim_start_matches("http://").to_owned();
+    let router = picker(set, |_| {}).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let body = serde_json::json!({"model": "auto", "max_tokens": 8,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let url = format!("{}/chat/completions", envoy.base_url());
+    let steered = send(
+        &client(),
+        "POST",
+        &url,
+        &body.to_string(),
+        &[
+            ("content-type", "application/json"),
+            ("x-gateway-destination-endpoint", &elsewhere),
+            ("x-gateway-destination-endpoint-fallback", &elsewhere),
+        ],
+    )
+    .await;
+    assert_eq!(steered.status, 503, "{:?}", steered.body);
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "the client's chosen endpoint got the request"
+    );
+    assert!(sims[0].stats().requests >= 1, "the picked tier was tried");
+}

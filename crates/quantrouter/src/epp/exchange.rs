@@ -419,6 +419,9 @@ impl Exchange {
         let strip_usage = parsed.adds_usage();
         let upstream_body = parsed.upstream_body(&body, &runtime.model_json);
         let mut mutation = HeaderMutation::default();
+        // Envoy trusts these headers as they are (ORIGINAL_DST): a client's own would choose
+        // where its request, or its retry, goes. Removals apply before the picker's sets.
+        mutation.remove_headers = client_destinations(&head.headers);
         let mut lb = BTreeMap::new();
         mutation
             .set_headers
@@ -773,6 +776,15 @@ fn split_headers(
         }
     }
     (pseudo, map)
+}
+
+/// Every `x-gateway-destination-endpoint*` header the client sent, by name.
+fn client_destinations(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .keys()
+        .filter(|name| name.as_str().starts_with(DESTINATION_ENDPOINT))
+        .map(|name| name.as_str().to_owned())
+        .collect()
 }
 
 /// The subset hint: the endpoints Envoy allows for this request.
