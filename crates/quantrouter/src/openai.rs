@@ -497,16 +497,42 @@ impl<'a> ParsedRequest<'a> {
         chat_api && self.stream && !self.has_stream_options
     }
 
+    /// The body for upstream: see [`BodyRewrite::apply`].
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
+        self.rewrite().apply(body, model_json)
+    }
+
+    /// What [`Self::upstream_body`] changes in the body, owned: for the phases after routing,
+    /// which keep the body but not its parse.
+    pub fn rewrite(&self) -> BodyRewrite {
+        BodyRewrite {
+            model_span: self.model_span.clone(),
+            add_usage: self.adds_usage(),
+        }
+    }
+}
+
+/// Where a parsed body's `model` is, and whether a usage chunk is asked for: all it takes
+/// to write the body a profile is sent.
+#[derive(Debug, Clone)]
+pub struct BodyRewrite {
+    /// Byte range of the `model` value (including quotes) in the body.
+    model_span: Range<usize>,
+    /// `"stream_options":{"include_usage":true}` goes in ([`ParsedRequest::adds_usage`]).
+    add_usage: bool,
+}
+
+impl BodyRewrite {
     /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
     /// and, for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
     /// added first, so token counts arrive. Every other byte is unchanged; no copy when
-    /// nothing changes.
-    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
+    /// nothing changes. `body` is the one this rewrite was parsed from.
+    pub fn apply(&self, body: &Bytes, model_json: &str) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
         let span = self.model_span.clone();
         let same_model = &body[span.clone()] == model_json.as_bytes();
         // Parsing succeeded, so the first non-space byte is the object's `{`.
-        let insert_at = match self.adds_usage() {
+        let insert_at = match self.add_usage {
             true => body.iter().position(|b| *b == b'{').map(|i| i + 1),
             false => None,
         };
@@ -524,6 +550,27 @@ impl<'a> ParsedRequest<'a> {
         out.extend_from_slice(model_json.as_bytes());
         out.extend_from_slice(&body[span.end..]);
         out.freeze()
+    }
+
+    /// Whether a usage chunk the client did not ask for is added (and must be cut from the
+    /// stream on its way back).
+    pub fn adds_usage(&self) -> bool {
+        self.add_usage
+    }
+
+    /// Asks for no usage chunk: for a door that cannot cut it from the stream.
+    pub fn without_usage(self) -> Self {
+        Self {
+            add_usage: false,
+            ..self
+        }
+    }
+
+    /// The `model` the client named, decoded from `body` (the one this was parsed from).
+    pub fn model(&self, body: &[u8]) -> String {
+        body.get(self.model_span.clone())
+            .and_then(|raw| serde_json::from_slice(raw).ok())
+            .unwrap_or_default()
     }
 }
 

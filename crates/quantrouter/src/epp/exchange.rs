@@ -27,12 +27,11 @@ use super::proto::ext_proc::{
 use super::proto::BodySendMode;
 use crate::app::App;
 use crate::openai::{find_usage, ApiError, Endpoint, ParsedRequest, Usage};
+use crate::pipeline::{self as proxy, DecisionLog, Ledger};
 use crate::profiles::Snapshot;
 use crate::resilience::CircuitState;
 use crate::resilience::{Overloaded, Permit};
 use crate::routing::{self, PromptSize, RouteInput};
-use crate::server::bookkeeping::Ledger;
-use crate::server::proxy::{self, DecisionLog};
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::{ActiveTenant, Grant};
 use crate::upstream::{is_event_stream, BodyEnd, EventScan, InflightGuard, Outcome, Pick};

@@ -6,71 +6,36 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
+use http::{header, Method, Request, Response};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::context::RequestId;
 use super::proxy::proxy;
-use super::{App, ResponseBody, REQUEST_ID};
-use crate::apis::relay::{relay, OnStored};
+use super::{App, ResponseBody};
+use crate::apis::relay::relay;
 use crate::apis::AgentApi;
 use crate::openai::ApiError;
-use crate::routing::PROFILE_HEADER;
+use crate::pipeline::{self, RequestId, REQUEST_ID};
 
 /// `POST /v1/messages` or `POST /v1/responses`.
 pub(super) async fn create(
     app: &Arc<App>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     api: AgentApi,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    // Anthropic's clients send their key as `x-api-key`.
-    if !req.headers().contains_key(header::AUTHORIZATION) {
-        if let Some(key) = req.headers().get("x-api-key").cloned() {
-            let bearer = [b"Bearer ".as_slice(), key.as_bytes()].concat();
-            if let Ok(value) = HeaderValue::from_bytes(&bearer) {
-                req.headers_mut().insert(header::AUTHORIZATION, value);
-            }
-        }
-    }
     let response = proxy(app, req, api.endpoint()).await?;
     let on_stored = match api {
-        AgentApi::Responses => on_stored(app, response.headers()),
+        AgentApi::Responses => pipeline::on_stored(app, response.headers()),
         AgentApi::Messages => None,
     };
     Ok(relay(response, api, on_stored))
-}
-
-/// Remembers which profile stored a native Responses answer.
-fn on_stored(app: &Arc<App>, headers: &HeaderMap) -> Option<OnStored> {
-    let profile = headers.get(PROFILE_HEADER)?.to_str().ok()?.to_owned();
-    let store = Arc::clone(&app.responses);
-    Some(Box::new(move |id| store.remember(id, profile)))
 }
 
 /// The id in `/v1/responses/{id}`.
 pub(super) fn stored_id(path: &str) -> Option<&str> {
     path.strip_prefix("/v1/responses/")
         .filter(|id| !id.is_empty() && !id.contains('/'))
-}
-
-/// A follow-up (`previous_response_id`) is pinned to the profile that stored the response
-/// it continues; one the router cannot place is refused, not sent where it would fail.
-pub(super) async fn place_follow_up(
-    app: &App,
-    headers: &mut HeaderMap,
-    previous: &str,
-) -> Result<(), ApiError> {
-    let profile = app
-        .responses
-        .profile_of(previous)
-        .await
-        .ok_or_else(|| ApiError::ResponseNotFound(previous.to_owned()))?;
-    let value = HeaderValue::from_str(&profile)
-        .map_err(|_| ApiError::ResponseNotFound(previous.to_owned()))?;
-    headers.insert(PROFILE_HEADER, value);
-    Ok(())
 }
 
 /// `GET` or `DELETE /v1/responses/{id}`: asked of the profile that stored the response.

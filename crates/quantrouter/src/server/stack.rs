@@ -19,10 +19,10 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
 use super::connections::Conn;
-use super::context::RequestId;
 use super::delivery::{self, Delivered};
-use super::{proxy, App, ResponseBody, REQUEST_ID};
+use super::{proxy, App, ResponseBody};
 use crate::openai::{ApiError, Endpoint};
+use crate::pipeline::{RequestId, REQUEST_ID};
 use crate::telemetry;
 use crate::traces::RequestTrace;
 
@@ -103,17 +103,15 @@ where
 /// Layer 2: every request has an id, and every response says it.
 async fn request_id<S>(
     app: Arc<App>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     next: S,
 ) -> Result<Response<ResponseBody>, Infallible>
 where
     S: Service<Request<Incoming>, Response = Response<ResponseBody>, Error = Infallible>,
 {
-    let id = match req.headers().get(&REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => app.next_request_id(),
-    };
-    req.extensions_mut().insert(RequestId(id.clone()));
+    let (mut parts, body) = req.into_parts();
+    let id = RequestId::assign(&mut parts, || app.next_request_id());
+    let req = Request::from_parts(parts, body);
     let Ok(mut response) = next.oneshot(req).await;
     response.headers_mut().insert(REQUEST_ID, id);
     Ok(response)
