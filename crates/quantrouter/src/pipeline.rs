@@ -18,6 +18,7 @@
 //! door's: the HTTP port's [`crate::resilience::retry::Forwarder`] with its retries and
 //! fallbacks, or the Gateway's own connection to the endpoint the picker named.
 
+mod admission;
 mod bookkeeping;
 mod context;
 mod decision;
@@ -29,28 +30,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap};
+use http::{header, HeaderMap, Response};
+use http_body_util::Full;
 use quantrouter_policy::limits::Reservation;
 use quantrouter_policy::ProfileIndex;
 use tokio::time::Instant;
 
 use crate::apis::AgentApi;
 use crate::app::App;
-use crate::openai::{ApiError, ParsedRequest};
+use crate::openai::{ApiError, Endpoint as Api, ParsedRequest};
 use crate::profiles::Snapshot;
-use crate::resilience::{Overloaded, Permit};
+use crate::resilience::Permit;
 use crate::telemetry;
 use crate::tenants::{ActiveTenant, Grant};
-use crate::upstream::{Endpoint, Pick, Pool};
+use crate::upstream::{Endpoint, Pick};
 
+pub(crate) use admission::admit_to;
 pub(crate) use bookkeeping::{ledger, AnswerHead, Ledger};
 pub(crate) use context::{Arrival, Door, Received, RequestCtx, Shape};
 pub use context::{RequestId, REQUEST_ID};
 pub(crate) use decision::{wait_for_cold_tier, DecisionLog};
-pub(crate) use headers::{
-    complexity_header, router_headers, strip_client_headers, upstream_headers, Served,
-};
-pub(crate) use stored::on_stored;
+#[cfg(test)]
+pub(crate) use headers::complexity_header;
+pub(crate) use headers::{router_headers, strip_client_headers, upstream_headers, Served};
+pub(crate) use stored::{on_stored, StoredWatch};
 
 /// Step 1: from authentication to the routed request. Refuses an unknown key before the
 /// body is read, and anything the policy, the tenant's limits or the profile set cannot
@@ -142,30 +145,6 @@ pub(crate) async fn admission_slot(
     admit_to(pool, id, priority, queue_timeout.min(until(ctx.deadline))).await
 }
 
-/// [`admission_slot`] for a caller that holds the parts of a context rather than one.
-pub(crate) async fn admit_to(
-    pool: &Pool,
-    profile: &str,
-    priority: i32,
-    queue_timeout: Duration,
-) -> Result<Permit, ApiError> {
-    pool.admission
-        .admit(priority, queue_timeout)
-        .await
-        .map_err(|overloaded| {
-            telemetry::admission_rejected(profile);
-            ApiError::Overloaded {
-                profile: profile.to_owned(),
-                reason: match overloaded {
-                    Overloaded::QueueFull => "the wait queue is full".into(),
-                    Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
-                    Overloaded::Displaced => "a higher-priority request took its place".into(),
-                },
-                retry_after_s: 1,
-            }
-        })
-}
-
 /// Step 2, then: an endpoint of `profile` not yet `tried` and within the door's subset — by
 /// the prompt's cached prefix where the profile balances by prefix, else by load.
 pub(crate) fn pick_endpoint(
@@ -187,6 +166,23 @@ pub(crate) fn pick_endpoint(
         .collect();
     outside.extend(tried.iter().cloned());
     pool.pick_placed(placed, &outside, Instant::now())
+}
+
+/// A refusal, as every door answers it: counted, logged (without what the client sent
+/// unless prompts may be logged), in the API's own error shape — Anthropic's on
+/// `/v1/messages`, OpenAI's elsewhere (`endpoint`: the generation endpoint the request
+/// was for, if any).
+pub(crate) fn refusal(app: &App, error: ApiError, endpoint: Option<Api>) -> Response<Full<Bytes>> {
+    let code = error.kind().1;
+    telemetry::router_error(code);
+    match error.quotes_request() && !app.config.log_prompts {
+        true => tracing::debug!(code, "request refused"),
+        false => tracing::debug!(%error, code, "request refused"),
+    }
+    match endpoint == Some(Api::Messages) {
+        true => crate::apis::anthropic_error_response(error),
+        false => error.into_response(),
+    }
 }
 
 /// The time left until `deadline`.
@@ -246,7 +242,7 @@ fn among(
 /// reserves its worst case — the prompt's estimate (a quarter of its bytes) plus
 /// `max_tokens` for each of its `n` choices, at the dearest profile the tenant may be served
 /// by — settled to what it used when the answer ends.
-pub(crate) async fn admit_tenant(
+async fn admit_tenant(
     app: &App,
     tenant: Option<Arc<ActiveTenant>>,
     parsed: &ParsedRequest<'_>,

@@ -23,7 +23,6 @@ use super::delivery::{self, Delivered};
 use super::{proxy, App, ResponseBody};
 use crate::openai::{ApiError, Endpoint};
 use crate::pipeline::{RequestId, REQUEST_ID};
-use crate::telemetry;
 use crate::traces::RequestTrace;
 
 /// The public port's service for one client connection. Layers, outermost first:
@@ -129,23 +128,13 @@ where
     // An HTTP/1.1 request whose body an early rejection may leave unread.
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     // Anthropic's clients read errors in Anthropic's shape.
-    let anthropic = req.uri().path() == "/v1/messages";
+    let endpoint = Endpoint::of_path(req.uri().path());
     let error = match next.oneshot(req).await {
         Ok(response) => return Ok(response),
         Err(error) => error,
     };
-    let code = error.kind().1;
-    telemetry::router_error(code);
-    // What a client sent can be quoted in the message, prompt text included.
-    match error.quotes_request() && !app.config.log_prompts {
-        true => tracing::debug!(code, "request rejected"),
-        false => tracing::debug!(%error, code, "request rejected"),
-    }
     let close = unread_body && error.before_body();
-    let response = match anthropic {
-        true => crate::apis::anthropic_error_response(error),
-        false => error.into_response(),
-    };
+    let response = crate::pipeline::refusal(&app, error, endpoint);
     let mut response = response.map(Either::Left);
     if close {
         // The body was not read, so the connection cannot carry another request. Say so:
