@@ -3,7 +3,8 @@ standard input, and prints what the client saw, one JSON line each (for tests/do
 
     python doors.py < requests.jsonl
 
-Each request: {"base_url", "api_key", "client": "openai" | "anthropic", "kind": "chat" |
+Each request: {"base_url", "api_key" (sent as `x-api-key` by the anthropic client, a bearer
+token by the openai one), "client": "openai" | "anthropic", "kind": "chat" |
 "stream" | "completion" | "responses" | "messages", "headers": {...}, "body": {...}}; `body`
 holds the create call's arguments. Prints {"status", "headers" (x-quantrouter-* and
 x-ratelimit-*), "text", "id"} for an answer, {"status", "headers", "error"} (the error body
@@ -36,8 +37,14 @@ def send(request):
     body = request["body"]
     kind = request["kind"]
     if request["client"] == "anthropic":
+        # The key as Anthropic's API takes it, and Claude Code sends it: `x-api-key`, not a
+        # bearer token.
         client = anthropic.Anthropic(
-            base_url=request["base_url"], api_key=request["api_key"], max_retries=0, timeout=60
+            base_url=request["base_url"],
+            api_key=None,
+            default_headers={"x-api-key": request["api_key"]},
+            max_retries=0,
+            timeout=60,
         )
         raw = client.messages.with_raw_response.create(**body, extra_headers=headers)
         message = raw.parse()
