@@ -13,7 +13,7 @@ use std::time::Duration;
 use quantrouter::server::Server;
 use quantrouter::tenants::limiter::LimiterConfig;
 use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
-use quantrouter_policy::{hash_key, ProfileSet, StaticUpstream, Upstream};
+use quantrouter_policy::{hash_key, ProfileSet, StaticUpstream, Upstream, UpstreamApi};
 use support::envoy::Envoy;
 use support::{client, loopback, python, send, sim_tiers, start_router, CODE, SIMPLE};
 use vllm_sim::{Faults, SimConfig, SimServer};
@@ -331,4 +331,104 @@ async fn a_client_cannot_choose_where_envoy_sends_or_retries_its_request() {
         "the client's chosen endpoint got the request"
     );
     assert!(sims[0].stats().requests >= 1, "the picked tier was tried");
+}
+
+/// One request with the official clients (`tests/python/doors.py`): what the client saw.
+async fn with_client(request: serde_json::Value) -> serde_json::Value {
+    use tokio::io::AsyncWriteExt as _;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/doors.py");
+    let mut child = tokio::process::Command::new(python())
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{request}\n").as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the client failed: {stdout}");
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn messages(base_url: &str, prompt: &str) -> serde_json::Value {
+    serde_json::json!({"base_url": base_url, "api_key": "unused", "client": "anthropic",
+        "kind": "messages", "headers": {},
+        "body": {"model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": prompt}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_apis_go_through_the_picker_only_to_profiles_that_serve_them_natively() {
+    let (mut set, sims) = sim_tiers(Duration::ZERO).await;
+    // Only the dearest tier says it serves Messages; the HTTP port would translate a simple
+    // prompt to chat for the cheapest, which the Gateway cannot.
+    if let Upstream::Static(upstream) = &mut set.profiles[0].upstream {
+        upstream.apis.push(UpstreamApi::Messages);
+    }
+    let router = picker(set.clone(), |_| {}).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let gateway = format!("http://{}", envoy.listener);
+    let http = format!("http://{}", router.public_addr());
+    let through_http = with_client(messages(&http, SIMPLE)).await;
+    assert_eq!(through_http["status"], 200, "{through_http}");
+    assert_ne!(
+        through_http["headers"]["x-quantrouter-profile"], set.profiles[0].id,
+        "the policy's own pick is another tier: {through_http}"
+    );
+    let before = sims[0].stats().requests;
+    let through_gateway = with_client(messages(&gateway, SIMPLE)).await;
+    assert_eq!(through_gateway["status"], 200, "{through_gateway}");
+    assert_eq!(
+        through_gateway["headers"]["x-quantrouter-profile"], set.profiles[0].id,
+        "{through_gateway}"
+    );
+    assert_eq!(sims[0].stats().requests, before + 1);
+    // Without a native profile: refused before anything is sent, in Anthropic's shape.
+    let responses = serde_json::json!({"base_url": gateway, "api_key": "unused",
+        "client": "openai", "kind": "responses", "headers": {},
+        "body": {"model": "auto", "input": SIMPLE, "max_output_tokens": 8}});
+    let refused = with_client(responses).await;
+    assert_eq!(refused["status"], 400, "{refused}");
+    assert_eq!(refused["error"]["code"], "invalid_request", "{refused}");
+    let mut chat_only = set.clone();
+    for profile in &mut chat_only.profiles {
+        if let Upstream::Static(upstream) = &mut profile.upstream {
+            upstream.apis.retain(|api| *api != UpstreamApi::Messages);
+        }
+    }
+    chat_only.version += 1;
+    let embedded = quantrouter::profiles::SourceKind::Embedded;
+    router.app.store.apply(chat_only, embedded, false).unwrap();
+    let refused = with_client(messages(&gateway, SIMPLE)).await;
+    assert_eq!(refused["status"], 400, "{refused}");
+    assert_eq!(refused["error"]["type"], "error", "{refused}");
+    assert_eq!(
+        refused["error"]["error"]["type"], "invalid_request_error",
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_by_the_picker_with_413_in_the_apis_shape() {
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set, |c| c.body_limit = 1024 * 1024).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    let gateway = format!("http://{}", envoy.listener);
+    let prompt = "Summarise the log below.\n".repeat(90_000);
+    let chat = serde_json::json!({"base_url": gateway, "api_key": "unused", "client": "openai",
+        "kind": "chat", "headers": {},
+        "body": {"model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": prompt}]}});
+    let refused = with_client(chat).await;
+    assert_eq!(refused["status"], 413, "{refused}");
+    assert_eq!(refused["error"]["code"], "request_too_large", "{refused}");
+    let refused = with_client(messages(&gateway, &prompt)).await;
+    assert_eq!(refused["status"], 413, "{refused}");
+    assert_eq!(
+        refused["error"]["error"]["type"], "request_too_large",
+        "{refused}"
+    );
 }
