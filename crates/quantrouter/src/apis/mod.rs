@@ -10,6 +10,7 @@ pub mod messages;
 pub mod relay;
 pub mod responses;
 pub mod stored;
+mod wire;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -20,6 +21,8 @@ use serde_json::{json, Value};
 use crate::openai::{ApiError, Endpoint};
 
 pub use relay::AgentBody;
+pub use wire::Untranslatable;
+pub(crate) use wire::{anthropic_error, check_keys, joined_text};
 
 /// An agent API the router serves on its public port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,11 +41,6 @@ pub struct Translation {
     /// may serve it.
     native_only: bool,
 }
-
-/// A request that has no faithful Chat Completions form; the message names what.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0} cannot be translated to Chat Completions for an upstream without this API")]
-pub struct Untranslatable(pub String);
 
 // === impl AgentApi ===
 
@@ -172,11 +170,6 @@ impl Translation {
 
 /// Anthropic's error `type` for a status (its documented list); the OpenAI `type` decides
 /// where the status does not.
-/// Anthropic's error object: the one place it is built.
-pub(crate) fn anthropic_error(kind: &str, message: &str) -> Value {
-    json!({"type": "error", "error": {"type": kind, "message": message}})
-}
-
 fn anthropic_error_type(status: StatusCode, kind: &str) -> &'static str {
     match status.as_u16() {
         400 | 405 | 415 | 422 => "invalid_request_error",
@@ -207,33 +200,6 @@ pub fn anthropic_error_response(error: ApiError) -> Response<Full<Bytes>> {
     response
 }
 
-/// Text of chat `content` or of blocks with `text` (tool results, system prompts).
-pub(crate) fn joined_text(content: &Value) -> Option<String> {
-    match content {
-        Value::String(text) => Some(text.clone()),
-        Value::Array(blocks) => {
-            let mut joined = String::new();
-            for block in blocks {
-                joined.push_str(block.get("text").and_then(Value::as_str)?);
-            }
-            Some(joined)
-        }
-        Value::Null => Some(String::new()),
-        _ => None,
-    }
-}
-
-/// The keys of `request` outside `known`: what the translation would otherwise drop.
-pub(crate) fn check_keys(request: &Value, known: &[&str]) -> Result<(), Untranslatable> {
-    let Some(object) = request.as_object() else {
-        return Err(Untranslatable("a body that is not a JSON object".into()));
-    };
-    match object.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(key) => Err(Untranslatable(format!("`{key}`"))),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,12 +219,5 @@ mod tests {
         let unknown = ApiError::RouteNotFound("/v1/nothing".into());
         let response = anthropic_error_response(unknown);
         assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    }
-
-    #[test]
-    fn unknown_keys_are_refused_by_name() {
-        let request = json!({"model": "m", "container": "c"});
-        let error = check_keys(&request, &["model"]).unwrap_err();
-        assert_eq!(error, Untranslatable("`container`".into()));
     }
 }
