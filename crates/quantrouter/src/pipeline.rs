@@ -46,7 +46,7 @@ use crate::tenants::{ActiveTenant, Grant};
 use crate::upstream::{Endpoint, Pick};
 
 pub(crate) use admission::admit_to;
-pub(crate) use bookkeeping::{ledger, AnswerHead, Ledger};
+pub(crate) use bookkeeping::{ledger, reads_answer, AnswerHead, Ledger};
 pub(crate) use context::{Arrival, Door, Received, RequestCtx, Shape};
 pub use context::{RequestId, REQUEST_ID};
 pub(crate) use decision::{wait_for_cold_tier, DecisionLog};
@@ -60,9 +60,10 @@ pub(crate) use stored::{on_stored, StoredWatch};
 /// serve; on success the request has its decision, its deadline and, unless the door lets
 /// a stream wait in its body ([`Door::streams_while_cold`]), an endpoint of a tier that was
 /// scaled to zero.
-pub(crate) async fn route<B>(app: &App, arrival: Arrival<B>) -> Result<RequestCtx, ApiError>
+pub(crate) async fn route<B, F>(app: &App, arrival: Arrival<B>) -> Result<RequestCtx, ApiError>
 where
-    B: Future<Output = Result<Bytes, ApiError>>,
+    B: FnOnce(Option<&Arc<ActiveTenant>>) -> F,
+    F: Future<Output = Result<Bytes, ApiError>>,
 {
     let Arrival {
         mut parts,
@@ -74,7 +75,7 @@ where
     // Auth: only known keys spend upstream capacity, or have their bodies read.
     let tenant = app.authenticate(&parts.headers)?;
     check_content_type(&parts.headers)?;
-    let body = body.await?;
+    let body = body(tenant.as_ref()).await?;
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     // A Responses follow-up goes where the response it continues is stored.
     if let Some(previous) = &parsed.previous_response_id {

@@ -595,6 +595,10 @@ impl Clients {
     }
 }
 
+/// A fixed instant mid-minute (2100-01-01 00:00:30 UTC): the limits' calendar-minute
+/// windows do not roll over between a test's requests, however slowly they come.
+const MID_MINUTE: u64 = 4_102_444_830_000;
+
 /// The tenant document: one tenant without limits, one allowed two requests a minute.
 async fn tenants(dir: &tempfile::TempDir) -> Arc<Tenants> {
     let file = dir.path().join("tenants.json");
@@ -613,7 +617,7 @@ async fn tenants(dir: &tempfile::TempDir) -> Arc<Tenants> {
     };
     let limiter = LimiterConfig::new(None, "replica-0".to_owned());
     Arc::new(
-        Tenants::start(config, limiter, Clock::system())
+        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
             .await
             .unwrap(),
     )

@@ -75,16 +75,17 @@ async fn metrics(router: &Server) -> String {
     String::from_utf8_lossy(&send(&client(), "GET", &url, "", &[]).await.body).into_owned()
 }
 
-/// Envoy sending request and response bodies whole instead of streaming them.
-const BUFFERED: [(&str, &str); 2] = [
+/// Envoy streaming the request body (GIE's mode) and sending every answer's body whole,
+/// instead of the example's buffered request and answers read only when their books need
+/// them (Envoy then takes no mode override).
+const OTHER_MODES: [(&str, &str); 4] = [
     (
-        "request_body_mode: FULL_DUPLEX_STREAMED",
         "request_body_mode: BUFFERED",
+        "request_body_mode: FULL_DUPLEX_STREAMED",
     ),
-    (
-        "response_body_mode: FULL_DUPLEX_STREAMED",
-        "response_body_mode: BUFFERED",
-    ),
+    ("request_trailer_mode: SKIP", "request_trailer_mode: SEND"),
+    ("response_body_mode: NONE", "response_body_mode: BUFFERED"),
+    ("response_trailer_mode: SKIP", "response_trailer_mode: SEND"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,8 +94,8 @@ async fn chat_stream_and_completion_are_routed_by_the_picker_through_envoy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bodies_envoy_buffers_are_routed_alike() {
-    routed_by_the_picker(&BUFFERED).await;
+async fn bodies_in_envoys_other_modes_are_routed_alike() {
+    routed_by_the_picker(&OTHER_MODES).await;
 }
 
 /// Chat, a streamed chat and a completion through Envoy reach the tier the HTTP port's
@@ -132,7 +133,8 @@ async fn routed_by_the_picker(edits: &[(&str, &str)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_is_counted_from_the_streamed_answer_and_hidden_from_the_client() {
     let (set, _sims) = sim_tiers(Duration::ZERO).await;
-    let router = picker(set.clone(), |_| {}).await;
+    // `--epp-usage always`: every answer streams through the picker.
+    let router = picker(set.clone(), |c| c.epp_reads_answers = true).await;
     let envoy = Envoy::start(router.epp_addr().unwrap()).await;
     let seen = through(&envoy, "unused", "stream", SIMPLE).await;
     assert_eq!(seen["status"], 200, "{seen}");
@@ -209,18 +211,13 @@ async fn with_the_picker_down_envoy_fails_closed_with_503() {
 
 const KEY: &str = "sk-gateway-team-7Hq2";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {
-    let dir = tempfile::Builder::new()
-        .prefix("qr-epp-")
-        .tempdir()
-        .unwrap();
+/// A fixed instant mid-minute (2100-01-01 00:00:30 UTC): the limits' calendar-minute
+/// windows do not roll over between a test's requests, however slowly they come.
+const MID_MINUTE: u64 = 4_102_444_830_000;
+
+/// Tenants from the document `doc`, written into `dir`.
+async fn tenants_from(dir: &tempfile::TempDir, doc: &str) -> Arc<Tenants> {
     let file = dir.path().join("tenants.json");
-    let doc = format!(
-        r#"{{"version": 1, "tenants": [{{"id": "team-g", "key_sha256": ["{}"],
-            "limits": {{"requests_per_minute": 1}}}}]}}"#,
-        hash_key(KEY)
-    );
     std::fs::write(&file, doc).unwrap();
     let config = TenantsConfig {
         file: Some(file),
@@ -231,11 +228,25 @@ async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {
         metrics_top: 50,
     };
     let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let tenants = Arc::new(
-        Tenants::start(config, limiter, Clock::system())
+    Arc::new(
+        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
             .await
             .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {
+    let dir = tempfile::Builder::new()
+        .prefix("qr-epp-")
+        .tempdir()
+        .unwrap();
+    let doc = format!(
+        r#"{{"version": 1, "tenants": [{{"id": "team-g", "key_sha256": ["{}"],
+            "limits": {{"requests_per_minute": 1}}}}]}}"#,
+        hash_key(KEY)
     );
+    let tenants = tenants_from(&dir, &doc).await;
     let (set, _sims) = sim_tiers(Duration::ZERO).await;
     let router = picker(set, |c| c.tenants = Some(tenants)).await;
     let envoy = Envoy::start(router.epp_addr().unwrap()).await;
@@ -430,5 +441,63 @@ async fn a_body_over_the_limit_is_refused_by_the_picker_with_413_in_the_apis_sha
     assert_eq!(
         refused["error"]["error"]["type"], "request_too_large",
         "{refused}"
+    );
+}
+
+/// Messages Envoy sent the picker so far, over every stream.
+async fn sent_to_picker(envoy: &Envoy) -> u64 {
+    envoy.stat("http.gateway.ext_proc.stream_msgs_sent").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answers_body_is_read_only_when_its_books_need_it() {
+    let dir = tempfile::Builder::new()
+        .prefix("qr-epp-")
+        .tempdir()
+        .unwrap();
+    // One tenant without limits, one whose tokens are counted.
+    let doc = serde_json::json!({"version": 1, "tenants": [
+        {"id": "free", "key_sha256": [hash_key("sk-free-1")]},
+        {"id": "metered", "key_sha256": [hash_key("sk-metered-1")],
+         "limits": {"tokens_per_minute": 1_000_000}},
+    ]});
+    let tenants = tenants_from(&dir, &doc.to_string()).await;
+    let (set, _sims) = sim_tiers(Duration::ZERO).await;
+    let router = picker(set, |c| c.tenants = Some(tenants)).await;
+    let envoy = Envoy::start(router.epp_addr().unwrap()).await;
+    for (key, kind, reads) in [
+        ("sk-free-1", "chat", false),
+        ("sk-free-1", "stream", false),
+        ("sk-metered-1", "chat", true),
+        ("sk-metered-1", "stream", true),
+    ] {
+        let before = sent_to_picker(&envoy).await;
+        let seen = through(&envoy, key, kind, SIMPLE).await;
+        assert_eq!(seen["status"], 200, "{seen}");
+        assert!(!seen["text"].as_str().unwrap().is_empty(), "{seen}");
+        // The head comes to the picker either way: the router's headers are on the answer.
+        assert!(
+            seen["headers"]["x-quantrouter-profile"].is_string(),
+            "{seen}"
+        );
+        assert_eq!(seen["usage_chunks"], 0, "{seen}");
+        let sent = sent_to_picker(&envoy).await - before;
+        // The request's headers and body and the answer's headers; the body's pieces too
+        // only when the tenant's usage is counted.
+        match reads {
+            false => assert_eq!(
+                sent, 3,
+                "{key} {kind}: Envoy sent the picker {sent} messages"
+            ),
+            true => assert!(
+                sent > 3,
+                "{key} {kind}: Envoy sent the picker {sent} messages"
+            ),
+        }
+    }
+    let text = metrics(&router).await;
+    assert!(
+        counter(&text, "quantrouter_tokens_total", "direction=\"output\"") > 0.0,
+        "the metered tenant's usage was counted:\n{text}"
     );
 }

@@ -29,7 +29,7 @@ use super::proto::ext_proc::{
     ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
     TrailersResponse,
 };
-use super::proto::BodySendMode;
+use super::proto::{BodySendMode, HeaderSendMode, ProcessingMode};
 use crate::app::App;
 use crate::openai::{find_usage, ApiError, Endpoint};
 use crate::pipeline::{
@@ -39,6 +39,7 @@ use crate::pipeline::{
 use crate::resilience::retry::{Fallback, FallbackReason};
 use crate::resilience::{CircuitState, Permit};
 use crate::telemetry;
+use crate::tenants::ActiveTenant;
 use crate::upstream::{is_event_stream, BodyEnd, EventScan, InflightGuard, Outcome, Pick};
 
 /// Header and `envoy.lb` key: the endpoint chosen, `ip:port`.
@@ -92,20 +93,39 @@ pub(super) async fn serve(app: Arc<App>, inbound: Streaming<ProcessingRequest>, 
         translates: false,
         streams_while_cold: false,
         subset,
-        // Only a full-duplex answer can be rewritten on its way back.
-        strips_usage: envoy.response_mode == BodySendMode::FullDuplexStreamed,
+        // Unless the answer turns out not to stream through here (below).
+        strips_usage: true,
     };
+    let read = BodyRead {
+        limit: app.config.body_limit,
+        declared: content_length(&parts.headers),
+        none: head.end_of_stream,
+        reads_answer: app.config.epp_reads_answers,
+    };
+    let (reader, books) = (&mut envoy, &*app);
     let arrival = Arrival {
         parts,
         endpoint,
         started: Instant::now(),
-        body: envoy.body(app.config.body_limit, head.end_of_stream),
+        body: move |tenant: Option<&Arc<ActiveTenant>>| {
+            // Moved, not reborrowed: the body's future keeps the stream.
+            let reader = reader;
+            let needed = pipeline::reads_answer(books, tenant.map(|t| &**t), endpoint);
+            reader.body(BodyRead {
+                reads_answer: read.reads_answer || needed,
+                ..read
+            })
+        },
         door,
     };
     let mut ctx = match pipeline::route(&app, arrival).await {
         Ok(ctx) => ctx,
         Err(error) => return envoy.refuse(&app, error, Some(endpoint)),
     };
+    if envoy.response_mode != BodySendMode::FullDuplexStreamed {
+        // Nothing can cut a usage chunk from the stream: none is asked for.
+        ctx.shape.rewrite = ctx.shape.rewrite.clone().without_usage();
+    }
     let mut picked = match Picked::pick(&app, &ctx).await {
         Ok(picked) => picked,
         Err(error) => return envoy.refuse(&app, error, Some(endpoint)),
@@ -156,6 +176,18 @@ struct Envoy {
     response_mode: BodySendMode,
     /// The request ended with trailers, which get an answer of their own.
     request_trailers: bool,
+}
+
+/// How the request's body is read.
+#[derive(Debug, Clone, Copy)]
+struct BodyRead {
+    limit: usize,
+    /// The length the client declared, if it did.
+    declared: Option<u64>,
+    /// The request has no body.
+    none: bool,
+    /// The books need the answer's body.
+    reads_answer: bool,
 }
 
 /// What was chosen, held until the answer ends: the slot and the in-flight count live as
@@ -214,16 +246,29 @@ impl Envoy {
         let _ = self.out.send(response);
     }
 
-    /// The request's body, whole and within `limit`: in BUFFERED mode once Envoy has the
-    /// headers' answer it waits for, in FULL_DUPLEX_STREAMED as it streams.
-    async fn body(&mut self, limit: usize, no_body: bool) -> Result<Bytes, ApiError> {
-        if no_body {
+    /// The request's body, whole and within its limit: in BUFFERED mode once Envoy has the
+    /// headers' answer it waits for — which asks for the answer's body too when the books
+    /// need it — and in FULL_DUPLEX_STREAMED as it streams (the answer then comes as
+    /// configured: Envoy takes no mode override once it streams a body both ways).
+    async fn body(&mut self, read: BodyRead) -> Result<Bytes, ApiError> {
+        let limit = read.limit;
+        if read.declared.is_some_and(|n| n > limit as u64) {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        if read.none {
             return Ok(Bytes::new());
         }
         match self.request_mode {
-            BodySendMode::Buffered => self.send(reply(Out::RequestHeaders(HeadersResponse {
-                response: Some(CommonResponse::default()),
-            }))),
+            BodySendMode::Buffered => {
+                let mut answer = reply(Out::RequestHeaders(HeadersResponse {
+                    response: Some(CommonResponse::default()),
+                }));
+                if read.reads_answer && self.response_mode == BodySendMode::None {
+                    answer.mode_override = Some(self.reading_answers());
+                    self.response_mode = BodySendMode::FullDuplexStreamed;
+                }
+                self.send(answer);
+            }
             BodySendMode::FullDuplexStreamed => {}
             _ => {
                 return Err(ApiError::BadGateway(
@@ -259,6 +304,20 @@ impl Envoy {
             message: "the request ended before its body".to_owned(),
             param: None,
         })
+    }
+
+    /// The processing mode for an answer whose body the books need, which Envoy otherwise
+    /// sends straight to the client: it streams through here, where a usage chunk the
+    /// router asked for can be cut from it. The request's body mode stays as configured.
+    fn reading_answers(&self) -> ProcessingMode {
+        ProcessingMode {
+            request_header_mode: HeaderSendMode::Default.into(),
+            response_header_mode: HeaderSendMode::Send.into(),
+            request_body_mode: self.request_mode.into(),
+            response_body_mode: BodySendMode::FullDuplexStreamed.into(),
+            request_trailer_mode: HeaderSendMode::Default.into(),
+            response_trailer_mode: HeaderSendMode::Send.into(),
+        }
     }
 
     /// The decision: the endpoint (and the next tier's for a retry) in headers and
@@ -614,6 +673,14 @@ fn request_head(
     Ok((parts, endpoint))
 }
 
+/// The body's length as the client declared it, if it did.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The dynamic metadata Envoy forwarded with a message.
 fn metadata(message: &ProcessingRequest) -> Option<&HashMap<String, Struct>> {
     message
@@ -626,6 +693,7 @@ fn reply(response: Out) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(response),
         dynamic_metadata: None,
+        mode_override: None,
     }
 }
 

@@ -71,7 +71,10 @@ pub mod proto {
         }
     }
     pub use envoy::config::core::v3 as core;
-    pub use envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+    pub use envoy::extensions::filters::http::ext_proc::v3::processing_mode::{
+        BodySendMode, HeaderSendMode,
+    };
+    pub use envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
     pub use envoy::service::ext_proc::v3 as ext_proc;
 }
 
@@ -90,7 +93,10 @@ impl Picker {
 
     /// The tonic service, ready to serve over HTTP/2.
     pub fn into_service(self) -> ExternalProcessorServer<Self> {
-        ExternalProcessorServer::new(self)
+        // A buffered request body comes in one message: the body limit, with room for the
+        // headers and metadata beside it.
+        let largest = self.app.config.body_limit.saturating_add(1024 * 1024);
+        ExternalProcessorServer::new(self).max_decoding_message_size(largest)
     }
 }
 

@@ -17,12 +17,13 @@ use super::headers::{upstream_headers, Served};
 use crate::apis::AgentApi;
 use crate::app::App;
 use crate::calibration::Sample;
+use crate::openai::Endpoint;
 use crate::openai::Usage;
 use crate::profiles::{PerToken, Snapshot};
 use crate::routing::PromptSize;
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::gate::Charge;
-use crate::tenants::{Grant, Tenants};
+use crate::tenants::{ActiveTenant, Grant, Tenants};
 use crate::traces::RequestTrace;
 use crate::upstream::{BodyEnd, OnEnd, Outcome, Pool};
 
@@ -60,6 +61,19 @@ pub(crate) fn ledger(app: &App, ctx: &mut RequestCtx, served: &Served, head: Ans
             sse,
         )
         .sampled(sample)
+}
+
+/// Whether the books of a request from `tenant` to `endpoint` may need its answer's body:
+/// the usage a tenant with limits or budgets is charged, the copy a calibration sample
+/// compares (`policy.calibration`), or the id a stored Responses answer is placed by. Known
+/// from the request's head, so a door can choose how to relay the answer before it has the
+/// body. A door may leave any other answer's body unread: its tokens and cost then go
+/// uncounted (the request, its status and its duration still are).
+pub(crate) fn reads_answer(app: &App, tenant: Option<&ActiveTenant>, endpoint: Endpoint) -> bool {
+    let limited = tenant.is_some_and(|t| t.quota.is_limited());
+    let calibrated = app.store.load().set.policy.calibration.is_some();
+    let may_sample = calibrated && AgentApi::of(endpoint).is_none();
+    limited || may_sample || endpoint == Endpoint::Responses
 }
 
 /// What a request's end is booked with, gathered when its answer's head is known.

@@ -17,9 +17,9 @@ use crate::traces::RequestTrace;
 /// The request id header, taken from clients and sent to upstreams and back.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// A generation request at a door: its head, and its body still to come (`body`, a future
-/// of the whole body within the door's limits), so that it is read only once the caller is
-/// known.
+/// A generation request at a door: its head, and its body still to come — `body` reads it
+/// whole, within the door's limits, once the caller (its tenant, if any) is known, and only
+/// then.
 #[derive(Debug)]
 pub(crate) struct Arrival<B> {
     pub parts: http::request::Parts,

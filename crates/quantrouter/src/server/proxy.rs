@@ -70,7 +70,7 @@ pub(super) async fn proxy(
         parts,
         endpoint,
         started,
-        body: read_body(app, body, declared),
+        body: |_: Option<&_>| read_body(app, body, declared),
         door: Door {
             translates: true,
             streams_while_cold: true,
