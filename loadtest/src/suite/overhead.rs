@@ -33,12 +33,12 @@ const PROBE_LIMIT: u32 = 6;
 const PROBE_FLOOR_RPS: u64 = 200;
 
 /// The key of the tenant the `quantrouter-tenants` target sends.
-const TENANT_KEY: &str = "sk-overhead-tenant-1";
+pub(super) const TENANT_KEY: &str = "sk-overhead-tenant-1";
 
 /// One tenant with every kind of limit, all far above what a run sends, and no downgrade:
 /// each request costs the admission script and its answer the settle script, and routing is
 /// the same as without tenants. Pushed in the push format (`keys`), hashed by the CLI.
-const TENANTS: &str = r#"{"version": 1, "tenants": [{"id": "overhead", "keys": ["sk-overhead-tenant-1"],
+pub(super) const TENANTS: &str = r#"{"version": 1, "tenants": [{"id": "overhead", "keys": ["sk-overhead-tenant-1"],
   "limits": {"requests_per_minute": 1000000000000, "tokens_per_minute": 1000000000000,
              "budget_per_day": 1000000000.0, "budget_per_month": 1000000000.0, "soft_limit": 1.0}}]}"#;
 

@@ -77,55 +77,9 @@ pub(super) async fn serve(app: Arc<App>, inbound: Streaming<ProcessingRequest>, 
         response_mode: BodySendMode::None,
         request_trailers: false,
     };
-    // Envoy opens every stream with the request's headers.
-    let Some(first) = envoy.next().await else {
+    let Some((mut ctx, endpoint)) = envoy.routed(&app).await else {
         return;
     };
-    let subset = metadata(&first).and_then(subset_hint);
-    let Some(In::RequestHeaders(head)) = first.request else {
-        return;
-    };
-    let (parts, endpoint) = match request_head(&app, head.headers) {
-        Ok(head) => head,
-        Err((error, endpoint)) => return envoy.refuse(&app, error, endpoint),
-    };
-    let door = Door {
-        translates: false,
-        streams_while_cold: false,
-        subset,
-        // Unless the answer turns out not to stream through here (below).
-        strips_usage: true,
-    };
-    let read = BodyRead {
-        limit: app.config.body_limit,
-        declared: content_length(&parts.headers),
-        none: head.end_of_stream,
-        reads_answer: app.config.epp_reads_answers,
-    };
-    let (reader, books) = (&mut envoy, &*app);
-    let arrival = Arrival {
-        parts,
-        endpoint,
-        started: Instant::now(),
-        body: move |tenant: Option<&Arc<ActiveTenant>>| {
-            // Moved, not reborrowed: the body's future keeps the stream.
-            let reader = reader;
-            let needed = pipeline::reads_answer(books, tenant.map(|t| &**t), endpoint);
-            reader.body(BodyRead {
-                reads_answer: read.reads_answer || needed,
-                ..read
-            })
-        },
-        door,
-    };
-    let mut ctx = match pipeline::route(&app, arrival).await {
-        Ok(ctx) => ctx,
-        Err(error) => return envoy.refuse(&app, error, Some(endpoint)),
-    };
-    if envoy.response_mode != BodySendMode::FullDuplexStreamed {
-        // Nothing can cut a usage chunk from the stream: none is asked for.
-        ctx.shape.rewrite = ctx.shape.rewrite.clone().without_usage();
-    }
     let mut picked = match Picked::pick(&app, &ctx).await {
         Ok(picked) => picked,
         Err(error) => return envoy.refuse(&app, error, Some(endpoint)),
@@ -133,15 +87,7 @@ pub(super) async fn serve(app: Arc<App>, inbound: Streaming<ProcessingRequest>, 
     envoy.send_destination(&ctx, &picked);
     let mut answer = Answer::default();
     while let Some(message) = envoy.next().await {
-        let attributes = &message.attributes;
-        let served = metadata(&message)
-            .and_then(|m| m.get(LB_NAMESPACE))
-            .and_then(|lb| string_field(lb, DESTINATION_SERVED))
-            .or_else(|| {
-                attributes
-                    .values()
-                    .find_map(|s| string_field(s, UPSTREAM_ADDRESS))
-            });
+        let served = answered_by(&message);
         let reply = match message.request {
             Some(In::ResponseHeaders(head)) => {
                 let head = ResponseHead {
@@ -224,6 +170,65 @@ struct ResponseHead {
 // === impl Envoy ===
 
 impl Envoy {
+    /// The request, from its headers through the pipeline to its decision, or `None` when
+    /// it was refused (the refusal sent) or the stream ended first.
+    async fn routed(&mut self, app: &Arc<App>) -> Option<(RequestCtx, Endpoint)> {
+        // Envoy opens every stream with the request's headers.
+        let first = self.next().await?;
+        let subset = metadata(&first).and_then(subset_hint);
+        let Some(In::RequestHeaders(head)) = first.request else {
+            return None;
+        };
+        let (parts, endpoint) = match request_head(app, head.headers) {
+            Ok(head) => head,
+            Err((error, endpoint)) => {
+                self.refuse(app, error, endpoint);
+                return None;
+            }
+        };
+        let door = Door {
+            translates: false,
+            streams_while_cold: false,
+            subset,
+            // Unless the answer turns out not to stream through here (below).
+            strips_usage: true,
+        };
+        let read = BodyRead {
+            limit: app.config.body_limit,
+            declared: content_length(&parts.headers),
+            none: head.end_of_stream,
+            reads_answer: app.config.epp_reads_answers,
+        };
+        let (reader, books) = (&mut *self, &**app);
+        let arrival = Arrival {
+            parts,
+            endpoint,
+            started: Instant::now(),
+            body: move |tenant: Option<&Arc<ActiveTenant>>| {
+                // Moved, not reborrowed: the body's future keeps the stream.
+                let reader = reader;
+                let needed = pipeline::reads_answer(books, tenant.map(|t| &**t), endpoint);
+                reader.body(BodyRead {
+                    reads_answer: read.reads_answer || needed,
+                    ..read
+                })
+            },
+            door,
+        };
+        let mut ctx = match pipeline::route(app, arrival).await {
+            Ok(ctx) => ctx,
+            Err(error) => {
+                self.refuse(app, error, Some(endpoint));
+                return None;
+            }
+        };
+        if self.response_mode != BodySendMode::FullDuplexStreamed {
+            // Nothing can cut a usage chunk from the stream: none is asked for.
+            ctx.shape.rewrite = ctx.shape.rewrite.clone().without_usage();
+        }
+        Some((ctx, endpoint))
+    }
+
     /// The next message, with the body modes it announces noted.
     async fn next(&mut self) -> Option<ProcessingRequest> {
         match self.inbound.next().await? {
@@ -324,60 +329,13 @@ impl Envoy {
     /// metadata, the client's credentials and destinations removed, and the body for the
     /// chosen profile.
     fn send_destination(&self, ctx: &RequestCtx, picked: &Picked) {
-        let profile = ctx.routed.decision.profile;
-        let runtime = &ctx.snapshot.runtime[profile];
+        let runtime = &ctx.snapshot.runtime[ctx.routed.decision.profile];
         let body = ctx.upstream_body(&runtime.model_json);
-        let mut mutation = HeaderMutation {
-            // Removals apply before the sets below.
-            remove_headers: pipeline::strip_client_headers(ctx.headers())
-                .into_iter()
-                .map(|name| name.as_str().to_owned())
-                .collect(),
-            set_headers: Vec::new(),
-        };
-        let mut lb = BTreeMap::new();
-        let primary = &picked.primary;
-        mutation
-            .set_headers
-            .push(header_option(DESTINATION_ENDPOINT, primary.as_bytes()));
-        lb.insert(DESTINATION_ENDPOINT.to_owned(), string_value(primary));
-        if let Some((_, addresses)) = &picked.fallback {
-            // One header line per endpoint, best first: the same list as one comma-joined
-            // value (RFC 9110), and an ORIGINAL_DST cluster keyed on the header takes the
-            // first line.
-            for (i, address) in addresses.iter().enumerate() {
-                let mut line = header_option(DESTINATION_FALLBACK, address.as_bytes());
-                if i > 0 {
-                    line.append_action = HeaderAppendAction::AppendIfExistsOrAdd.into();
-                }
-                mutation.set_headers.push(line);
-            }
-            lb.insert(
-                DESTINATION_FALLBACK.to_owned(),
-                string_value(&addresses.join(",")),
-            );
-        }
-        let id = ctx.request_id();
-        mutation
-            .set_headers
-            .push(header_option(REQUEST_ID.as_str(), id.as_bytes()));
-        // The model server gets its own key, if it has one.
-        if let Some(credential) = runtime.pool.authorization() {
-            mutation.set_headers.push(header_option(
-                http::header::AUTHORIZATION.as_str(),
-                credential.as_bytes(),
-            ));
-        }
-        let metadata = Struct {
-            fields: BTreeMap::from([(
-                LB_NAMESPACE.to_owned(),
-                Value {
-                    kind: Some(Kind::StructValue(Struct { fields: lb })),
-                },
-            )]),
-        };
-        let decision = &ctx.routed.decision;
-        telemetry::routed(decision.complexity, ctx.received.started.elapsed());
+        let (mutation, metadata) = destination(ctx, picked);
+        telemetry::routed(
+            ctx.routed.decision.complexity,
+            ctx.received.started.elapsed(),
+        );
         if self.request_mode != BodySendMode::FullDuplexStreamed {
             self.send_buffered(mutation, metadata, body);
         } else {
@@ -473,6 +431,72 @@ impl Picked {
             _permit: permit,
         })
     }
+
+    /// How the attempt went, for the picked endpoint's breaker: an answer from it, or none
+    /// (the Gateway retried elsewhere, which the fallback metric counts).
+    fn report(&mut self, ctx: &RequestCtx, served: &Served, status: StatusCode) {
+        if let Some(pick) = self.pick.take() {
+            match (served.fallback, status.as_u16()) {
+                (None, 200..=499) => pick.succeeded(ctx.received.started.elapsed()),
+                _ => pick.failed(),
+            }
+        }
+        if let Some(f) = served.fallback {
+            let profiles = &ctx.snapshot.set.profiles;
+            telemetry::fallback(&profiles[f.from].id, &profiles[f.to].id, "error");
+        }
+    }
+}
+
+/// The request's headers for the model server — the endpoint (and the next tier's for a
+/// retry), the request id, the profile's own key, the client's credentials and destinations
+/// removed — and the same decision as `envoy.lb` metadata.
+fn destination(ctx: &RequestCtx, picked: &Picked) -> (HeaderMutation, Struct) {
+    let mut mutation = HeaderMutation {
+        // Removals apply before the sets below.
+        remove_headers: pipeline::strip_client_headers(ctx.headers())
+            .into_iter()
+            .map(|name| name.as_str().to_owned())
+            .collect(),
+        set_headers: Vec::new(),
+    };
+    let mut lb = BTreeMap::new();
+    let primary = &picked.primary;
+    mutation
+        .set_headers
+        .push(header_option(DESTINATION_ENDPOINT, primary.as_bytes()));
+    lb.insert(DESTINATION_ENDPOINT.to_owned(), string_value(primary));
+    if let Some((_, addresses)) = &picked.fallback {
+        // One header line per endpoint, best first: the same list as one comma-joined value
+        // (RFC 9110), and an ORIGINAL_DST cluster keyed on the header takes the first line.
+        for (i, address) in addresses.iter().enumerate() {
+            let mut line = header_option(DESTINATION_FALLBACK, address.as_bytes());
+            if i > 0 {
+                line.append_action = HeaderAppendAction::AppendIfExistsOrAdd.into();
+            }
+            mutation.set_headers.push(line);
+        }
+        let joined = string_value(&addresses.join(","));
+        lb.insert(DESTINATION_FALLBACK.to_owned(), joined);
+    }
+    let id = ctx.request_id();
+    mutation
+        .set_headers
+        .push(header_option(REQUEST_ID.as_str(), id.as_bytes()));
+    // The model server gets its own key, if it has one.
+    let pool = &ctx.snapshot.runtime[ctx.routed.decision.profile].pool;
+    if let Some(credential) = pool.authorization() {
+        let authorization = http::header::AUTHORIZATION.as_str();
+        let line = header_option(authorization, credential.as_bytes());
+        mutation.set_headers.push(line);
+    }
+    let lb = Value {
+        kind: Some(Kind::StructValue(Struct { fields: lb })),
+    };
+    let metadata = Struct {
+        fields: BTreeMap::from([(LB_NAMESPACE.to_owned(), lb)]),
+    };
+    (mutation, metadata)
 }
 
 /// The decision's next tier after an error, and its endpoints whose circuit admits a
@@ -514,16 +538,7 @@ impl Answer {
             .and_then(|s| StatusCode::from_u16(s).ok())
             .unwrap_or(StatusCode::BAD_GATEWAY);
         let served = served(ctx, picked, head.served.as_deref());
-        if let Some(pick) = picked.pick.take() {
-            match (served.fallback, status.as_u16()) {
-                (None, 200..=499) => pick.succeeded(ctx.received.started.elapsed()),
-                _ => pick.failed(),
-            }
-        }
-        if let Some(f) = served.fallback {
-            let profiles = &ctx.snapshot.set.profiles;
-            telemetry::fallback(&profiles[f.from].id, &profiles[f.to].id, "error");
-        }
+        picked.report(ctx, &served, status);
         let mut router = HeaderMap::new();
         pipeline::router_headers(&mut router, ctx, &served);
         let sse = is_event_stream(&headers);
@@ -679,6 +694,20 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// The endpoint that answered, as Envoy says in a response message: its `envoy.lb`
+/// metadata, or the `upstream.address` attribute.
+fn answered_by(message: &ProcessingRequest) -> Option<String> {
+    metadata(message)
+        .and_then(|m| m.get(LB_NAMESPACE))
+        .and_then(|lb| string_field(lb, DESTINATION_SERVED))
+        .or_else(|| {
+            message
+                .attributes
+                .values()
+                .find_map(|s| string_field(s, UPSTREAM_ADDRESS))
+        })
 }
 
 /// The dynamic metadata Envoy forwarded with a message.
