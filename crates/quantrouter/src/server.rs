@@ -389,12 +389,20 @@ where
     });
     Box::pin(async move {
         let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            // A request body Envoy buffered comes in one message: room for the largest
+            // without flow-control round trips, and for many streams' messages at once.
+            .initial_stream_window_size(GRPC_STREAM_WINDOW)
+            .initial_connection_window_size(4 * GRPC_STREAM_WINDOW)
             .serve_connection(TokioIo::new(conn.track(stream)), service);
         if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
             tracing::debug!(%error, "gRPC connection ended with an error");
         }
     })
 }
+
+/// The HTTP/2 stream window of the gRPC ports: the default body limit and its message's
+/// framing.
+const GRPC_STREAM_WINDOW: u32 = 5 * 1024 * 1024;
 
 /// The digests of `api_keys` that can match a request; one that never could (whitespace,
 /// non-ASCII, too long) is left out (`serve` refuses such a file before this).

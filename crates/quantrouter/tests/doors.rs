@@ -16,15 +16,14 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
-use quantrouter::tenants::limiter::LimiterConfig;
-use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
 use quantrouter_policy::{hash_key, StaticUpstream, Upstream, UpstreamApi};
 use serde_json::{json, Value};
 use support::envoy::Envoy;
-use support::{capture_upstream, client, loopback, python, send, Captured, Tiers, CODE, SIMPLE};
+use support::{
+    capture_upstream, client, loopback, python, send, tenants_from, Captured, Tiers, CODE, SIMPLE,
+};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use vllm_sim::SimConfig;
@@ -134,29 +133,17 @@ const CASES: &[Case] = &[
     },
     Case {
         name: "an unknown model is refused",
-        ask: || Ask {
-            body: json!({"model": "no-such-model", "max_tokens": 8,
-                "messages": [{"role": "user", "content": SIMPLE}]}),
-            ..Ask::chat(KEY, SIMPLE)
-        },
+        ask: || Ask::chat(KEY, SIMPLE).field("model", json!("no-such-model")),
         status: 404,
     },
     Case {
         name: "an unknown model is refused in Anthropic's shape",
-        ask: || Ask {
-            body: json!({"model": "no-such-model", "max_tokens": 8,
-                "messages": [{"role": "user", "content": SIMPLE}]}),
-            ..Ask::messages(KEY, SIMPLE)
-        },
+        ask: || Ask::messages(KEY, SIMPLE).field("model", json!("no-such-model")),
         status: 404,
     },
     Case {
         name: "an invalid field is refused",
-        ask: || Ask {
-            body: json!({"model": "auto", "max_tokens": 8, "temperature": 5,
-                "messages": [{"role": "user", "content": SIMPLE}]}),
-            ..Ask::chat(KEY, SIMPLE)
-        },
+        ask: || Ask::chat(KEY, SIMPLE).field("temperature", json!(5)),
         status: 400,
     },
 ];
@@ -384,7 +371,13 @@ impl World {
         let (capture_url, captured) = capture_upstream().await;
         let key_file = dir.path().join("upstream-key");
         std::fs::write(&key_file, UPSTREAM_KEY).unwrap();
-        let tenants = tenants(&dir).await;
+        // One tenant without limits, one allowed two requests a minute.
+        let doc = json!({"version": 1, "tenants": [
+            {"id": "team-a", "key_sha256": [hash_key(KEY)]},
+            {"id": "tight", "key_sha256": [hash_key(TIGHT_KEY)],
+             "limits": {"requests_per_minute": 2}},
+        ]});
+        let tenants = tenants_from(&dir, &doc.to_string()).await;
         let sims = |_| SimConfig {
             prefix_cache_blocks: 4096,
             ..SimConfig::default()
@@ -558,6 +551,12 @@ impl Ask {
     fn kind(self, kind: &'static str) -> Self {
         Self { kind, ..self }
     }
+
+    /// The same request with `key` of its body set to `value`.
+    fn field(mut self, key: &str, value: Value) -> Self {
+        self.body[key] = value;
+        self
+    }
 }
 
 // === impl Clients ===
@@ -593,32 +592,4 @@ impl Clients {
             .expect("the client printed what it saw (its errors are above)");
         serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"))
     }
-}
-
-/// A fixed instant mid-minute (2100-01-01 00:00:30 UTC): the limits' calendar-minute
-/// windows do not roll over between a test's requests, however slowly they come.
-const MID_MINUTE: u64 = 4_102_444_830_000;
-
-/// The tenant document: one tenant without limits, one allowed two requests a minute.
-async fn tenants(dir: &tempfile::TempDir) -> Arc<Tenants> {
-    let file = dir.path().join("tenants.json");
-    let doc = json!({"version": 1, "tenants": [
-        {"id": "team-a", "key_sha256": [hash_key(KEY)]},
-        {"id": "tight", "key_sha256": [hash_key(TIGHT_KEY)], "limits": {"requests_per_minute": 2}},
-    ]});
-    std::fs::write(&file, doc.to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(60),
-        redis: None,
-        redis_poll: Duration::from_secs(60),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    Arc::new(
-        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
-            .await
-            .unwrap(),
-    )
 }

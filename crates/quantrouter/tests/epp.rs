@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quantrouter::server::Server;
-use quantrouter::tenants::limiter::LimiterConfig;
-use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
 use quantrouter_policy::{hash_key, ProfileSet, StaticUpstream, Upstream, UpstreamApi};
 use support::envoy::Envoy;
-use support::{client, loopback, python, send, sim_tiers, start_router, CODE, SIMPLE};
+use support::{
+    client, loopback, python, send, sim_tiers, start_router, tenants_from, CODE, SIMPLE,
+};
 use vllm_sim::{Faults, SimConfig, SimServer};
 
 /// What the client saw of one request through the gateway (`through_gateway.py`).
@@ -210,30 +210,6 @@ async fn with_the_picker_down_envoy_fails_closed_with_503() {
 }
 
 const KEY: &str = "sk-gateway-team-7Hq2";
-
-/// A fixed instant mid-minute (2100-01-01 00:00:30 UTC): the limits' calendar-minute
-/// windows do not roll over between a test's requests, however slowly they come.
-const MID_MINUTE: u64 = 4_102_444_830_000;
-
-/// Tenants from the document `doc`, written into `dir`.
-async fn tenants_from(dir: &tempfile::TempDir, doc: &str) -> Arc<Tenants> {
-    let file = dir.path().join("tenants.json");
-    std::fs::write(&file, doc).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(60),
-        redis: None,
-        redis_poll: Duration::from_secs(60),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    Arc::new(
-        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
-            .await
-            .unwrap(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_limit_gets_429_in_openai_shape_and_a_bad_key_401() {

@@ -169,19 +169,23 @@ async fn start_picker(
     Ok((picker, gateway))
 }
 
-/// CPU of `procs` together while `run` goes on, from the end of its warm-up.
+/// CPU of each of `procs` while `run` goes on, from the end of its warm-up.
 async fn with_cpu<F: std::future::Future<Output = anyhow::Result<RunReport>>>(
     run: F,
     warmup: Duration,
     procs: &[&Proc],
-) -> anyhow::Result<(RunReport, f64)> {
-    let total = |procs: &[&Proc]| procs.iter().map(|p| p.cpu().seconds).sum::<f64>();
+) -> anyhow::Result<(RunReport, Vec<f64>)> {
+    let each = |procs: &[&Proc]| procs.iter().map(|p| p.cpu().seconds).collect::<Vec<_>>();
     let start = async {
         tokio::time::sleep(warmup).await;
-        total(procs)
+        each(procs)
     };
     let (report, start) = tokio::join!(run, start);
-    Ok((report?, total(procs) - start))
+    let used = each(procs)
+        .iter()
+        .zip(start)
+        .map(|(end, start)| end - start);
+    Ok((report?, used.collect()))
 }
 
 /// Runs the scenario and returns its section.
@@ -206,15 +210,9 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     let (picker, gateway) = start_picker(suite, &envoy, &profiles, &[]).await?;
     // The same with a tenant whose limits are counted in Redis: every answer's body then
     // streams through the picker, for the usage its limits count.
-    let redis_port = free_port()?;
-    let redis = suite.start_redis(redis_port).await?;
-    let redis_url = format!("redis://127.0.0.1:{redis_port}");
-    let tenants = suite.work().join("gateway-tenants.json");
-    std::fs::write(&tenants, TENANTS)?;
-    anyhow::ensure!(
-        suite.push_tenants(&tenants, &redis_url).await,
-        "cannot push the gateway tenant to {redis_url}"
-    );
+    let (redis, redis_url) = suite
+        .redis_with_tenants("gateway-tenants.json", TENANTS)
+        .await?;
     let (picker_tenants, gateway_tenants) =
         start_picker(suite, &envoy, &profiles, &["--redis-url", &redis_url]).await?;
     let (relay_port, relay_admin) = (free_port()?, free_port()?);
@@ -281,13 +279,28 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
             )
             .await?;
             if !procs.is_empty() {
-                facts.cpu.entry(prefix.to_owned()).or_default().insert(
+                let by_target = facts.cpu.entry(prefix.to_owned()).or_default();
+                let answered = report.ok;
+                let total = seconds.iter().sum();
+                by_target.insert(
                     target.name.clone(),
                     CpuUse {
-                        seconds,
-                        answered: report.ok,
+                        seconds: total,
+                        answered,
                     },
                 );
+                // A picker run's Envoy on its own: what ext_proc costs Envoy, whatever the
+                // picker does.
+                if let [envoy, _picker] = seconds[..] {
+                    let key = format!("{}/envoy", target.name);
+                    by_target.insert(
+                        key,
+                        CpuUse {
+                            seconds: envoy,
+                            answered,
+                        },
+                    );
+                }
             }
         }
     }
@@ -356,9 +369,10 @@ fn against_relay(dir: &Path, facts: &GatewayFacts) -> anyhow::Result<String> {
         Ok(paired_medians(dir, name, facts.paired_rounds)?.map(|(p50, _)| p50))
     };
     let mut out = String::from(
-        "\n**Envoy plus the picker against Envoy alone, same run**\n\n\
-         | run | CPU per request, 32 clients | throughput, 32 clients | added p50 at 200 req/s |\n\
-         |---|---|---|---|\n",
+        "\n**Envoy plus the picker against Envoy alone, same run** (the second column: the\n\
+         picker run's Envoy process alone)\n\n\
+         | run | CPU per request, 32 clients | of which Envoy's | throughput, 32 clients | added p50 at 200 req/s |\n\
+         |---|---|---|---|---|\n",
     );
     let (relay_cpu, relay_rps, relay_p50) = (cpu(RELAY), throughput(RELAY)?, p50(RELAY)?);
     for name in &TARGETS[3..] {
@@ -372,8 +386,9 @@ fn against_relay(dir: &Path, facts: &GatewayFacts) -> anyhow::Result<String> {
         };
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {more} |",
+            "| {name} | {} | {} | {} | {more} |",
             ratio(cpu(name), relay_cpu),
+            ratio(cpu(&format!("{name}/envoy")), relay_cpu),
             ratio(Some(throughput(name)?), Some(relay_rps))
         );
     }

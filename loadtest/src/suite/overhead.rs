@@ -101,15 +101,9 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         .start_router("quantrouter", &profiles, &[], &[])
         .await?;
     // The same router with a tenant whose limits are checked in Redis: tenants on vs off.
-    let redis_port = free_port()?;
-    let redis = suite.start_redis(redis_port).await?;
-    let redis_url = format!("redis://127.0.0.1:{redis_port}");
-    let tenants = suite.work().join("overhead-tenants.json");
-    std::fs::write(&tenants, TENANTS)?;
-    anyhow::ensure!(
-        suite.push_tenants(&tenants, &redis_url).await,
-        "cannot push the overhead tenant to {redis_url}"
-    );
+    let (redis, redis_url) = suite
+        .redis_with_tenants("overhead-tenants.json", TENANTS)
+        .await?;
     let router_tenants = suite
         .start_router(
             "quantrouter-tenants",

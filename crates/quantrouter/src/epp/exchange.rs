@@ -533,8 +533,9 @@ impl Answer {
     ) -> ProcessingResponse {
         let (pseudo, headers) = split_headers(head.message.headers);
         let status = pseudo
-            .get(":status")
-            .and_then(|s| s.parse::<u16>().ok())
+            .status
+            .parse::<u16>()
+            .ok()
             .and_then(|s| StatusCode::from_u16(s).ok())
             .unwrap_or(StatusCode::BAD_GATEWAY);
         let served = served(ctx, picked, head.served.as_deref());
@@ -672,8 +673,7 @@ fn request_head(
     headers: Option<ProtoHeaders>,
 ) -> Result<(http::request::Parts, Endpoint), (ApiError, Option<Endpoint>)> {
     let (pseudo, headers) = split_headers(headers);
-    let method = pseudo.get(":method").map_or("", String::as_str);
-    let target = pseudo.get(":path").map_or("", String::as_str);
+    let (method, target) = (pseudo.method.as_str(), pseudo.path.as_str());
     let path = target.split('?').next().unwrap_or_default();
     let endpoint = match (method, Endpoint::of_path(path)) {
         ("POST", Some(endpoint)) => endpoint,
@@ -763,26 +763,42 @@ fn to_options(headers: &HeaderMap) -> Vec<HeaderValueOption> {
         .collect()
 }
 
-/// Envoy's header list as pseudo-headers (`:method`, `:path`, `:status`) and a header map.
-fn split_headers(headers: Option<ProtoHeaders>) -> (HashMap<String, String>, HeaderMap) {
-    let mut pseudo = HashMap::new();
-    let mut map = HeaderMap::new();
-    for header in headers.map(|h| h.headers).unwrap_or_default() {
+/// The pseudo-headers of a message from Envoy that the picker reads.
+#[derive(Debug, Default)]
+struct Pseudo {
+    method: String,
+    path: String,
+    status: String,
+}
+
+/// Envoy's header list as the pseudo-headers the picker reads (`:method`, `:path`,
+/// `:status`) and a header map.
+fn split_headers(headers: Option<ProtoHeaders>) -> (Pseudo, HeaderMap) {
+    let mut pseudo = Pseudo::default();
+    let headers = headers.map(|h| h.headers).unwrap_or_default();
+    let mut map = HeaderMap::with_capacity(headers.len());
+    for header in headers {
         // Envoy sends values in `raw_value`; older data planes in `value`.
         let value = match header.raw_value.is_empty() {
             true => Bytes::from(header.value.into_bytes()),
             false => header.raw_value,
         };
-        if header.key.starts_with(':') {
-            pseudo.insert(header.key, String::from_utf8_lossy(&value).into_owned());
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(header.key.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            map.append(name, value);
-        }
+        let slot = match header.key.as_str() {
+            ":method" => &mut pseudo.method,
+            ":path" => &mut pseudo.path,
+            ":status" => &mut pseudo.status,
+            key if key.starts_with(':') => continue,
+            _ => {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(header.key.as_bytes()),
+                    HeaderValue::from_maybe_shared(value),
+                ) {
+                    map.append(name, value);
+                }
+                continue;
+            }
+        };
+        *slot = String::from_utf8_lossy(&value).into_owned();
     }
     (pseudo, map)
 }
