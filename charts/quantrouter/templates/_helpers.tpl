@@ -85,13 +85,18 @@ quantrouter.io/tier: {{ .tier }}
 {{- end }}
 {{- end }}
 
-{{/* host:port[/db] part of the Redis URL, or "" when the router runs without Redis. */}}
+{{/* The hosts and path of the Redis URL, or "" when the router runs without Redis. */}}
 {{- define "quantrouter.redisAddress" -}}
 {{- if .Values.redis.enabled }}
 {{- printf "%s.%s.svc:6379" (include "quantrouter.redisName" .) .Release.Namespace }}
 {{- else if .Values.redis.url }}
-{{- regexReplaceAll "^rediss?://" .Values.redis.url "" }}
+{{- regexReplaceAll "^rediss?(\\+(sentinel|cluster))?://" .Values.redis.url "" }}
 {{- end }}
+{{- end }}
+
+{{/* The Redis URL's scheme: redis, rediss, redis+sentinel, rediss+cluster... */}}
+{{- define "quantrouter.redisScheme" -}}
+{{- default "redis" (regexFind "^rediss?(\\+(sentinel|cluster))?" .Values.redis.url) }}
 {{- end }}
 
 {{/*
@@ -109,7 +114,7 @@ inside QUANTROUTER_REDIS_URL (the variable must be defined first).
 {{- else }}
 {{- $address := include "quantrouter.redisAddress" . }}
 {{- if $address }}
-{{- $scheme := ternary "rediss" "redis" (hasPrefix "rediss://" .Values.redis.url) }}
+{{- $scheme := include "quantrouter.redisScheme" . }}
 {{- $secret := include "quantrouter.redisPasswordSecret" . }}
 {{- if $secret }}
 - name: REDIS_PASSWORD
@@ -124,6 +129,13 @@ inside QUANTROUTER_REDIS_URL (the variable must be defined first).
   value: {{ printf "%s://%s" $scheme $address | quote }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- with .Values.redis.sentinelPasswordSecret.name }}
+- name: QUANTROUTER_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.redis.sentinelPasswordSecret.key }}
 {{- end }}
 {{- end }}
 

@@ -302,6 +302,47 @@ fn dashboard_queries_parse_as_promql() {
     result.unwrap_or_else(|e| panic!("a dashboard query does not parse:\n{e}"));
 }
 
+/// Labels a ServiceMonitor's scrape sets on every series, as the Prometheus Operator does.
+const OPERATOR_TARGET_LABELS: &str = "container=\"quantrouter\",endpoint=\"admin\",\
+    instance=\"10.1.0.5:9090\",job=\"quantrouter\",namespace=\"llm\",\
+    pod=\"quantrouter-6c9f7-x2k4p\",service=\"quantrouter\"";
+
+#[test]
+fn the_open_circuit_panel_counts_every_open_upstream_under_the_operator() {
+    let Some(promtool) = require(Tool::Promtool) else {
+        return;
+    };
+    let queries = dashboard_queries(&dashboard());
+    let (_, expr) = queries
+        .iter()
+        .find(|(_, expr)| expr.contains("quantrouter_circuit_state"))
+        .expect("a panel of open circuits");
+    let series = |upstream: &str, state: u8| {
+        format!(
+            "      - series: 'quantrouter_circuit_state{{{OPERATOR_TARGET_LABELS},\
+             profile=\"llama8b-fp8\",upstream=\"{upstream}\"}}'\n        values: '{state}x5'\n"
+        )
+    };
+    let test = format!(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n\
+         {}{}{}    promql_expr_test:\n      - expr: {}\n        eval_time: 2m\n\
+         \x20       exp_samples:\n          - labels: '{{profile=\"llama8b-fp8\"}}'\n\
+         \x20           value: 2\n",
+        series("http://10.0.0.7:8000", 2),
+        series("http://10.0.0.8:8000", 2),
+        series("http://10.0.0.9:8000", 0),
+        serde_json::to_string(&substitute_dashboard_variables(expr)).unwrap(),
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("quantrouter-circuits-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("circuits.test.yaml");
+    std::fs::write(&file, &test).unwrap();
+    let result = run(&promtool, &["test", "rules", file.to_str().unwrap()]);
+    result.unwrap_or_else(|e| panic!("two open upstreams of one profile:\n{e}\n{test}"));
+}
+
 #[test]
 fn promql_parse_check_rejects_a_broken_query() {
     let Some(promtool) = require(Tool::Promtool) else {

@@ -484,6 +484,37 @@ fn redis_url_password_comes_from_a_secret() {
     }
 }
 
+/// `redis.sentinelPasswordSecret` gives the router the sentinels' own password from its
+/// Secret, beside the URL's data password, never in its place.
+#[test]
+fn the_sentinels_password_comes_from_its_own_secret() {
+    let Some(renders) = all_renders() else { return };
+    let mut seen = 0;
+    for render in &renders {
+        for (_, container) in router_containers(render) {
+            let env = container["env"].as_array().cloned().unwrap_or_default();
+            let named = |name: &str| env.iter().find(|e| e["name"] == name).cloned();
+            let Some(password) = named("QUANTROUTER_REDIS_SENTINEL_PASSWORD") else {
+                continue;
+            };
+            seen += 1;
+            let src = &render.source;
+            assert!(password.get("value").is_none(), "{src}: a literal");
+            assert_eq!(
+                password["valueFrom"]["secretKeyRef"]["name"], "redis-sentinel",
+                "{src}"
+            );
+            let url = named("QUANTROUTER_REDIS_URL").unwrap();
+            let url = url["value"].as_str().unwrap_or_default();
+            assert!(
+                url.starts_with("redis+sentinel://:$(REDIS_PASSWORD)@"),
+                "{src}: {url}"
+            );
+        }
+    }
+    assert!(seen > 0, "no render gives the sentinels their password");
+}
+
 /// `router.upstreamApiKeys` and `tierDefaults.apiKeySecret` put the upstream key into the
 /// router and the vLLM tiers only through `secretKeyRef`, never as a literal.
 #[test]

@@ -6,8 +6,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use quantrouter_policy::{
-    conversation_key, prefer_session, prefix_blocks, Classifier, ProfileIndex, ProfileSet, Prompt,
-    Role, RoutingDecision, Segment, DEFAULT_PROFILE_SET,
+    conversation_key, prefer_session, prefix_blocks, Classifier, KeyScope, ProfileIndex,
+    ProfileSet, Prompt, Role, RoutingDecision, Segment, DEFAULT_PROFILE_SET,
 };
 
 mod workload;
@@ -76,7 +76,7 @@ fn affinity(c: &mut Criterion) {
     group.bench_function("with/4096B", |b| {
         b.iter(|| {
             let mut decision = route(&set, Some(&model), black_box(&text));
-            let work = affinity_work(&text, &mut decision, ProfileIndex::new(0));
+            let work = affinity_work(KeyScope::NONE, &text, &mut decision, ProfileIndex::new(0));
             black_box((decision, work))
         })
     });
@@ -86,13 +86,39 @@ fn affinity(c: &mut Criterion) {
     group.bench_function("added/4096B", |b| {
         let mut decision = decision.clone();
         let session = decision.profile;
-        b.iter(|| black_box(affinity_work(&text, &mut decision, black_box(session))))
+        b.iter(|| {
+            black_box(affinity_work(
+                KeyScope::NONE,
+                &text,
+                &mut decision,
+                black_box(session),
+            ))
+        })
+    });
+    // The same for a tenant with `prefix_cache: "isolated"`, whose placement scope is also
+    // derived from its `cache_salt` per request.
+    let tenant = KeyScope::from_digest(&[7; 32]);
+    let salt = "5f".repeat(32);
+    group.bench_function("added_isolated/4096B", |b| {
+        let mut decision = decision.clone();
+        let session = decision.profile;
+        b.iter(|| {
+            let scope = tenant.salted(black_box(&salt));
+            black_box(affinity_work(
+                scope,
+                &text,
+                &mut decision,
+                black_box(session),
+            ))
+        })
     });
     group.finish();
 }
 
-/// The prompt's block hashes, its conversation key and the session preference.
+/// The prompt's block hashes and its conversation key within `scope`, and the session
+/// preference.
 fn affinity_work(
+    scope: KeyScope,
     text: &str,
     decision: &mut RoutingDecision,
     session: ProfileIndex,
@@ -104,8 +130,8 @@ fn affinity_work(
         }],
         wants_json: false,
     };
-    let blocks = prefix_blocks(&prompt);
-    let key = conversation_key(Some("session-1"), None, &prompt);
+    let blocks = prefix_blocks(scope, &prompt);
+    let key = conversation_key(scope, Some("session-1"), None, &prompt).map(|c| c.key);
     (blocks, key, prefer_session(decision, session))
 }
 

@@ -11,6 +11,10 @@
 //!   turns used while that profile still meets the new turn's constraints
 //!   ([`prefer_session`]).
 //!
+//! Both are keyed within a [`KeyScope`], the tenant's: one tenant's prompts and session ids
+//! never match another's, so what the router says about earlier traffic (the
+//! `x-quantrouter-affinity` header) is only ever about the tenant's own.
+//!
 //! The router cannot see the server's tokens, so a prompt is cut into blocks of
 //! [`PREFIX_BLOCK_BYTES`] bytes (about a 16-token KV block) whose hashes chain: a block
 //! matches only behind the same prefix, as in vLLM's block hashes. Which endpoint holds
@@ -20,10 +24,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
 
 use crate::features::{Prompt, Role};
-use crate::profile::ProfileIndex;
+use crate::profile::{Affinity, ProfileIndex};
 use crate::select::{Reason, RoutingDecision};
 
 /// Prompt bytes per prefix block: 16 tokens (vLLM's default block size) at the usual four
@@ -38,33 +43,6 @@ pub const MAX_PREFIX_BYTES: usize = 32 * 1024;
 /// what one 80 GB GPU's KV cache holds for an 8B model. Remembering more than the server
 /// can hold would promise hits it has evicted.
 pub const DEFAULT_TABLE_BLOCKS: usize = 16 * 1024;
-
-/// `policy.affinity`: how strongly requests stick to where their cache is.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Affinity {
-    /// A prompt's cached prefix may send it to an endpoint whose load is at most this many
-    /// times the least loaded endpoint's (and always to one with a single request more).
-    pub max_load_factor: f64,
-    /// What a block of the prompt the endpoint must compute weighs against a block of
-    /// prefill already queued there: above 1, because a recomputed prefix also delays
-    /// whatever queues behind it and leaves the cached copy unused.
-    pub recompute_weight: f64,
-    /// Keep a conversation on the profile its earlier turns used while that profile meets
-    /// the new turn's constraints.
-    pub session: bool,
-}
-
-/// `upstream.balance`: how a request picks one endpoint of a profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Balance {
-    /// The endpoint most likely to hold the prompt's prefix, within the load bound.
-    #[default]
-    Prefix,
-    /// The less loaded of two random endpoints (power of two choices).
-    LeastLoad,
-}
 
 /// What the router knows of one endpoint when choosing where a prompt goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +84,22 @@ pub enum AffinityUse {
     Prefix,
 }
 
+/// Whose traffic a key belongs to: block hashes and conversation keys start from the scope,
+/// so keys of different scopes never match. [`KeyScope::NONE`] is a router without tenants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KeyScope(u64);
+
+/// A conversation's key, and whether this request may follow its earlier turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conversation {
+    pub key: u64,
+    /// The client named the conversation (a session id, OpenAI's `user`), or the request
+    /// continues one: an assistant turn or a tool's result is in its history. A first turn
+    /// keyed by its messages has no conversation to keep yet: it is remembered for its next
+    /// turn, but the same opening sent again is routed on its own.
+    pub recall: bool,
+}
+
 /// The prompt blocks recently sent to one endpoint, least recently used forgotten first.
 ///
 /// A hit on block `k` means the endpoint saw the whole prefix up to `k` (hashes chain);
@@ -140,39 +134,30 @@ struct BlockHasher {
 /// FxHash's multiplier: one multiply per word mixes well enough for table keys.
 const MIX: u64 = 0x517c_c1b7_2722_0a95;
 
-// === impl Affinity ===
+// === impl KeyScope ===
 
-impl Default for Affinity {
-    /// 1.5: a cached prefix is worth queueing behind half as many requests again as the
-    /// least loaded endpoint has (prefill saved against queue wait), not more — the bound
-    /// under which a hot prefix's max/mean replica load stays at 1.5. Recompute weight 4:
-    /// a conversation leaves its cache only for a queue several times its own prefill, so
-    /// moves stay rare and the hit rate stays; at 1 every move that helps one turn costs
-    /// the turns behind it more (docs/routing.md). Sessions on: a turn that moves tier
-    /// recomputes the whole conversation.
-    fn default() -> Self {
-        Self {
-            max_load_factor: 1.5,
-            recompute_weight: 4.0,
-            session: true,
-        }
+impl KeyScope {
+    /// Everyone's: a router without tenants.
+    pub const NONE: Self = Self(0);
+
+    /// A scope from a secret digest (a tenant's: [`crate::TenantKeys`]).
+    pub fn from_digest(digest: &[u8; 32]) -> Self {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Self(u64::from_le_bytes(first))
     }
-}
 
-impl Affinity {
-    pub(crate) fn check(&self, err: &mut impl FnMut(String, &str)) {
-        if !(self.max_load_factor >= 1.0 && self.max_load_factor.is_finite()) {
-            err(
-                "policy.affinity.max_load_factor".into(),
-                "must be a number >= 1",
-            );
-        }
-        if !(self.recompute_weight >= 1.0 && self.recompute_weight.is_finite()) {
-            err(
-                "policy.affinity.recompute_weight".into(),
-                "must be a number >= 1",
-            );
-        }
+    /// The part of this scope whose requests carry `salt` as vLLM's `cache_salt`: the model
+    /// server shares KV blocks only between equal salts, so the router's table must not
+    /// either. A cryptographic hash, because a client chooses its salt and must not be able
+    /// to choose its way into another scope.
+    pub fn salted(self, salt: &str) -> Self {
+        let digest = Sha256::new()
+            .chain_update(b"quantrouter prefix scope\0")
+            .chain_update(self.0.to_le_bytes())
+            .chain_update(salt.as_bytes())
+            .finalize();
+        Self::from_digest(&digest.into())
     }
 }
 
@@ -190,9 +175,10 @@ impl AffinityUse {
 }
 
 /// The chained hashes of the prompt's full blocks (of its first [`MAX_PREFIX_BYTES`]),
-/// each message framed by its role so the same text in another role differs.
-pub fn prefix_blocks(prompt: &Prompt<'_>) -> Vec<u64> {
-    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES);
+/// each message framed by its role so the same text in another role differs, within
+/// `scope`.
+pub fn prefix_blocks(scope: KeyScope, prompt: &Prompt<'_>) -> Vec<u64> {
+    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES, scope);
     for segment in &prompt.segments {
         hasher.feed(&[role_byte(segment.role), 0x1e]);
         hasher.feed(segment.text.as_bytes());
@@ -204,19 +190,24 @@ pub fn prefix_blocks(prompt: &Prompt<'_>) -> Vec<u64> {
     hasher.blocks
 }
 
-/// The key a conversation's turns share: the client's session id, else OpenAI's `user`,
-/// else a hash of the messages up to the first user message (the system prompt and the
-/// opening question, which every later turn repeats). `None` for an empty prompt.
+/// The key a conversation's turns share within `scope`: the client's session id, else
+/// OpenAI's `user`, else a hash of the messages up to the first user message (the system
+/// prompt and the opening question, which every later turn repeats). `None` for an empty
+/// prompt.
 pub fn conversation_key(
+    scope: KeyScope,
     session_id: Option<&str>,
     user: Option<&str>,
     prompt: &Prompt<'_>,
-) -> Option<u64> {
+) -> Option<Conversation> {
     let named = |tag: u8, value: &str| {
-        let mut hasher = BlockHasher::new(usize::MAX);
+        let mut hasher = BlockHasher::new(usize::MAX, scope);
         hasher.feed(&[tag]);
         hasher.feed(value.as_bytes());
-        hasher.digest()
+        Conversation {
+            key: hasher.digest(),
+            recall: true,
+        }
     };
     if let Some(id) = session_id.filter(|s| !s.is_empty()) {
         return Some(named(b's', id));
@@ -231,13 +222,30 @@ pub fn conversation_key(
     if opening.is_empty() {
         return None;
     }
-    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES);
+    let mut hasher = BlockHasher::new(MAX_PREFIX_BYTES, scope);
     hasher.feed(b"m");
     for segment in opening {
         hasher.feed(&[role_byte(segment.role), 0x1e]);
         hasher.feed(segment.text.as_bytes());
     }
-    Some(hasher.digest())
+    let continues = prompt
+        .segments
+        .iter()
+        .any(|s| matches!(s.role, Role::Assistant | Role::Other));
+    Some(Conversation {
+        key: hasher.digest(),
+        recall: continues,
+    })
+}
+
+/// Whether a turn's profile becomes its conversation's: only when the router chose it. A
+/// request pinned to a profile (by model name or header), or sent to the default profile
+/// as a shadow or canary control, says nothing about what the later turns need.
+pub fn remembers(decision: &RoutingDecision) -> bool {
+    !matches!(
+        decision.reason,
+        Reason::Pinned | Reason::Shadow | Reason::CanaryControl
+    )
 }
 
 /// Keeps the conversation on `session`, the profile its earlier turns used, when adaptive
@@ -403,13 +411,14 @@ impl Hasher for Prehashed {
 // === impl BlockHasher ===
 
 impl BlockHasher {
-    fn new(limit: usize) -> Self {
+    /// A hasher of at most `limit` bytes whose chain starts from `scope`.
+    fn new(limit: usize, scope: KeyScope) -> Self {
         Self {
             word: 0,
             word_len: 0,
             block: 0,
             block_len: 0,
-            chain: 0,
+            chain: scope.0,
             room: limit,
             blocks: Vec::new(),
         }

@@ -40,9 +40,9 @@ mod tenant;
 pub mod wait_queue;
 
 pub use affinity::{
-    choose_endpoint, conversation_key, prefer_session, prefix_blocks, prompt_blocks, Affinity,
-    AffinityUse, Balance, EndpointChoice, EndpointLoad, PrefixTable, DEFAULT_TABLE_BLOCKS,
-    MAX_PREFIX_BYTES, PREFIX_BLOCK_BYTES,
+    choose_endpoint, conversation_key, prefer_session, prefix_blocks, prompt_blocks, remembers,
+    AffinityUse, Conversation, EndpointChoice, EndpointLoad, KeyScope, PrefixTable,
+    DEFAULT_TABLE_BLOCKS, MAX_PREFIX_BYTES, PREFIX_BLOCK_BYTES,
 };
 pub use audit::{audit, AuditError, AuditReport, LabelStats, LabelledText};
 pub use calibration::{sampled, AgreementTally, CostWindow, QualityEstimate};
@@ -51,10 +51,11 @@ pub use classifier::{
 };
 pub use features::{FeatureError, Features, Prompt, Role, Segment, TaskClass};
 pub use profile::{
-    ApiKeySource, Calibration, ComplexityWeights, FieldError, Latency, Mode, OutcomeSink, Policy,
-    Profile, ProfileIndex, ProfileSet, ProfileSetError, Quality, QualityFallback, QueueMetrics,
-    RequiredQuality, SecondOpinion, ServiceUpstream, StaticUpstream, StreamCheck, Transport,
-    Upstream, UpstreamApi, ValidationErrors, Weights, MAX_VERSION,
+    Affinity, ApiKeySource, Balance, Calibration, ComplexityWeights, FieldError, Latency, Mode,
+    OutcomeSink, OutputCeiling, Policy, Profile, ProfileIndex, ProfileSet, ProfileSetError,
+    Quality, QualityFallback, QueueMetrics, RequiredQuality, SecondOpinion, ServiceUpstream,
+    StaticUpstream, StreamCheck, StreamResume, Transport, Upstream, UpstreamApi, ValidationErrors,
+    Weights, MAX_VERSION,
 };
 pub use quality::{
     check_answer, check_choices, check_stream_choices, check_stream_start, repetition_ratio,
@@ -67,8 +68,8 @@ pub use select::{
     Rejection, RouteError, RouteRequest, RoutingDecision,
 };
 pub use tenant::{
-    hash_key, is_valid_api_key, parse_key_hash, Tenant, TenantDocument, TenantError, TenantLimits,
-    MAX_BUDGET, MAX_COUNT_LIMIT, MAX_KEYS, MAX_KEY_BYTES,
+    hash_key, is_valid_api_key, parse_key_hash, PrefixCache, Tenant, TenantDocument, TenantError,
+    TenantKeys, TenantLimits, MAX_BUDGET, MAX_COUNT_LIMIT, MAX_KEYS, MAX_KEY_BYTES,
 };
 
 /// The built-in profile set (`profiles/default.json`), used when no other source is set.

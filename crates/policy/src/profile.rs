@@ -8,7 +8,6 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::affinity::{Affinity, Balance};
 use crate::features::TaskClass;
 
 /// A profile's position in its [`ProfileSet`]: what a decision names, and what everything
@@ -99,6 +98,62 @@ pub struct Policy {
     pub second_opinion: Option<SecondOpinion>,
     /// How strongly requests stick to the endpoint and profile holding their KV cache.
     pub affinity: Affinity,
+    /// For which APIs a request's output limit is only a ceiling.
+    pub output_ceiling: OutputCeiling,
+    /// Continuing a stream whose upstream failed after content reached the client.
+    pub stream_resume: StreamResume,
+}
+
+/// `policy.output_ceiling`: the APIs whose output limit (`max_tokens`, `max_output_tokens`)
+/// is an upper bound rather than room to reserve. Anthropic's and OpenAI's agent APIs treat
+/// it so, and agents set it far above any answer (Claude Code asks for 32,000). For those
+/// APIs a profile is excluded only when the prompt itself does not fit its context, latency
+/// and cost are predicted for the expected output, and each upstream is sent the limit
+/// lowered to what its context holds beside the prompt (`docs/routing.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputCeiling {
+    /// The APIs it applies to; `[]` makes every limit room the context must hold.
+    pub apis: Vec<UpstreamApi>,
+    /// The share by which the prompt's estimate is raised before the limit is cut to the
+    /// context left: the estimate counts characters, the upstream tokens. 0..=1.
+    pub prompt_margin: f64,
+}
+
+/// `policy.stream_resume`: a streamed answer whose upstream fails after content reached the
+/// client is continued from the delivered text by another endpoint, in the same stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamResume {
+    /// Continuations one stream may get; 0 turns resumption off.
+    pub max_resumes: u32,
+}
+
+/// `policy.affinity`: how strongly requests stick to where their cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Affinity {
+    /// A prompt's cached prefix may send it to an endpoint whose load is at most this many
+    /// times the least loaded endpoint's (and always to one with a single request more).
+    pub max_load_factor: f64,
+    /// What a block of the prompt the endpoint must compute weighs against a block of
+    /// prefill already queued there: above 1, because a recomputed prefix also delays
+    /// whatever queues behind it and leaves the cached copy unused.
+    pub recompute_weight: f64,
+    /// Keep a conversation on the profile its earlier turns used while that profile meets
+    /// the new turn's constraints.
+    pub session: bool,
+}
+
+/// `upstream.balance`: how a request picks one endpoint of a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// The endpoint most likely to hold the prompt's prefix, within the load bound.
+    #[default]
+    Prefix,
+    /// The less loaded of two random endpoints (power of two choices).
+    LeastLoad,
 }
 
 /// `policy.stream_check`: hold the first tokens of a streamed answer from a tier that has a
@@ -295,6 +350,10 @@ pub struct ServiceUpstream {
     /// How a request picks an endpoint; absent: by cached prefix ([`Balance::Prefix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balance: Option<Balance>,
+    /// The server continues a final assistant message (`continue_final_message`), so it
+    /// may take over a broken stream ([`StreamResume`]); `false` for one that cannot.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// Fixed base URLs.
@@ -325,6 +384,9 @@ pub struct StaticUpstream {
     /// The APIs the upstream serves natively; the router translates the others to chat.
     #[serde(default = "default_apis", skip_serializing_if = "is_default_apis")]
     pub apis: Vec<UpstreamApi>,
+    /// The server continues a final assistant message; see [`ServiceUpstream::resume`].
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub resume: bool,
 }
 
 /// An API an upstream may serve (`upstream.apis`).
@@ -364,6 +426,7 @@ impl Default for StaticUpstream {
             http2: false,
             apis: default_apis(),
             balance: None,
+            resume: true,
         }
     }
 }
@@ -602,7 +665,87 @@ impl Default for Policy {
             calibration: None,
             second_opinion: None,
             affinity: Affinity::default(),
+            output_ceiling: OutputCeiling::default(),
+            stream_resume: StreamResume::default(),
         }
+    }
+}
+
+impl Default for OutputCeiling {
+    /// The agent APIs, whose clients send a ceiling; chat and completions keep OpenAI's
+    /// reading, under which a limit the model cannot reach is refused. A tenth over the
+    /// estimate covers the usual gap between characters per token and the tokenizer's count.
+    fn default() -> Self {
+        Self {
+            apis: vec![UpstreamApi::Messages, UpstreamApi::Responses],
+            prompt_margin: 0.1,
+        }
+    }
+}
+
+// === impl Affinity ===
+
+impl Default for Affinity {
+    /// 1.5: a cached prefix is worth queueing behind half as many requests again as the
+    /// least loaded endpoint has (prefill saved against queue wait), not more — the bound
+    /// under which a hot prefix's max/mean replica load stays at 1.5. Recompute weight 4:
+    /// a conversation leaves its cache only for a queue several times its own prefill, so
+    /// moves stay rare and the hit rate stays; at 1 every move that helps one turn costs
+    /// the turns behind it more (docs/routing.md). Sessions on: a turn that moves tier
+    /// recomputes the whole conversation.
+    fn default() -> Self {
+        Self {
+            max_load_factor: 1.5,
+            recompute_weight: 4.0,
+            session: true,
+        }
+    }
+}
+
+impl Affinity {
+    pub(crate) fn check(&self, err: &mut impl FnMut(String, &str)) {
+        if !(self.max_load_factor >= 1.0 && self.max_load_factor.is_finite()) {
+            err(
+                "policy.affinity.max_load_factor".into(),
+                "must be a number >= 1",
+            );
+        }
+        if !(self.recompute_weight >= 1.0 && self.recompute_weight.is_finite()) {
+            err(
+                "policy.affinity.recompute_weight".into(),
+                "must be a number >= 1",
+            );
+        }
+    }
+}
+
+// === impl OutputCeiling ===
+
+impl OutputCeiling {
+    /// Whether a request's output limit is only a ceiling on `api`.
+    pub fn applies_to(&self, api: UpstreamApi) -> bool {
+        self.apis.contains(&api)
+    }
+
+    /// The output limit to send an upstream whose context holds `max_context_tokens`, for a
+    /// request asking at most `max_tokens` with a prompt estimated at `prompt_tokens`: the
+    /// request's own, or the context left beside the prompt (with the margin), at least 1.
+    pub fn clamp(&self, max_tokens: u32, max_context_tokens: u32, prompt_tokens: u64) -> u32 {
+        let prompt = (prompt_tokens as f64 * (1.0 + self.prompt_margin.max(0.0))).ceil();
+        let left = (f64::from(max_context_tokens) - prompt).max(1.0);
+        // `left` is in 1..=u32::MAX here; `as` saturates anyway.
+        max_tokens.min(left as u32)
+    }
+}
+
+/// The most continuations `policy.stream_resume.max_resumes` may allow one stream.
+const MAX_RESUMES: u32 = 3;
+
+impl Default for StreamResume {
+    /// One continuation hides the usual single failure (a pod scaled down, evicted or out of
+    /// memory); a stream that breaks again is meeting a tier in trouble, not bad luck.
+    fn default() -> Self {
+        Self { max_resumes: 1 }
     }
 }
 
@@ -702,6 +845,17 @@ impl Policy {
             }
         }
         self.affinity.check(err);
+        check_unit(
+            "policy.output_ceiling.prompt_margin",
+            self.output_ceiling.prompt_margin,
+            err,
+        );
+        if self.stream_resume.max_resumes > MAX_RESUMES {
+            err(
+                "policy.stream_resume.max_resumes".into(),
+                "must be in [0, 3]",
+            );
+        }
         if let Some(c) = &self.calibration {
             check_unit("policy.calibration.sample_rate", c.sample_rate, err);
             positive(
@@ -1007,6 +1161,14 @@ impl Upstream {
         Transport { ca_file, http2 }
     }
 
+    /// Whether the upstream can continue a broken stream (`upstream.resume`).
+    pub fn resumes(&self) -> bool {
+        match self {
+            Upstream::Service(s) => s.resume,
+            Upstream::Static(s) => s.resume,
+        }
+    }
+
     /// Whether the upstream serves `api` natively (`upstream.apis`).
     pub fn serves(&self, api: UpstreamApi) -> bool {
         let apis = match self {
@@ -1041,6 +1203,14 @@ fn is_default_apis(apis: &Vec<UpstreamApi>) -> bool {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_env_name(s: &str) -> bool {

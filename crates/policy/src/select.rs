@@ -42,6 +42,9 @@ pub struct Overrides<'a> {
     /// A tier's rating of the prompt (`policy.second_opinion`): replaces the outcome head's
     /// risk, where the head speaks for the prompt.
     pub second_opinion: Option<Rating>,
+    /// The request's `max_tokens` is only a ceiling (`policy.output_ceiling` covers its
+    /// API): a profile is excluded only when the prompt itself does not fit its context.
+    pub output_ceiling: bool,
 }
 
 /// How a request of a tenant past its soft limit is routed: the cost weight is multiplied
@@ -96,7 +99,8 @@ pub enum Reason {
 pub enum Rejection {
     /// No endpoint can take a request.
     Unavailable,
-    /// Prompt plus `max_tokens` exceed `max_context_tokens`.
+    /// Prompt plus `max_tokens` exceed `max_context_tokens` (the prompt alone, when
+    /// `max_tokens` is only a ceiling).
     ContextTooSmall,
     /// Quality for the task class is below the required quality.
     QualityBelowRequired,
@@ -193,7 +197,11 @@ pub fn decide(
             m.min(policy.expected_output_tokens)
         })
         .max(1);
-    let context_out = u64::from(req.max_tokens.unwrap_or(expected_out));
+    // A ceiling reserves no room: the prompt and one token of answer must fit.
+    let context_out = match req.overrides.output_ceiling {
+        true => 1,
+        false => u64::from(req.max_tokens.unwrap_or(expected_out)),
+    };
     // A second opinion stands in for the head's risk, where the head speaks at all.
     let rated = req
         .overrides

@@ -5,7 +5,8 @@
 //! {"version": 3, "tenants": [{"id": "team-a", "key_sha256": ["<64 hex>"],
 //!   "limits": {"requests_per_minute": 600, "tokens_per_minute": 200000,
 //!              "budget_per_day": 20.0, "budget_per_month": 400.0, "soft_limit": 0.8},
-//!   "min_quality": 0.85, "allowed_profiles": ["llama8b-fp8", "llama8b-awq"], "priority": 10}]}
+//!   "min_quality": 0.85, "allowed_profiles": ["llama8b-fp8", "llama8b-awq"], "priority": 10,
+//!   "prefix_cache": "isolated"}]}
 //! ```
 //!
 //! Keys are stored only as lowercase hex SHA-256 digests. `tenants push` also reads a push-only
@@ -18,6 +19,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::affinity::KeyScope;
 use crate::profile::{parse_with_path, FieldError, ProfileSetError, ValidationErrors, MAX_VERSION};
 
 /// The longest API key accepted, in bytes: real keys are 40 to 170 characters, and a bound
@@ -75,6 +77,10 @@ pub struct Tenant {
     /// first served.
     #[serde(default)]
     pub priority: i32,
+    /// Whether the tenant's prompts may share the model servers' KV cache with other
+    /// tenants' (left out when `shared`, so older routers still read the document).
+    #[serde(default, skip_serializing_if = "PrefixCache::is_shared")]
+    pub prefix_cache: PrefixCache,
     /// Push-only plain keys; never serialised, and refused by the stored format.
     #[serde(default, skip_serializing)]
     pub keys: Vec<String>,
@@ -100,6 +106,31 @@ pub struct TenantLimits {
     /// normally; 1 turns downgrading off.
     #[serde(default = "default_soft_limit")]
     pub soft_limit: f64,
+}
+
+/// `prefix_cache`: whether a tenant's prompts share KV-cache blocks with other tenants'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixCache {
+    /// One cache for all (the model server's default): the most cache hits, but a tenant can
+    /// tell from a quick first token that someone sent the same prefix recently.
+    #[default]
+    Shared,
+    /// Every request carries vLLM's `cache_salt`, derived from the tenant
+    /// ([`TenantKeys::cache_salt`]): its prompts share blocks only with its own.
+    Isolated,
+}
+
+/// What a tenant's state in the router is keyed by, derived once per document from a digest
+/// of its id and its keys' hashes. No other tenant can compute them: key hashes are never
+/// shown (usage reports show 8 hex characters). A new key set derives new ones, so rotating
+/// a tenant's keys starts its sessions and its cache afresh.
+#[derive(Clone)]
+pub struct TenantKeys {
+    secret: [u8; 32],
+    scope: KeyScope,
+    /// `isolated`: the `cache_salt` of a request that sends none.
+    salt: Option<String>,
 }
 
 /// Why a tenant document was refused.
@@ -272,6 +303,81 @@ impl Tenant {
             .as_ref()
             .is_none_or(|allowed| allowed.iter().any(|p| p == profile))
     }
+}
+
+// === impl PrefixCache ===
+
+impl PrefixCache {
+    fn is_shared(&self) -> bool {
+        *self == Self::Shared
+    }
+}
+
+// === impl TenantKeys ===
+
+impl TenantKeys {
+    /// The keys of tenant `id` whose API keys have these SHA-256 digests.
+    pub fn derive(id: &str, key_digests: &[[u8; 32]], prefix_cache: PrefixCache) -> Self {
+        let mut digests = key_digests.to_vec();
+        digests.sort_unstable();
+        digests.dedup();
+        let mut hasher = Sha256::new()
+            .chain_update(b"quantrouter tenant\0")
+            .chain_update(id.as_bytes())
+            .chain_update(b"\0");
+        for digest in &digests {
+            hasher.update(digest);
+        }
+        let secret: [u8; 32] = hasher.finalize().into();
+        let scope = KeyScope::from_digest(&derive(&secret, b"scope", None));
+        let mut keys = Self {
+            secret,
+            scope,
+            salt: None,
+        };
+        if prefix_cache == PrefixCache::Isolated {
+            keys.salt = Some(hex(&derive(&secret, b"cache_salt", None)));
+        }
+        keys
+    }
+
+    /// Scopes the tenant's sessions, prefix tables and cached ratings.
+    pub fn scope(&self) -> KeyScope {
+        self.scope
+    }
+
+    /// vLLM's `cache_salt` for a request of an `isolated` tenant (`None` when `shared`): 256
+    /// bits in hex, as vLLM asks for. A client that sends its own salt (to keep its users
+    /// apart) gets one derived from both, so its requests stay apart from each other and
+    /// from every other tenant's.
+    pub fn cache_salt(&self, client: Option<&str>) -> Option<std::borrow::Cow<'_, str>> {
+        let own = self.salt.as_deref()?;
+        Some(match client {
+            None => own.into(),
+            Some(client) => hex(&derive(&self.secret, b"client cache_salt", Some(client))).into(),
+        })
+    }
+}
+
+impl std::fmt::Debug for TenantKeys {
+    /// The secret and the salt stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantKeys")
+            .field("isolated", &self.salt.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A digest of `secret` for one `purpose`, and of `extra` if given.
+fn derive(secret: &[u8; 32], purpose: &[u8], extra: Option<&str>) -> [u8; 32] {
+    let mut hasher = Sha256::new()
+        .chain_update(purpose)
+        .chain_update(b"\0")
+        .chain_update(secret);
+    if let Some(extra) = extra {
+        hasher.update(extra.as_bytes());
+    }
+    hasher.finalize().into()
 }
 
 // === impl TenantLimits ===

@@ -126,6 +126,43 @@ proptest! {
     }
 
     #[test]
+    fn under_a_ceiling_only_a_prompt_too_long_excludes_a_profile(
+        words in 1usize..6_000, max_tokens in 1u32..200_000, context in 256u32..20_000
+    ) {
+        let mut set = default_set();
+        for p in &mut set.profiles {
+            p.max_context_tokens = context;
+        }
+        let text = "word ".repeat(words);
+        let Some(f) = features(&text, false) else { return Ok(()) };
+        let req = RouteRequest {
+            features: &f,
+            max_tokens: Some(max_tokens),
+            overrides: Overrides { output_ceiling: true, ..Overrides::default() },
+            routing_key: "k",
+        };
+        let d = decide(&set, &req, &[]).unwrap();
+        for c in &d.candidates {
+            let too_long = c.estimated_input_tokens >= u64::from(context);
+            let excluded = c.rejected_because == Some(quantrouter_policy::Rejection::ContextTooSmall);
+            prop_assert_eq!(excluded, too_long, "{:?}", c);
+        }
+        // Latency and cost are predicted for the expected output, never the ceiling.
+        prop_assert!(d.expected_output_tokens <= set.policy.expected_output_tokens);
+        // What each upstream is sent: never above the request's, and within its context
+        // beside the prompt with the margin whenever that leaves any room.
+        let rule = &set.policy.output_ceiling;
+        for c in &d.candidates {
+            let sent = rule.clamp(max_tokens, context, c.estimated_input_tokens);
+            prop_assert!(sent >= 1 && sent <= max_tokens);
+            let prompt = (c.estimated_input_tokens as f64 * (1.0 + rule.prompt_margin)).ceil();
+            if prompt < f64::from(context) {
+                prop_assert!(f64::from(sent) + prompt <= f64::from(context));
+            }
+        }
+    }
+
+    #[test]
     fn decisions_are_deterministic(text in any_text(), key in "[a-z0-9]{0,12}", load in loads()) {
         let mut set = default_set();
         set.policy.mode = quantrouter_policy::Mode::Canary;

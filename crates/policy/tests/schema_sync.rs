@@ -1,13 +1,16 @@
 //! `profiles/profile-set.schema.json` agrees with the Rust types: every shipped document
 //! validates, invalid ones do not, and the schema's property names are exactly the fields
-//! the types serialize.
+//! the types serialize. `profiles/tenants.schema.json` agrees with the tenant document's
+//! types in the same ways, on the tenant corpus.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use quantrouter_policy::{from_seed_list, ProfileSet, Quality, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{
+    from_seed_list, ProfileSet, Quality, TenantDocument, DEFAULT_PROFILE_SET,
+};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -188,7 +191,8 @@ fn schema_property_names_match_the_rust_fields() {
     )
     .unwrap();
     set.profiles[2].upstream = serde_json::from_str(
-        r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"}}"#,
+        r#"{"service": "s", "api_key_env": "K", "metrics": {"waiting": "w", "running": "r"},
+            "resume": false}"#,
     )
     .unwrap();
     set.policy.stream_check = Some(quantrouter_policy::StreamCheck::default());
@@ -217,4 +221,105 @@ fn schema_property_names_match_the_rust_fields() {
     let only_schema: Vec<_> = from_schema.difference(&from_types).collect();
     assert!(only_types.is_empty() && only_schema.is_empty(),
         "fields missing from the schema: {only_types:?}; schema properties the types lack: {only_schema:?}");
+}
+
+#[test]
+fn schema_and_types_bound_the_resumes_of_a_stream() {
+    let validator = jsonschema::validator_for(&schema()).unwrap();
+    let mut doc: Value = serde_json::from_str(DEFAULT_PROFILE_SET).unwrap();
+    for (max_resumes, valid) in [(0, true), (3, true), (4, false)] {
+        doc["policy"]["stream_resume"] = serde_json::json!({ "max_resumes": max_resumes });
+        assert_eq!(validator.is_valid(&doc), valid, "schema, {max_resumes}");
+        let typed = ProfileSet::from_json(&doc.to_string());
+        assert_eq!(typed.is_ok(), valid, "types, {max_resumes}");
+    }
+}
+
+// === the tenant document ===
+
+fn tenant_schema() -> Value {
+    let text = std::fs::read_to_string(repo().join("profiles/tenants.schema.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The tenant corpus in the stored format (`push-` documents carry plain keys, which only
+/// `tenants push` reads), by name.
+fn tenant_corpus() -> Vec<(String, String)> {
+    let dir = repo().join("crates/policy/tests/corpus/tenants");
+    let mut docs: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&path).unwrap())
+        })
+        .filter(|(name, _)| !name.contains("push-"))
+        .collect();
+    docs.sort();
+    docs
+}
+
+#[test]
+fn the_tenant_schema_accepts_the_valid_corpus_and_refuses_the_invalid() {
+    let validator = jsonschema::validator_for(&tenant_schema()).unwrap();
+    // Rules across items (unique ids and keys) and of the text itself (trailing bytes,
+    // nesting depth, a number past u64) are the parser's alone.
+    let beyond_a_schema = [
+        "invalid-duplicate-id.json",
+        "invalid-duplicate-key-across-tenants.json",
+        "invalid-trailing-bytes.json",
+        "invalid-deep-nesting.json",
+        "invalid-number-overflow.json",
+    ];
+    let mut checked = 0;
+    for (name, text) in tenant_corpus() {
+        let valid = name.starts_with("valid-");
+        assert_eq!(TenantDocument::from_json(&text).is_ok(), valid, "{name}");
+        let Ok(value) = serde_json::from_str::<Value>(&text) else {
+            assert!(
+                beyond_a_schema.contains(&name.as_str()),
+                "{name} is no JSON"
+            );
+            continue;
+        };
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        match (valid, errors.is_empty()) {
+            (true, ok) => assert!(ok, "{name}: {errors:#?}"),
+            (false, true) => {
+                assert!(
+                    beyond_a_schema.contains(&name.as_str()),
+                    "the schema accepts {name}"
+                )
+            }
+            (false, false) => {}
+        }
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} corpus documents");
+}
+
+#[test]
+fn tenant_schema_property_names_match_the_rust_fields() {
+    let hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let full = serde_json::json!({"version": 1, "updated_at": "2026-11-22T00:00:00Z", "tenants": [{
+        "id": "team-a", "key_sha256": [hash],
+        "limits": {"requests_per_minute": 60, "tokens_per_minute": 1000, "budget_per_day": 1.0,
+                   "budget_per_month": 10.0, "soft_limit": 0.8},
+        "min_quality": 0.9, "risk_tolerance": 0.1, "allowed_profiles": ["p"], "priority": 1,
+        "prefix_cache": "isolated"}]});
+    // What the types write back is what went in: every field is in `full`.
+    let doc = TenantDocument::from_json(&full.to_string()).unwrap();
+    let written = serde_json::to_value(&doc).unwrap();
+    assert_eq!(written, full);
+    let (mut from_types, mut from_schema) = (BTreeSet::new(), BTreeSet::new());
+    value_paths(&written, "", &mut from_types);
+    let schema = tenant_schema();
+    schema_paths(&schema, &schema, "", &mut from_schema);
+    assert_eq!(from_schema, from_types);
+    assert!(jsonschema::validator_for(&schema)
+        .unwrap()
+        .is_valid(&written));
 }

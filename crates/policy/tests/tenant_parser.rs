@@ -33,6 +33,9 @@ const FIELDS: &[&str] = &[
     "risk_tolerance",
     "allowed_profiles",
     "priority",
+    "prefix_cache",
+    "shared",
+    "isolated",
 ];
 
 fn any_number() -> impl Strategy<Value = Value> {

@@ -13,7 +13,10 @@
 //! Run directly it just executes `ITERATIONS` requests of the named kind (`chat-short`: a
 //! 60-byte chat prompt; `chat-4k`: a 4 KB one; `stream`: a short streamed chat request without
 //! `stream_options`, which the router rewrites twice) and prints the total instructions'
-//! denominator, so callgrind's total / ITERATIONS is the cost of one request.
+//! denominator, so callgrind's total / ITERATIONS is the cost of one request. Two kinds are
+//! a stream's events instead, `ITERATIONS` vLLM token chunks each: `events-passed`, what the
+//! reader does to every event once the first output passed, and `events-resumable`, that and
+//! what a stream that may be resumed adds (`policy.stream_resume`: whole events, the text kept).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,10 +24,12 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use quantrouter::openai::{Endpoint, ParsedRequest};
+use quantrouter::openai::{BodyEdits, Endpoint, ParsedRequest};
 use quantrouter::profiles::{Snapshot, SourceKind};
 use quantrouter::resilience::ResilienceConfig;
 use quantrouter::routing::{route, RouteInput};
+use quantrouter::upstream::continuation::Delivered;
+use quantrouter::upstream::sse::{EventBuffer, EventScan};
 use quantrouter_policy::{Classifier, ProfileSet, DEFAULT_PROFILE_SET};
 
 const ITERATIONS: usize = 1000;
@@ -76,13 +81,47 @@ fn handle(
     };
     let routed = route(snapshot, &parsed, input).unwrap();
     let profile = routed.decision.profile;
-    parsed.upstream_body(body, &snapshot.runtime[profile].model_json)
+    let edits = BodyEdits {
+        cache_salt: routed.cache_salt.as_deref(),
+        ..BodyEdits::default()
+    };
+    parsed.upstream_body(body, &snapshot.runtime[profile].model_json, edits)
+}
+
+/// `ITERATIONS` token chunks of a stream through the per-event work of its body.
+fn events(resumable: bool) {
+    let chunk = Bytes::from_static(
+        b"data: {\"id\":\"chatcmpl-9f1c\",\"object\":\"chat.completion.chunk\",\"created\":1795900000,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+    );
+    let mut scan = EventScan::new(true);
+    let mut buffer = EventBuffer::default();
+    let mut delivered = Delivered::default();
+    for _ in 0..ITERATIONS {
+        if resumable {
+            buffer.push(black_box(&chunk));
+            while let Some(event) = buffer.next_event() {
+                black_box(delivered.observe(&event));
+                black_box(scan.feed(event));
+            }
+        } else {
+            black_box(scan.feed(black_box(chunk.clone())));
+        }
+    }
 }
 
 fn main() {
     let kind = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "chat-short".to_owned());
+    if let Some(resumable) = match kind.as_str() {
+        "events-passed" => Some(false),
+        "events-resumable" => Some(true),
+        _ => None,
+    } {
+        events(resumable);
+        println!("{kind}: {ITERATIONS} events");
+        return;
+    }
     let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     let snapshot = Snapshot::build(
         set,

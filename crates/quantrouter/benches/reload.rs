@@ -27,7 +27,7 @@ async fn main() {
     let pushes = env_or("PUSHES", 200);
     let replicas = env_or("REPLICAS", 3);
     let server = redis_server::RedisServer::start(None);
-    let client = server.client();
+    let client = server.handle();
     let ops = server.store().await;
     let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     let routers: Vec<Arc<ProfileStore>> = (0..replicas)

@@ -1,12 +1,15 @@
 //! Session affinity's memory: which profile each recent conversation's turns went to, kept
 //! per router replica (no shared store on the request path). A replica that never saw a
 //! conversation routes its turn on utility alone, and remembers it from then on.
+//!
+//! Keys are the policy's [`quantrouter_policy::conversation_key`], within the tenant's scope:
+//! one tenant's session id never reaches another tenant's conversation.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use quantrouter_policy::{prefer_session, AffinityUse};
+use quantrouter_policy::{prefer_session, remembers, AffinityUse};
 use tokio::time::Instant;
 
 use crate::profiles::Snapshot;
@@ -36,27 +39,31 @@ struct Memory {
 
 impl Sessions {
     /// Applies session affinity to a routed request: the profile its conversation's earlier
-    /// turns used wins if it is feasible for this turn. With `remember`, the profile this
-    /// turn goes to becomes the conversation's.
+    /// turns used wins if it is feasible for this turn (and the request may follow them:
+    /// [`quantrouter_policy::Conversation::recall`]). With `remember`, the profile this turn
+    /// goes to becomes the conversation's, if the router chose it (not a pinned request).
     pub fn settle(&self, snapshot: &Snapshot, routed: &mut Routed, remember: bool) {
-        let Some(key) = routed.conversation else {
+        let Some(conversation) = routed.conversation else {
             return;
         };
+        let key = conversation.key;
         // A request waiting for a tier scaling from zero keeps the profile it waits for.
         if routed.wait_for.is_some() {
             return;
         }
         let now = Instant::now();
         let mut memory = self.lock();
-        let earlier = memory
-            .recall(key, now)
-            .and_then(|id| snapshot.set.index_of(id));
+        let earlier = match conversation.recall {
+            true => memory.recall(key, now),
+            false => None,
+        };
+        let earlier = earlier.and_then(|id| snapshot.set.index_of(id));
         if let Some(earlier) = earlier {
             if prefer_session(&mut routed.decision, earlier) {
                 routed.affinity = AffinityUse::Session;
             }
         }
-        if remember {
+        if remember && remembers(&routed.decision) {
             let id = &snapshot.set.profiles[routed.decision.profile].id;
             memory.remember(key, id, now);
         }

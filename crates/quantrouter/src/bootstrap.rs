@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
+use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, UpstreamApi, DEFAULT_PROFILE_SET};
 
 use crate::classifier::{ClassifierConfig, ClassifierStore};
 use crate::cli::error::CliError;
@@ -20,6 +20,7 @@ use crate::discovery::{self, Discovery, DiscoveryConfig};
 use crate::keda::publish::RedisTarget;
 use crate::keda::KedaConfig;
 use crate::profiles::{self, ProfileStore, SourceKind};
+use crate::redis_conn::Redis;
 use crate::resilience::ResilienceConfig;
 use crate::server::{Server, ServerConfig};
 use crate::telemetry::{self, LogFormat};
@@ -32,8 +33,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
     crate::descriptors::raise_limit();
     // Before anything records a metric (the profile store sets the version gauge).
     telemetry::metrics_handle();
-    let store = start_profiles(&args).await?;
-    let classifier = start_classifier(&args).await?;
+    // One for the process: its clones share the Sentinel tracking.
+    let redis = redis(&args)?;
+    let store = start_profiles(&args, redis.clone()).await?;
+    let classifier = start_classifier(&args, redis.clone()).await?;
     // Held until shutdown: dropping it stops the watches.
     let _discovery = match args.discovery {
         DiscoveryMode::Dns => None,
@@ -46,9 +49,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
     };
     let resilience = resilience_config(&args);
-    let keda = keda_config(&args)?;
-    let tenants = start_tenants(&args, &keda.replica_id).await?;
-    let stored_responses = stored_responses(&args)?;
+    let keda = keda_config(&args, redis.clone());
+    let tenants = start_tenants(&args, &keda.replica_id, redis.clone()).await?;
+    let stored_responses = crate::apis::stored::StoreConfig {
+        redis,
+        ..Default::default()
+    };
     let config = ServerConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -92,24 +98,34 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
 }
 
 /// The router's one Redis (`--redis-url`) and key prefix, if it has one: profiles, the
-/// classifier, tenants, stored Responses and the KEDA numbers all live there.
-fn redis(args: &ServeArgs) -> Result<Option<(redis::Client, String)>, CliError> {
+/// classifier, tenants, stored Responses and the KEDA numbers all live there. A bad URL
+/// is refused here, at start-up, naming the part at fault.
+fn redis(args: &ServeArgs) -> Result<Option<(Redis, String)>, CliError> {
     let Some(url) = &args.redis_url else {
-        return Ok(None);
+        return match args.redis_sentinel_password {
+            Some(_) => Err(CliError::Invalid(
+                "--redis-sentinel-password needs --redis-url".into(),
+            )),
+            None => Ok(None),
+        };
     };
-    let client = crate::documents::client(url, args.redis_ca_file.as_deref())
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
-    Ok(Some((client, args.redis_prefix.clone())))
+    let redis = crate::cli::documents::open_redis(
+        url,
+        &args.redis_prefix,
+        args.redis_ca_file.clone(),
+        args.redis_sentinel_password.clone(),
+    )?;
+    tracing::info!(redis = %redis.url(), "shared state in redis");
+    Ok(Some((redis, args.redis_prefix.clone())))
 }
 
 /// With `--redis-url`, replicas share their tier numbers through the profile Redis.
-fn keda_config(args: &ServeArgs) -> Result<KedaConfig, CliError> {
-    let redis = redis(args)?.map(|(client, prefix)| RedisTarget { client, prefix });
-    Ok(KedaConfig {
-        redis,
+fn keda_config(args: &ServeArgs, redis: Option<(Redis, String)>) -> KedaConfig {
+    KedaConfig {
+        redis: redis.map(|(redis, prefix)| RedisTarget { redis, prefix }),
         replica_id: replica_id(args.replica_id.clone(), std::env::var("HOSTNAME").ok()),
         ..KedaConfig::default()
-    })
+    }
 }
 
 fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
@@ -134,16 +150,19 @@ fn resilience_config(args: &ServeArgs) -> ResilienceConfig {
 }
 
 /// The profile sources in order of preference: Redis, then the file, then the embedded set.
-async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError> {
+async fn start_profiles(
+    args: &ServeArgs,
+    redis: Option<(Redis, String)>,
+) -> Result<Arc<ProfileStore>, CliError> {
     let mut sources: Vec<Arc<dyn profiles::ProfileSource>> = Vec::new();
-    if let Some((client, prefix)) = redis(args)? {
+    if let Some((redis, prefix)) = redis {
         let config = profiles::redis_source::RedisSourceConfig {
             prefix,
             poll: Duration::from_millis(args.redis_poll_ms.max(10)),
             seed_endpoints: parse_seed_endpoints(&args.seed_endpoint)?,
         };
         sources.push(Arc::new(profiles::redis_source::RedisSource {
-            client,
+            redis,
             config,
         }));
     }
@@ -166,6 +185,7 @@ async fn start_profiles(args: &ServeArgs) -> Result<Arc<ProfileStore>, CliError>
 async fn start_tenants(
     args: &ServeArgs,
     replica_id: &str,
+    redis: Option<(Redis, String)>,
 ) -> Result<Option<Arc<crate::tenants::Tenants>>, CliError> {
     use crate::tenants::limiter::LimiterConfig;
     use crate::tenants::{Clock, ImplicitKeys, Tenants, TenantsConfig};
@@ -181,7 +201,6 @@ async fn start_tenants(
         }
         None => None,
     };
-    let redis = redis(args)?;
     let config = TenantsConfig {
         file: args.tenants.clone(),
         file_interval: Duration::from_millis(args.profiles_poll_ms.max(10)),
@@ -197,17 +216,10 @@ async fn start_tenants(
     Ok(Some(Arc::new(tenants)))
 }
 
-/// Stored Responses' placement: shared through the router's Redis when it has one.
-fn stored_responses(args: &ServeArgs) -> Result<crate::apis::stored::StoreConfig, CliError> {
-    let redis = redis(args)?;
-    Ok(crate::apis::stored::StoreConfig {
-        redis,
-        ..Default::default()
-    })
-}
-
-async fn start_classifier(args: &ServeArgs) -> Result<Arc<ClassifierStore>, CliError> {
-    let redis = redis(args)?;
+async fn start_classifier(
+    args: &ServeArgs,
+    redis: Option<(Redis, String)>,
+) -> Result<Arc<ClassifierStore>, CliError> {
     let config = ClassifierConfig {
         file: match &args.classifier {
             ClassifierChoice::File(path) => Some(path.clone()),
@@ -276,7 +288,16 @@ pub async fn start_demo_tiers() -> Result<(ProfileSet, Vec<vllm_sim::SimServer>)
         let sim = vllm_sim::SimServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
             .await
             .map_err(|e| CliError::Io(format!("starting a simulated tier: {e}")))?;
-        profile.upstream = Upstream::Static(StaticUpstream::new(vec![sim.url()]));
+        // vllm-sim serves the agent APIs natively, as vLLM does: nothing is translated.
+        profile.upstream = Upstream::Static(StaticUpstream {
+            apis: vec![
+                UpstreamApi::Chat,
+                UpstreamApi::Completions,
+                UpstreamApi::Messages,
+                UpstreamApi::Responses,
+            ],
+            ..StaticUpstream::new(vec![sim.url()])
+        });
         sims.push(sim);
     }
     set.validate()

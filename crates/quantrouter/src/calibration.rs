@@ -407,7 +407,8 @@ impl Sample {
     }
 
     /// The comparison as an outcome record: the prompt as the outcome head reads it (the
-    /// same parse and window as routing), never its text unless `--log-prompts`.
+    /// same parse and window as routing), never its text unless `--log-prompts`, and then
+    /// only the window's text.
     fn outcome_record(&self, agreed: bool) -> Option<TrafficOutcome> {
         let endpoint = match self.path {
             "/v1/completions" => Endpoint::Completions,
@@ -430,10 +431,11 @@ impl Sample {
             cheap_profile: profiles[self.served].id.clone(),
             reference_profile: profiles[self.reference].id.clone(),
             agreed,
-            prompt: self.calibrator.outcomes.log_prompts().then(|| {
-                let texts: Vec<&str> = prompt.segments.iter().map(|s| s.text).collect();
-                texts.join("\n\n")
-            }),
+            prompt: self
+                .calibrator
+                .outcomes
+                .log_prompts()
+                .then(|| OutcomeInputs::scored_text(&prompt, window)),
         })
     }
 

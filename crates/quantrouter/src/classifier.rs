@@ -61,7 +61,7 @@ pub struct ClassifierConfig {
     pub off: bool,
     /// How often the file is checked for edits.
     pub file_interval: Duration,
-    pub redis: Option<(redis::Client, String)>,
+    pub redis: Option<(crate::redis_conn::Redis, String)>,
     /// Re-read interval of the Redis key, the safety net for missed update messages.
     pub redis_poll: Duration,
 }

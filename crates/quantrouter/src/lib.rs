@@ -21,6 +21,7 @@ pub mod openai;
 pub mod pipeline;
 pub mod probes;
 pub mod profiles;
+pub mod redis_conn;
 pub mod resilience;
 pub mod routing;
 pub mod second_opinion;

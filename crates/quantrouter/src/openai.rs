@@ -58,6 +58,11 @@ pub struct ParsedRequest<'a> {
     texts: Vec<(Role, Cow<'a, str>)>,
     pub wants_json: bool,
     pub max_tokens: Option<u32>,
+    /// Byte range of the output limit's value (`max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`, the one `max_tokens` came from) in the body.
+    max_tokens_span: Option<Range<usize>>,
+    /// Bytes of the tool definitions (`tools`, `functions`): the model reads them too.
+    pub tools_bytes: usize,
     /// Choices asked for (`n`, at least 1): each may generate up to `max_tokens`.
     pub choices: u32,
     /// The request offers tools or functions (`tools`, `tool_choice`, `functions`,
@@ -71,6 +76,8 @@ pub struct ParsedRequest<'a> {
     pub endpoint: Endpoint,
     /// Responses: the stored response this request continues.
     pub previous_response_id: Option<Cow<'a, str>>,
+    /// The client's `cache_salt` (vLLM's KV-cache salt) and the byte range of its value.
+    cache_salt: Option<(Cow<'a, str>, Range<usize>)>,
 }
 
 /// A request the router answers itself, with an OpenAI-shaped error.
@@ -194,10 +201,10 @@ struct WireRequest<'a> {
     messages: Option<Vec<WireMessage<'a>>>,
     #[serde(borrow, default)]
     prompt: Option<WirePrompt<'a>>,
-    #[serde(default)]
-    max_tokens: Option<i64>,
-    #[serde(default)]
-    max_completion_tokens: Option<i64>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
     #[serde(default)]
     n: Option<Lenient>,
     #[serde(default)]
@@ -221,19 +228,21 @@ struct WireRequest<'a> {
     /// Responses: a string or input items.
     #[serde(borrow, default)]
     input: Option<TextOr<'a, WireItem<'a>>>,
-    #[serde(default)]
-    max_output_tokens: Option<i64>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
     /// Responses: `text.format` is its `response_format`.
     #[serde(borrow, default)]
     text: Option<WireTextConfig<'a>>,
     #[serde(borrow, default)]
     previous_response_id: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tools: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    cache_salt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
     #[serde(default)]
     tool_choice: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    functions: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
     #[serde(default)]
     function_call: Option<serde::de::IgnoredAny>,
 }
@@ -358,6 +367,16 @@ struct WireResponseFormat<'a> {
 impl<'a> ParsedRequest<'a> {
     /// Parses and validates a request body for `endpoint`.
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, ApiError> {
+        Self::parse_for(body, endpoint, false)
+    }
+
+    /// Parses a Messages body to count its tokens (`/v1/messages/count_tokens`), which
+    /// sets no `max_tokens`.
+    pub fn parse_to_count(body: &'a [u8]) -> Result<Self, ApiError> {
+        Self::parse_for(body, Endpoint::Messages, true)
+    }
+
+    fn parse_for(body: &'a [u8], endpoint: Endpoint, counting: bool) -> Result<Self, ApiError> {
         // JSON text is UTF-8 (RFC 8259 §8.1), also inside the fields the parser skips without
         // looking, which are forwarded as they are. One pass checks it all; parsing from a
         // `str` then skips the per-string check.
@@ -401,30 +420,17 @@ impl<'a> ParsedRequest<'a> {
             .ok_or_else(|| invalid("you must provide a model parameter", "model"))?;
         let model: Cow<'a, str> = serde_json::from_str(raw_model.get())
             .map_err(|_| invalid("model must be a string", "model"))?;
-        let start = raw_model.get().as_ptr() as usize - body.as_ptr() as usize;
-        let model_span = start..start + raw_model.get().len();
-
-        let limit = wire
-            .max_completion_tokens
-            .or(wire.max_tokens)
-            .or(wire.max_output_tokens);
-        let max_tokens = match limit {
-            Some(n) if n < 1 => {
-                let param = if wire.max_completion_tokens.is_some() {
-                    "max_completion_tokens"
-                } else if wire.max_tokens.is_some() {
-                    "max_tokens"
-                } else {
-                    "max_output_tokens"
-                };
-                return Err(invalid(
-                    &format!("{param} must be at least 1, got {n}"),
-                    param,
-                ));
+        let model_span = span_in(body, raw_model);
+        let cache_salt = match wire.cache_salt {
+            Some(raw) => {
+                let salt: Cow<'a, str> = serde_json::from_str(raw.get())
+                    .map_err(|_| invalid("cache_salt must be a string", "cache_salt"))?;
+                Some((salt, span_in(body, raw)))
             }
-            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
             None => None,
         };
+
+        let (max_tokens, max_tokens_span) = output_limit(&wire, body, endpoint, counting)?;
         if let Some(t) = wire.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(invalid(
@@ -460,6 +466,12 @@ impl<'a> ParsedRequest<'a> {
             texts,
             wants_json,
             max_tokens,
+            max_tokens_span,
+            tools_bytes: [wire.tools, wire.functions]
+                .iter()
+                .flatten()
+                .map(|raw| raw.get().len())
+                .sum(),
             // `as` saturates; NaN is 0, then 1.
             choices: match wire.n {
                 Some(Lenient::Number(n)) => (n as u32).max(1),
@@ -474,7 +486,13 @@ impl<'a> ParsedRequest<'a> {
             has_stream_options: wire.stream_options.is_some(),
             endpoint,
             previous_response_id: wire.previous_response_id,
+            cache_salt,
         })
+    }
+
+    /// The client's `cache_salt`, if it sent one.
+    pub fn cache_salt(&self) -> Option<&str> {
+        self.cache_salt.as_ref().map(|(salt, _)| salt.as_ref())
     }
 
     /// The prompt as the policy sees it, borrowing from this request.
@@ -498,8 +516,8 @@ impl<'a> ParsedRequest<'a> {
     }
 
     /// The body for upstream: see [`BodyRewrite::apply`].
-    pub fn upstream_body(&self, body: &Bytes, model_json: &str) -> Bytes {
-        self.rewrite().apply(body, model_json)
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
+        self.rewrite().apply(body, model_json, edits)
     }
 
     /// What [`Self::upstream_body`] changes in the body, owned: for the phases after routing,
@@ -508,47 +526,94 @@ impl<'a> ParsedRequest<'a> {
         BodyRewrite {
             model_span: self.model_span.clone(),
             add_usage: self.adds_usage(),
+            cache_salt_span: self.cache_salt.as_ref().map(|(_, span)| span.clone()),
+            max_tokens: self.max_tokens,
+            max_tokens_span: self.max_tokens_span.clone(),
         }
     }
 }
 
-/// Where a parsed body's `model` is, and whether a usage chunk is asked for: all it takes
-/// to write the body a profile is sent.
+/// Where a parsed body's `model`, `cache_salt` and output limit are, and whether a usage
+/// chunk is asked for: all it takes to write the body a profile is sent.
 #[derive(Debug, Clone)]
 pub struct BodyRewrite {
     /// Byte range of the `model` value (including quotes) in the body.
     model_span: Range<usize>,
     /// `"stream_options":{"include_usage":true}` goes in ([`ParsedRequest::adds_usage`]).
     add_usage: bool,
+    /// Byte range of the client's `cache_salt` value, if it sent one.
+    cache_salt_span: Option<Range<usize>>,
+    /// The client's output limit, and the byte range of its value.
+    max_tokens: Option<u32>,
+    max_tokens_span: Option<Range<usize>>,
 }
 
 impl BodyRewrite {
-    /// The body for upstream: `model` set to `model_json` (an already JSON-encoded string)
-    /// and, for a stream without `stream_options`, `"stream_options":{"include_usage":true}`
-    /// added first, so token counts arrive. Every other byte is unchanged; no copy when
-    /// nothing changes. `body` is the one this rewrite was parsed from.
-    pub fn apply(&self, body: &Bytes, model_json: &str) -> Bytes {
+    /// The body for upstream, with the few edits routing makes and every other byte
+    /// unchanged (no copy when nothing changes): `model` set to `model_json` (an already
+    /// JSON-encoded string); for a stream without `stream_options`,
+    /// `"stream_options":{"include_usage":true}` added first, so token counts arrive; the
+    /// output limit lowered to `edits.ceiling` when it is above (an upstream refuses a limit
+    /// its context cannot hold); and `edits.cache_salt` set, replacing the client's. `body`
+    /// is the one this rewrite was parsed from.
+    pub fn apply(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
-        let span = self.model_span.clone();
-        let same_model = &body[span.clone()] == model_json.as_bytes();
         // Parsing succeeded, so the first non-space byte is the object's `{`.
-        let insert_at = match self.add_usage {
-            true => body.iter().position(|b| *b == b'{').map(|i| i + 1),
-            false => None,
+        let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+        // At most four splices, kept on the stack: the usage option, the salt, the limit,
+        // the model.
+        let mut splices: [(Range<usize>, &[u8]); 4] = Default::default();
+        let mut count = 0;
+        if self.add_usage {
+            splices[count] = (open..open, USAGE);
+            count += 1;
+        }
+        let salt_json = edits
+            .cache_salt
+            .map(|salt| serde_json::Value::from(salt).to_string());
+        let salt_field;
+        match (&salt_json, &self.cache_salt_span) {
+            (Some(json), Some(span)) => {
+                splices[count] = (span.clone(), json.as_bytes());
+                count += 1;
+            }
+            (Some(json), None) => {
+                salt_field = format!(r#""cache_salt":{json},"#);
+                splices[count] = (open..open, salt_field.as_bytes());
+                count += 1;
+            }
+            (None, _) => {}
+        }
+        let lowered = match (edits.ceiling, self.max_tokens, &self.max_tokens_span) {
+            (Some(ceiling), Some(limit), Some(span)) if ceiling < limit => {
+                Some((span.clone(), ceiling.to_string()))
+            }
+            _ => None,
         };
-        if same_model && insert_at.is_none() {
+        if let Some((span, digits)) = &lowered {
+            splices[count] = (span.clone(), digits.as_bytes());
+            count += 1;
+        }
+        let span = self.model_span.clone();
+        if body[span.clone()] != *model_json.as_bytes() {
+            splices[count] = (span, model_json.as_bytes());
+            count += 1;
+        }
+        let splices = &mut splices[..count];
+        if splices.is_empty() {
             return body.clone();
         }
-        let mut out = BytesMut::with_capacity(body.len() + model_json.len() + USAGE.len());
+        // Stable: what is inserted at the same place keeps its order.
+        splices.sort_by_key(|(range, _)| range.start);
+        let added: usize = splices.iter().map(|(_, with)| with.len()).sum();
+        let mut out = BytesMut::with_capacity(body.len() + added);
         let mut from = 0;
-        if let Some(at) = insert_at {
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(USAGE);
-            from = at;
+        for (range, with) in splices.iter() {
+            out.extend_from_slice(&body[from..range.start]);
+            out.extend_from_slice(with);
+            from = range.end;
         }
-        out.extend_from_slice(&body[from..span.start]);
-        out.extend_from_slice(model_json.as_bytes());
-        out.extend_from_slice(&body[span.end..]);
+        out.extend_from_slice(&body[from..]);
         out.freeze()
     }
 
@@ -572,6 +637,23 @@ impl BodyRewrite {
             .and_then(|raw| serde_json::from_slice(raw).ok())
             .unwrap_or_default()
     }
+}
+
+/// What routing changes in a request's body on its way to one profile
+/// ([`ParsedRequest::upstream_body`]); the default changes nothing but `model`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyEdits<'e> {
+    /// The output limit that profile's context holds, when the request's is only a ceiling
+    /// (`policy.output_ceiling`) and above it.
+    pub ceiling: Option<u32>,
+    /// The tenant's KV-cache salt (`prefix_cache: "isolated"`), replacing the client's.
+    pub cache_salt: Option<&'e str>,
+}
+
+/// The byte range of a value borrowed from `body`.
+fn span_in(body: &[u8], raw: &RawValue) -> Range<usize> {
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    start..start + raw.get().len()
 }
 
 type Texts<'a> = Vec<(Role, Cow<'a, str>)>;
@@ -673,6 +755,38 @@ fn prompt_texts<'a>(prompt: Option<WirePrompt<'a>>) -> Result<Texts<'a>, ApiErro
         return Err(invalid("prompt must not be empty", "prompt"));
     }
     Ok(segments)
+}
+
+/// The output limit a request sets, and where its value is in `body`: the first of
+/// `max_completion_tokens`, `max_tokens` and `max_output_tokens`. Anthropic's Messages API
+/// requires `max_tokens`, and so does the router there.
+fn output_limit(
+    wire: &WireRequest<'_>,
+    body: &[u8],
+    endpoint: Endpoint,
+    counting: bool,
+) -> Result<(Option<u32>, Option<Range<usize>>), ApiError> {
+    let named = [
+        ("max_completion_tokens", wire.max_completion_tokens),
+        ("max_tokens", wire.max_tokens),
+        ("max_output_tokens", wire.max_output_tokens),
+    ];
+    if endpoint == Endpoint::Messages && wire.max_tokens.is_none() && !counting {
+        return Err(invalid("max_tokens: Field required", "max_tokens"));
+    }
+    let Some((param, raw)) = named.into_iter().find_map(|(p, raw)| Some((p, raw?))) else {
+        return Ok((None, None));
+    };
+    let n: i64 = serde_json::from_str(raw.get())
+        .map_err(|_| invalid(&format!("{param} must be an integer"), param))?;
+    if n < 1 {
+        return Err(invalid(
+            &format!("{param} must be at least 1, got {n}"),
+            param,
+        ));
+    }
+    let limit = u32::try_from(n).unwrap_or(u32::MAX);
+    Ok((Some(limit), Some(span_in(body, raw))))
 }
 
 fn invalid(message: &str, param: &str) -> ApiError {
@@ -1052,6 +1166,30 @@ impl ApiError {
         )
     }
 
+    /// Whether the same request may succeed when sent again: what the `x-should-retry`
+    /// header tells Anthropic's and OpenAI's SDKs, which otherwise retry by status alone
+    /// (and so retry a wrong key ten times, for minutes).
+    pub fn should_retry(&self) -> bool {
+        match self {
+            ApiError::InvalidRequest { .. }
+            | ApiError::Unauthorized
+            | ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::MethodNotAllowed
+            | ApiError::ResponseNotFound(_)
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::UnsupportedMediaType
+            | ApiError::ContextLengthExceeded(_)
+            | ApiError::NoAllowedProfile(_) => false,
+            // A budget resets only at the end of its day or month.
+            ApiError::LimitReached(limit) => limit.kind().0 == "rate_limit_error",
+            ApiError::BadGateway(_)
+            | ApiError::Unavailable(_)
+            | ApiError::Timeout(_)
+            | ApiError::Overloaded { .. } => true,
+        }
+    }
+
     /// Seconds a client should wait before retrying, when that is known.
     fn retry_after(&self) -> Option<u32> {
         match self {
@@ -1084,10 +1222,30 @@ impl ApiError {
         if let Some(secs) = self.retry_after() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        headers.insert(SHOULD_RETRY, should_retry_value(self.should_retry()));
         if let ApiError::LimitReached(limit) = &self {
             insert_rate_headers(headers, &limit.rate);
         }
         response
+    }
+}
+
+/// Response header: whether a client should send the request again (honoured by the
+/// Anthropic and OpenAI SDKs).
+pub const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
+
+pub fn should_retry_value(retry: bool) -> HeaderValue {
+    HeaderValue::from_static(if retry { "true" } else { "false" })
+}
+
+/// Whether an upstream's error status is worth a client's retry, for an error answer the
+/// router relays: what the SDKs retry by default (408, 409, 429 and 5xx), said explicitly;
+/// `None` for a success.
+pub fn status_should_retry(status: StatusCode) -> Option<bool> {
+    match status.as_u16() {
+        200..=399 => None,
+        408 | 409 | 429 | 500..=599 => Some(true),
+        _ => Some(false),
     }
 }
 

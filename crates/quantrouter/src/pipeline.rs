@@ -33,7 +33,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, Response};
 use http_body_util::Full;
 use quantrouter_policy::limits::Reservation;
-use quantrouter_policy::ProfileIndex;
+use quantrouter_policy::{ProfileIndex, RoutingDecision};
 use tokio::time::Instant;
 
 use crate::apis::AgentApi;
@@ -41,6 +41,7 @@ use crate::app::App;
 use crate::openai::{ApiError, Endpoint as Api, ParsedRequest};
 use crate::profiles::Snapshot;
 use crate::resilience::Permit;
+use crate::second_opinion::Rated;
 use crate::telemetry;
 use crate::tenants::{ActiveTenant, Grant};
 use crate::upstream::{Endpoint, Pick};
@@ -79,14 +80,21 @@ where
     let parsed = ParsedRequest::parse(&body, endpoint)?;
     // A Responses follow-up goes where the response it continues is stored.
     if let Some(previous) = &parsed.previous_response_id {
-        stored::place_follow_up(app, &mut parts.headers, previous).await?;
+        let owner = tenant.as_deref().map(|t| &*t.id);
+        stored::place_follow_up(app, &mut parts.headers, previous, owner).await?;
     }
     let snapshot = app.store.load();
     // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
     let grant = admit_tenant(app, tenant, &parsed, &snapshot).await?;
     // Route: the policy's decision, with the request's and the tenant's overrides, and a
     // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
-    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
+    let rated = Rated {
+        snapshot: &snapshot,
+        parsed: &parsed,
+        headers: &parts.headers,
+        tenant: grant.as_ref().map(|g| &*g.tenant),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let among = among(&snapshot, &door, AgentApi::of(endpoint))?;
     let request_id = RequestId::of(&parts);
     let decided = decision::Decide {
@@ -106,6 +114,7 @@ where
     }
     .record(app, parts.extensions.get());
     let mut shape = Shape::of(&parsed);
+    shape.ceilings = ceilings(&snapshot, &routed.decision, &parsed);
     if !door.strips_usage {
         shape.rewrite = shape.rewrite.without_usage();
     }
@@ -237,6 +246,21 @@ fn among(
         }
     }
     Ok(Some(mask))
+}
+
+/// `policy.output_ceiling`, per profile: the output limits that profiles' contexts hold,
+/// where they lower the request's; empty when the request sets no limit.
+fn ceilings(
+    snapshot: &Snapshot,
+    decision: &RoutingDecision,
+    parsed: &ParsedRequest<'_>,
+) -> Box<[Option<u32>]> {
+    if parsed.max_tokens.is_none() {
+        return Box::default();
+    }
+    (0..snapshot.set.profiles.len())
+        .map(|p| crate::routing::output_ceiling(snapshot, decision, parsed, ProfileIndex::new(p)))
+        .collect()
 }
 
 /// The tenant's limits, before routing: one counter round trip at most. The request

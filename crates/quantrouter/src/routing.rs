@@ -7,11 +7,11 @@ use std::time::Duration;
 use quantrouter_policy::classifier::{Contribution, TASK_CLASSES};
 use quantrouter_policy::{
     conversation_key, decide, prefix_blocks, score, AffinityUse, Classification, Classifier,
-    Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason, RouteError, RouteRequest,
-    RoutingDecision,
+    Conversation, KeyScope, Overrides, ProfileIndex, ProfileLoad, ProfileSet, Rating, Reason,
+    RouteError, RouteRequest, RoutingDecision, UpstreamApi,
 };
 
-use crate::openai::{ApiError, ParsedRequest, Usage};
+use crate::openai::{ApiError, Endpoint, ParsedRequest, Usage};
 use crate::profiles::Snapshot;
 use crate::tenants::ActiveTenant;
 use crate::upstream::{Placement, Pool};
@@ -128,6 +128,10 @@ pub fn route(
         })?,
         profile: pinned,
         second_opinion: rating,
+        output_ceiling: set
+            .policy
+            .output_ceiling
+            .applies_to(api_of(parsed.endpoint)),
         ..Overrides::default()
     };
     let overrides = match tenant {
@@ -175,21 +179,27 @@ pub fn route(
             RouteError::NoAvailableProfile => ApiError::Unavailable(e.to_string()),
         })?,
     };
+    let tenant = tenant.map(|(tenant, _)| tenant);
+    let scope = tenant.map_or(KeyScope::NONE, |t| t.keys.scope());
     let conversation = match set.policy.affinity.session {
         true => conversation_key(
+            scope,
             header_str(headers, SESSION_HEADER)?,
             parsed.user.as_deref(),
             &prompt,
         ),
         false => None,
     };
+    let (cache_salt, placed_in) = cache_keying(tenant, parsed.cache_salt());
     Ok(Routed {
         decision,
         classification,
         wait_for,
         cold_preferred,
-        placement: Placement::new(prefix_blocks(&prompt)).with_prompt_bytes(features.prompt_bytes),
+        placement: Placement::new(prefix_blocks(placed_in, &prompt))
+            .with_prompt_bytes(features.prompt_bytes),
         conversation,
+        cache_salt,
         affinity: AffinityUse::None,
         prompt: PromptSize {
             bytes: features.prompt_bytes,
@@ -197,6 +207,52 @@ pub fn route(
             overhead_tokens: features.estimated_input_tokens(f64::INFINITY),
         },
     })
+}
+
+/// The `upstream.apis` name of an endpoint's API.
+fn api_of(endpoint: Endpoint) -> UpstreamApi {
+    match endpoint {
+        Endpoint::Chat => UpstreamApi::Chat,
+        Endpoint::Completions => UpstreamApi::Completions,
+        Endpoint::Messages => UpstreamApi::Messages,
+        Endpoint::Responses => UpstreamApi::Responses,
+    }
+}
+
+/// The output limit to send `profile`, when the request's is only a ceiling
+/// (`policy.output_ceiling`) and above what the profile's context holds beside the prompt
+/// (its estimate, tool definitions included); `None`: the request's own limit is sent.
+pub fn output_ceiling(
+    snapshot: &Snapshot,
+    decision: &RoutingDecision,
+    parsed: &ParsedRequest<'_>,
+    profile: ProfileIndex,
+) -> Option<u32> {
+    let rule = &snapshot.set.policy.output_ceiling;
+    let max_tokens = parsed.max_tokens?;
+    if !rule.applies_to(api_of(parsed.endpoint)) {
+        return None;
+    }
+    let tools = tool_tokens(snapshot, profile, parsed.tools_bytes);
+    let prompt = decision.candidate(profile)?.estimated_input_tokens + tools;
+    let context = snapshot.set.profiles[profile].max_context_tokens;
+    let ceiling = rule.clamp(max_tokens, context, prompt);
+    (ceiling < max_tokens).then_some(ceiling)
+}
+
+/// The tokens of `bytes` of tool definitions at `profile`'s characters per token.
+pub fn tool_tokens(snapshot: &Snapshot, profile: ProfileIndex, bytes: usize) -> u64 {
+    (bytes as f64 / chars_per_token(snapshot, profile)).ceil() as u64
+}
+
+/// `profile`'s characters per token: learned from its upstream's counts, else configured.
+pub fn chars_per_token(snapshot: &Snapshot, profile: ProfileIndex) -> f64 {
+    let configured = snapshot.set.profiles[profile].chars_per_token;
+    snapshot.runtime[profile]
+        .pool
+        .chars_per_token(configured)
+        .filter(|c| c.is_finite() && *c > 0.0)
+        .unwrap_or(configured)
 }
 
 /// A routing decision, and the scaled-to-zero profile it must wait for, if any.
@@ -214,8 +270,11 @@ pub struct Routed {
     pub prompt: PromptSize,
     /// The prompt's blocks, for the endpoint holding its cached prefix.
     pub placement: Placement,
-    /// The conversation's key, when session affinity is on.
-    pub conversation: Option<u64>,
+    /// The conversation's key (within the tenant's), when session affinity is on.
+    pub conversation: Option<Conversation>,
+    /// vLLM's `cache_salt` for the upstream body, in place of the client's: set for a tenant
+    /// whose `prefix_cache` is `isolated`; otherwise the body goes as the client sent it.
+    pub cache_salt: Option<String>,
     /// Whether the conversation's earlier turns decided the profile.
     pub affinity: AffinityUse,
 }
@@ -229,6 +288,19 @@ impl Routed {
             used => used,
         }
     }
+}
+
+/// The `cache_salt` a request's upstream body gets (see [`Routed::cache_salt`]) and the
+/// scope its prompt's blocks are placed in: the tenant's, narrowed by the salt the model
+/// server will see, since the server shares KV blocks only between equal salts.
+fn cache_keying(tenant: Option<&ActiveTenant>, client: Option<&str>) -> (Option<String>, KeyScope) {
+    let scope = tenant.map_or(KeyScope::NONE, |t| t.keys.scope());
+    let salt = tenant.and_then(|t| t.keys.cache_salt(client));
+    let placed_in = match (salt.as_deref(), client) {
+        (Some(salt), _) | (None, Some(salt)) => scope.salted(salt),
+        (None, None) => scope,
+    };
+    (salt.map(std::borrow::Cow::into_owned), placed_in)
 }
 
 /// A prompt's size as the context check estimates it, to compare with the tokens the

@@ -1,8 +1,11 @@
 //! A second opinion for prompts of uncertain risk (`policy.second_opinion`, docs/routing.md
 //! "A second opinion"): before routing, a cheap tier rates the request's difficulty with one
 //! digit, under a strict timeout; the rating replaces the outcome head's risk. Ratings are
-//! cached by prompt hash. Which requests are rated and what a digit means is policy
-//! ([`quantrouter_policy::SecondOpinion::asks`], [`Rating::risk`]); this module asks.
+//! cached by tenant and prompt hash. Which requests are rated and what a digit means is
+//! policy ([`quantrouter_policy::SecondOpinion::asks`], [`Rating::risk`]); this module asks.
+//!
+//! A tenant's prompt goes only to a rating profile its `allowed_profiles` names: for any
+//! other tenant nothing is asked and the model's risk routes the request, as on a timeout.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -12,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use quantrouter_policy::{
-    score, Prompt, Rating, Reason, RoutingDecision, SecondOpinion, SecondOpinionUse,
+    score, KeyScope, Prompt, Rating, Reason, RoutingDecision, SecondOpinion, SecondOpinionUse,
 };
 use tokio::time::Instant;
 
@@ -22,6 +25,7 @@ use crate::profiles::Snapshot;
 use crate::resilience::retry::{Forwarder, Outgoing, Plan};
 use crate::routing;
 use crate::telemetry;
+use crate::tenants::ActiveTenant;
 
 /// The rating's instruction, sent as the system message. vllm-sim recognises it.
 pub const INSTRUCTION: &str = "Rate how hard the following request is for you to answer \
@@ -36,7 +40,18 @@ const CACHE_ENTRIES: usize = 4096;
 /// The prompt text a rating is asked about: the scoring window's worth.
 const MAX_PROMPT_BYTES: usize = 4096;
 
-/// Ratings by prompt hash, bounded: when the current generation is full it becomes the
+/// The request a rating may be asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Rated<'a> {
+    pub snapshot: &'a Arc<Snapshot>,
+    pub parsed: &'a ParsedRequest<'a>,
+    pub headers: &'a HeaderMap,
+    /// Its tenant: only a profile the tenant may use is asked, and ratings are cached per
+    /// tenant.
+    pub tenant: Option<&'a ActiveTenant>,
+}
+
+/// Ratings by tenant and prompt hash, bounded: when the current generation is full it becomes the
 /// previous one (the one before is dropped), so a hot prompt stays and memory stays flat.
 #[derive(Debug, Default)]
 pub struct SecondOpinions {
@@ -90,13 +105,18 @@ impl Generations {
 /// The rating of a request the policy wants one for (its risk in the band, not pinned, not
 /// a stream unless allowed), from the cache or asked of the profile within the timeout.
 /// `None`: the model's risk stands.
-pub async fn consult(
-    app: &App,
-    snapshot: &Arc<Snapshot>,
-    parsed: &ParsedRequest<'_>,
-    headers: &HeaderMap,
-) -> Option<Rating> {
+pub async fn consult(app: &App, request: Rated<'_>) -> Option<Rating> {
+    let Rated {
+        snapshot,
+        parsed,
+        headers,
+        tenant,
+    } = request;
     let policy = snapshot.set.policy.second_opinion.as_ref()?;
+    // `allowed_profiles` keeps a tenant's prompts off every other tier, the rater's too.
+    if tenant.is_some_and(|t| !t.allows(&policy.profile)) {
+        return None;
+    }
     let prompt = parsed.prompt();
     let classifier = app.config.classifier.load();
     let (features, _) = score(
@@ -108,28 +128,37 @@ pub async fn consult(
     if !policy.asks(features.risk, parsed.stream, by_risk) {
         return None;
     }
-    let key = cache_key(policy, &prompt);
+    let scope = tenant.map_or(KeyScope::NONE, |t| t.keys.scope());
+    let key = cache_key(scope, policy, &prompt);
     if let Some(rating) = app.second_opinions.get(key) {
         telemetry::second_opinion("cached", None);
         return Some(rating);
     }
     let started = Instant::now();
     let timeout = Duration::from_millis(policy.timeout_ms);
-    let asked = tokio::time::timeout(timeout, ask(app, snapshot, policy, &prompt)).await;
-    let elapsed = Some(started.elapsed());
+    let salt = tenant.and_then(|t| t.keys.cache_salt(None));
+    let asking = Asking {
+        snapshot,
+        policy,
+        prompt: &prompt,
+        cache_salt: salt.as_deref(),
+    };
+    let asked = tokio::time::timeout(timeout, ask(app, asking)).await;
+    let elapsed = started.elapsed();
     match asked {
         Ok(Ok(rating)) => {
             app.second_opinions.put(key, rating);
-            telemetry::second_opinion("rated", elapsed);
+            telemetry::second_opinion("rated", Some(elapsed));
             Some(rating)
         }
-        Ok(Err(error)) => {
+        // The call's own deadline is the timeout too, and usually ends it first.
+        Ok(Err(error)) if elapsed < timeout => {
             tracing::debug!(%error, "second opinion: no rating");
-            telemetry::second_opinion("error", elapsed);
+            telemetry::second_opinion("error", Some(elapsed));
             None
         }
-        Err(_) => {
-            telemetry::second_opinion("timeout", elapsed);
+        Ok(Err(_)) | Err(_) => {
+            telemetry::second_opinion("timeout", Some(elapsed));
             None
         }
     }
@@ -147,9 +176,12 @@ pub fn header(decision: &RoutingDecision) -> Option<HeaderValue> {
     .ok()
 }
 
-/// The prompt's hash, with the profile asked (another profile may rate it otherwise).
-fn cache_key(policy: &SecondOpinion, prompt: &Prompt<'_>) -> u64 {
+/// The prompt's hash, with the profile asked (another profile may rate it otherwise), within
+/// the tenant's scope: a cached rating answers faster, which must say nothing about what
+/// another tenant sent.
+fn cache_key(scope: KeyScope, policy: &SecondOpinion, prompt: &Prompt<'_>) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    scope.hash(&mut hasher);
     policy.profile.hash(&mut hasher);
     for segment in &prompt.segments {
         (segment.role as u8).hash(&mut hasher);
@@ -178,21 +210,31 @@ fn rated_text(prompt: &Prompt<'_>) -> String {
     text
 }
 
+/// What a rating is asked with.
+struct Asking<'a> {
+    snapshot: &'a Arc<Snapshot>,
+    policy: &'a SecondOpinion,
+    prompt: &'a Prompt<'a>,
+    /// The tenant's `cache_salt` (`prefix_cache: "isolated"`).
+    cache_salt: Option<&'a str>,
+}
+
 /// Asks `policy.profile` for the digit: a pinned, non-streamed chat request of one token
 /// (admission and breaker as for any request to it, no fallback).
-async fn ask(
-    app: &App,
-    snapshot: &Arc<Snapshot>,
-    policy: &SecondOpinion,
-    prompt: &Prompt<'_>,
-) -> Result<Rating, String> {
+async fn ask(app: &App, asking: Asking<'_>) -> Result<Rating, String> {
+    let Asking {
+        snapshot,
+        policy,
+        prompt,
+        cache_salt,
+    } = asking;
     let profile = snapshot
         .set
         .index_of(&policy.profile)
         .ok_or("the second opinion's profile is not in the set")?;
     let model: serde_json::Value =
         serde_json::from_str(&snapshot.runtime[profile].model_json).map_err(|e| e.to_string())?;
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": model,
         "messages": [
             {"role": "system", "content": INSTRUCTION},
@@ -201,6 +243,9 @@ async fn ask(
         "max_tokens": 1,
         "temperature": 0,
     });
+    if let Some(salt) = cache_salt {
+        body["cache_salt"] = salt.into();
+    }
     let body = Bytes::from(body.to_string());
     let decision = RoutingDecision {
         profile,

@@ -139,6 +139,11 @@ impl Server {
             Connections::new(side_port),
             move |stream, conn, watcher| serve_admin(Arc::clone(&admin_app), stream, conn, watcher),
         )));
+        tasks.push(tokio::spawn(crate::calibration::outcomes::check_files(
+            Arc::clone(&app.store),
+            Arc::clone(&app.calibrator),
+            stopped.clone(),
+        )));
         if let Some(listener) = epp {
             let picker = Picker::new(Arc::clone(&app));
             // Envoy multiplexes every request's stream over a few connections: the public

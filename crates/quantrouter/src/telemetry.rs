@@ -33,6 +33,9 @@ pub const INFLIGHT: &str = "quantrouter_inflight";
 pub const RETRIES: &str = "quantrouter_retries_total";
 /// Switches to another profile, by from, to and reason (`error`, `quality`).
 pub const FALLBACKS: &str = "quantrouter_fallbacks_total";
+/// Streams whose upstream broke after content reached the client, by the profile that broke
+/// and result (`resumed`, `failed`, `not_resumable`).
+pub const STREAM_RESUMES: &str = "quantrouter_stream_resumes_total";
 /// Requests refused by admission (queue full or queue timeout), by profile.
 pub const ADMISSION_REJECTED: &str = "quantrouter_admission_rejected_total";
 /// Circuit state per endpoint: 0 closed, 1 half-open, 2 open.
@@ -91,6 +94,10 @@ pub const OUTCOME_RECORDS: &str = "quantrouter_outcome_records_total";
 pub const SECOND_OPINIONS: &str = "quantrouter_second_opinions_total";
 /// How long a second opinion's rating call took.
 pub const SECOND_OPINION_DURATION: &str = "quantrouter_second_opinion_duration_seconds";
+
+/// The label naming an upstream endpoint (its URL). Not `endpoint`: the Prometheus Operator's
+/// monitors set that label to the scraped port's name and would rename ours.
+pub const UPSTREAM: &str = "upstream";
 
 /// LLM latencies span milliseconds (cached short answers) to minutes (long generations).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -186,6 +193,10 @@ fn describe() {
     metrics::describe_counter!(
         FALLBACKS,
         "Switches to another profile, by from, to and reason."
+    );
+    metrics::describe_counter!(
+        STREAM_RESUMES,
+        "Streams broken after content reached the client, by profile and result."
     );
     metrics::describe_counter!(
         ADMISSION_REJECTED,
@@ -489,6 +500,12 @@ pub fn fallback(from: &str, to: &str, reason: &'static str) {
         .increment(1);
 }
 
+/// A stream of `profile` broke after content reached the client; `result`: `resumed`,
+/// `failed` or `not_resumable`.
+pub fn stream_resume(profile: &str, result: &'static str) {
+    counter!(STREAM_RESUMES, "profile" => profile.to_owned(), "result" => result).increment(1);
+}
+
 /// One calibration comparison of `profile`'s answer with the reference's.
 pub fn tier_agreement(profile: &str, task_class: &'static str, result: &'static str) {
     counter!(TIER_AGREEMENT, "profile" => profile.to_owned(), "task_class" => task_class,
@@ -515,13 +532,13 @@ pub fn admission_rejected(profile: &str) {
 
 /// An endpoint's circuit state as the gauge encodes it: 0 closed, 1 half-open, 2 open.
 pub fn circuit_state(profile: &str, endpoint: &str, state: u8) {
-    gauge!(CIRCUIT_STATE, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+    gauge!(CIRCUIT_STATE, "profile" => profile.to_owned(), UPSTREAM => endpoint.to_owned())
         .set(f64::from(state));
 }
 
 /// Whether an endpoint's `/metrics` page has a queue metric the router reads.
 pub fn upstream_queue_metric(profile: &str, endpoint: &str, found: bool) {
-    gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.to_owned(), "endpoint" => endpoint.to_owned())
+    gauge!(UPSTREAM_QUEUE_METRIC, "profile" => profile.to_owned(), UPSTREAM => endpoint.to_owned())
         .set(if found { 1.0 } else { 0.0 });
 }
 

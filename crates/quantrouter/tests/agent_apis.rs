@@ -19,27 +19,8 @@ use vllm_sim::{Faults, SimConfig};
 const FP8: usize = 1;
 const INT4: usize = 2;
 
-/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
-/// only chat.
 async fn tiers(native: bool) -> Tiers {
-    Tiers::start(
-        [1, 1, 1],
-        |_| SimConfig {
-            chat_only: !native,
-            ..SimConfig::default()
-        },
-        |set| {
-            for profile in &mut set.profiles {
-                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
-                    upstream
-                        .apis
-                        .extend([UpstreamApi::Messages, UpstreamApi::Responses]);
-                }
-            }
-        },
-        |_| {},
-    )
-    .await
+    support::agent_tiers(native, |_| {}).await
 }
 
 async fn post(t: &Tiers, path: &str, body: &Value) -> Reply {
@@ -141,6 +122,15 @@ async fn messages_are_translated_for_chat_only_upstreams() {
     let reply = post(&t, "/v1/messages", &message(SIMPLE, true)).await;
     let events = events(&reply);
     check_messages_stream(&events);
+    // The prompt's tokens from the start, as Anthropic's `message_start` gives them.
+    assert!(
+        events[0]["message"]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{}",
+        events[0]
+    );
     // The usage the router added for itself arrives as Anthropic's counts, not as a chunk.
     assert!(
         events[events.len() - 2]["usage"]["input_tokens"]
@@ -194,6 +184,10 @@ async fn tool_use_round_trips_natively_and_translated() {
         let reply = post(&t, "/v1/responses", &call).await.json();
         let item = &reply["output"][0];
         assert_eq!(item["type"], "function_call", "native={native}: {reply}");
+        if !native {
+            // The tools the model was offered, not `[]`.
+            assert_eq!(reply["tools"], call["tools"], "{reply}");
+        }
         let result = json!({"model": "auto", "input": [
             {"role": "user", "content": "What time is it?"},
             {"type": "function_call", "call_id": item["call_id"], "name": "get_time", "arguments": "{}"},
@@ -248,10 +242,11 @@ async fn responses_are_served_natively_and_translated_streamed_and_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_translated_is_refused_in_each_apis_error_shape() {
     let t = tiers(false).await;
-    let mut thinking = message(SIMPLE, false);
-    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    let reply = post(&t, "/v1/messages", &thinking).await;
+    let mut document = message(SIMPLE, false);
+    document["messages"][0]["content"] = json!([{"type": "document", "source": {}}]);
+    let reply = post(&t, "/v1/messages", &document).await;
     assert_eq!(reply.status, 400);
+    assert_eq!(reply.header("x-should-retry"), "false");
     let body = reply.json();
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "invalid_request_error");
@@ -259,19 +254,36 @@ async fn what_cannot_be_translated_is_refused_in_each_apis_error_shape() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("thinking"),
+            .contains("document"),
         "{body}"
     );
 
     let mut search = response(SIMPLE, false);
-    search["tools"] = json!([{"type": "web_search"}]);
+    search["tools"] = json!([{"type": "file_search", "vector_store_ids": ["vs"]}]);
     let reply = post(&t, "/v1/responses", &search).await;
     assert_eq!(reply.status, 400);
     assert!(reply.json()["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("web_search"));
+        .contains("file_search"));
     assert_eq!(t.requests(INT4) + t.requests(FP8), 0, "nothing was sent");
+
+    // Hosted web search and namespaces are left out, and the answer says so.
+    let mut hosted = response(SIMPLE, false);
+    hosted["tools"] = json!([{"type": "web_search"},
+        {"type": "namespace", "name": "multi_agent_v1", "tools": []}]);
+    let reply = post(&t, "/v1/responses", &hosted).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(
+        reply.header("x-quantrouter-dropped-tools"),
+        "web_search, multi_agent_v1"
+    );
+    assert_eq!(reply.json()["tools"], json!([]));
+    let mut hosted = message(SIMPLE, false);
+    hosted["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
+    let reply = post(&t, "/v1/messages", &hosted).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(reply.header("x-quantrouter-dropped-tools"), "web_search");
 
     // The router's own errors on /v1/messages are Anthropic's too.
     let mut unknown = message(SIMPLE, false);
@@ -399,7 +411,7 @@ async fn a_follow_up_goes_to_the_profile_that_stored_the_response() {
 async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
     let redis = RedisServer::start(None);
     let shared = |c: &mut ServerConfig| {
-        c.stored_responses.redis = Some((redis.client(), "qr".into()));
+        c.stored_responses.redis = Some((redis.handle(), "qr".into()));
     };
     let native = |set: &mut quantrouter_policy::ProfileSet| {
         for profile in &mut set.profiles {
@@ -429,10 +441,9 @@ async fn replicas_share_stored_responses_through_redis_and_not_without_it() {
     })
     .await;
     assert!(stored, "the placement reached redis");
-    assert_eq!(
-        conn.get::<_, String>(&key).await.unwrap(),
-        t.set.profiles[INT4].id
-    );
+    // The profile that stored it, and no tenant: this router has none.
+    let record: Value = serde_json::from_str(&conn.get::<_, String>(&key).await.unwrap()).unwrap();
+    assert_eq!(record, json!({"profile": t.set.profiles[INT4].id}));
     assert!(conn.ttl::<_, i64>(&key).await.unwrap() > 0);
 
     let mut follow = response(CODE, false);
@@ -607,32 +618,16 @@ async fn a_stream_cut_short_ends_with_the_apis_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_rate_is_refused_in_each_apis_shape() {
-    use quantrouter::tenants::limiter::LimiterConfig;
-    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
-
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenants.json");
     let doc = json!({"version": 1, "tenants": [{"id": "agents",
         "key_sha256": [quantrouter_policy::hash_key("sk-agents")],
         "limits": {"requests_per_minute": 2}}]});
-    std::fs::write(&file, doc.to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(1),
-        redis: None,
-        redis_poll: Duration::from_secs(1),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    // A fixed minute: the limit must not reset between the requests.
-    let clock = Clock::manual(4_102_444_800_000);
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let tenants = Tenants::start(config, limiter, clock).await.unwrap();
+    let tenants = support::file_tenants(dir.path(), &doc).await;
     let t = Tiers::start(
         [1, 1, 1],
         |_| SimConfig::default(),
         |_| {},
-        |c| c.tenants = Some(std::sync::Arc::new(tenants)),
+        |c| c.tenants = Some(tenants),
     )
     .await;
     let json = ("content-type", "application/json");
@@ -652,9 +647,208 @@ async fn a_tenant_over_its_rate_is_refused_in_each_apis_shape() {
     assert_eq!(refused.json()["type"], "error");
     assert_eq!(refused.json()["error"]["type"], "rate_limit_error");
     assert!(!refused.header("retry-after").is_empty());
+    assert_eq!(refused.header("x-should-retry"), "true");
     let refused = send_as("/v1/responses", response(SIMPLE, false), bearer).await;
     assert_eq!(refused.status, 429, "{:?}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "rate_limit_exceeded");
     // Neither refusal reached an upstream.
     assert_eq!((0..3).map(|p| t.requests(p)).sum::<u64>(), 2);
+}
+
+/// A chat upstream (with `upstream.apis` left at chat) for edge cases: a prompt holding
+/// "cut me off" is streamed for five chunks and then the body ends cleanly, with no
+/// `finish_reason` and no `[DONE]`, as a crashed server behind a proxy ends one; any other
+/// request is answered with the `max_tokens` it was sent, as its text.
+async fn edge_upstream() -> Tiers {
+    let (url, _) = support::scripted_upstream(|request| {
+        let id = json!({"id": "chatcmpl-edge", "object": "chat.completion.chunk", "model": "m"});
+        let chunk = |delta: Value, finish: Value| {
+            let mut chunk = id.clone();
+            chunk["choices"] = json!([{"index": 0, "delta": delta, "finish_reason": finish}]);
+            format!("data: {chunk}\n\n")
+        };
+        let text = format!("max_tokens={}", request["max_tokens"]);
+        let stream = request["stream"] == true;
+        let sse = "text/event-stream";
+        if request["messages"].to_string().contains("cut me off") {
+            let words = ["Once", " upon", " a", " time", ","];
+            let cut: String = words
+                .iter()
+                .map(|w| chunk(json!({"content": w}), Value::Null))
+                .collect();
+            return (http::StatusCode::OK, sse, cut);
+        }
+        if stream {
+            let usage = json!({"id": "chatcmpl-edge", "choices": [],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 1}});
+            let whole = chunk(json!({"role": "assistant", "content": text}), Value::Null)
+                + &chunk(json!({}), json!("stop"))
+                + &format!("data: {usage}\n\ndata: [DONE]\n\n");
+            return (http::StatusCode::OK, sse, whole);
+        }
+        let answer = json!({"id": "chatcmpl-edge", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1}});
+        (http::StatusCode::OK, "application/json", answer.to_string())
+    })
+    .await;
+    Tiers::start(
+        [0, 0, 0],
+        |_| SimConfig::default(),
+        move |set| {
+            for profile in &mut set.profiles {
+                profile.upstream = serde_json::from_value(json!({"urls": [url]})).unwrap();
+            }
+        },
+        |_| {},
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_without_a_finish_is_an_error_in_both_apis() {
+    let t = edge_upstream().await;
+    let seen = events(&post(&t, "/v1/messages", &message("cut me off", true)).await);
+    let names = types(&seen);
+    assert_eq!(names[0], "message_start");
+    assert_eq!(names.last(), Some(&"error"), "{names:?}");
+    assert!(!names.contains(&"message_stop"), "{names:?}");
+    assert_eq!(seen.last().unwrap()["error"]["type"], "api_error");
+
+    let seen = events(&post(&t, "/v1/responses", &response("cut me off", true)).await);
+    let names = types(&seen);
+    assert_eq!(names.last(), Some(&"error"), "{names:?}");
+    assert!(!names.contains(&"response.completed"), "{names:?}");
+    assert_eq!(seen.last().unwrap()["code"], "stream_truncated");
+
+    // The official clients see an error, never a finished answer.
+    official_clients(&t, &["--truncated"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_large_ceiling_is_routed_by_the_policy_and_cut_to_each_context() {
+    let t = edge_upstream().await;
+    let context = t.set.profiles[INT4].max_context_tokens;
+    let sent = |reply: &Reply, text: &str| -> u32 {
+        let n = text.strip_prefix("max_tokens=").unwrap().parse().unwrap();
+        assert_eq!(reply.header("x-quantrouter-reason"), "utility", "{text}");
+        n
+    };
+    // Claude Code's ceiling, far above every profile's context.
+    let mut ask = message(SIMPLE, false);
+    ask["max_tokens"] = json!(32_000);
+    let reply = post(&t, "/v1/messages", &ask).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let text = reply.json()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let n = sent(&reply, &text);
+    assert!(n < context && n > context - 100, "{n} within {context}");
+    // A ceiling the context holds is sent as it is.
+    ask["max_tokens"] = json!(300);
+    let reply = post(&t, "/v1/messages", &ask).await;
+    let text = reply.json()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(sent(&reply, &text), 300);
+
+    let mut ask = response(SIMPLE, false);
+    ask["max_output_tokens"] = json!(100_000);
+    let reply = post(&t, "/v1/responses", &ask).await;
+    let text = reply.json()["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(sent(&reply, &text) < context);
+
+    // Chat keeps OpenAI's reading: a limit no context holds fits no profile.
+    let chat = json!({"model": "auto", "max_tokens": 32_000,
+        "messages": [{"role": "user", "content": SIMPLE}]});
+    let reply = post(&t, "/v1/chat/completions", &chat).await;
+    assert_eq!(reply.header("x-quantrouter-reason"), "constraints_unmet");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_say_whether_to_retry_and_count_tokens_is_served() {
+    let t = Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: true,
+            ..SimConfig::default()
+        },
+        |_| {},
+        |c| c.api_keys = support::keys(&["test-key"]),
+    )
+    .await;
+    let json_type = ("content-type", "application/json");
+    let key = ("x-api-key", "test-key");
+    let at = |path: &str| format!("http://{}{path}", t.router.public_addr());
+    let call = |path: &'static str, body: Value, key: (&'static str, &'static str)| {
+        let url = at(path);
+        async move {
+            send(
+                &client(),
+                "POST",
+                &url,
+                &body.to_string(),
+                &[json_type, key],
+            )
+            .await
+        }
+    };
+    // Anthropic requires max_tokens, and so does the router.
+    let mut unbounded = message(SIMPLE, false);
+    unbounded.as_object_mut().unwrap().remove("max_tokens");
+    let reply = call("/v1/messages", unbounded.clone(), key).await;
+    assert_eq!(reply.status, 400, "{:?}", reply.body);
+    assert_eq!(reply.json()["type"], "error");
+    assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens"));
+    assert_eq!(reply.header("x-should-retry"), "false");
+    assert_eq!((0..3).map(|p| t.requests(p)).sum::<u64>(), 0);
+
+    let wrong = ("x-api-key", "wrong");
+    let reply = call("/v1/messages", message(SIMPLE, false), wrong).await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.header("x-should-retry"), "false");
+    let bearer = ("authorization", "Bearer wrong");
+    let reply = call("/v1/responses", response(SIMPLE, false), bearer).await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(reply.header("x-should-retry"), "false");
+    let mut unknown = response(SIMPLE, false);
+    unknown["model"] = json!("no-such-model");
+    let reply = call(
+        "/v1/responses",
+        unknown,
+        ("authorization", "Bearer test-key"),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.header("x-should-retry"), "false");
+
+    // count_tokens: an estimate, in Anthropic's shape, growing with the prompt and tools.
+    let count = |body: Value| call("/v1/messages/count_tokens", body, key);
+    let short = count(unbounded.clone()).await;
+    assert_eq!(short.status, 200, "{:?}", short.body);
+    let short = short.json()["input_tokens"].as_u64().unwrap();
+    assert!(short > 0);
+    let mut long = message(&"word ".repeat(400), false);
+    long["tools"] = json!([{"name": "get_time", "description": "The time now.",
+        "input_schema": {"type": "object", "properties": {}}}]);
+    let long = count(long).await.json()["input_tokens"].as_u64().unwrap();
+    assert!(long > short + 400, "{short} then {long}");
+    let refused = call("/v1/messages/count_tokens", unbounded, wrong).await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(refused.json()["error"]["type"], "authentication_error");
+    assert_eq!(
+        (0..3).map(|p| t.requests(p)).sum::<u64>(),
+        0,
+        "nothing was sent"
+    );
 }

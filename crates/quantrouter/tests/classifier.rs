@@ -139,9 +139,51 @@ async fn route_reports_the_risk_and_the_header_sets_the_tolerance() {
         assert_eq!(r.status, 400, "{bad}");
         assert_eq!(r.json()["error"]["param"], "x-quantrouter-risk-tolerance");
     }
-    // A prompt of a class the outcome data never covered has no risk.
-    let greeting = route(&h, GREETING).await;
-    assert!(greeting["risk"].is_null(), "{greeting}");
+    // Every prompt has a risk, whatever its class: chat and code too.
+    for text in [GREETING, CODE_REQUEST] {
+        let answer = route(&h, text).await;
+        let risk = answer["risk"].as_f64();
+        assert!(risk.is_some_and(|r| (0.0..=1.0).contains(&r)), "{answer}");
+    }
+}
+
+/// A request the difficulty head keeps on the reference tier.
+const CODE_REQUEST: &str = "Write a Python function that parses an ISO 8601 duration string \
+    and returns the number of seconds, with tests for the edge cases.";
+
+/// `route --json` scores like `/v1/route`: a risk for every prompt, chat and code too.
+#[test]
+fn route_json_gives_a_risk_for_every_prompt() {
+    for text in [GREETING, CODE_REQUEST, EASY_WORD_PROBLEM] {
+        let (code, stdout, stderr) = support::cli(&["route", "--json", text]);
+        assert_eq!(code, 0, "{stderr}");
+        let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let risk = answer["risk"].as_f64();
+        assert!(risk.is_some_and(|r| (0.0..=1.0).contains(&r)), "{answer}");
+    }
+}
+
+/// Issue: `policy.risk_tolerance` moved only math and reasoning prompts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_risk_tolerance_moves_a_code_request_too() {
+    let h = Harness::start().await;
+    let body = serde_json::json!({"model": "auto",
+        "messages": [{"role": "user", "content": CODE_REQUEST}]})
+    .to_string();
+    let tier = |tolerance: &'static str| {
+        let (h, body) = (&h, &body);
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("x-quantrouter-risk-tolerance", tolerance),
+            ];
+            let answer = h.post_with("/v1/route", body, &headers).await.json();
+            assert_eq!(answer["task_class"], "code", "{answer}");
+            answer["tier"].as_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(tier("0").await, "fp16");
+    assert_eq!(tier("1").await, "fp8");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +239,7 @@ async fn with_the_classifier_off_routing_uses_the_structural_score() {
 async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
     let redis = RedisServer::start(None);
     let redis_config = || ClassifierConfig {
-        redis: Some((redis.client(), "qr".into())),
+        redis: Some((redis.handle(), "qr".into())),
         ..config()
     };
     let replicas = [
@@ -207,7 +249,7 @@ async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
     for h in &replicas {
         assert_eq!(route(h, GREETING).await["tier"], "int4");
     }
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "qr")
         .await
         .unwrap();
     let code = everything_is_code(1);
@@ -240,7 +282,7 @@ async fn a_pushed_model_reaches_every_replica_and_rolls_back() {
         .await
         .unwrap();
     redis::cmd("SET")
-        .arg("qr:classifier")
+        .arg("qr:{classifier}")
         .arg(tampered.to_string())
         .query_async::<()>(&mut conn)
         .await
@@ -279,12 +321,12 @@ async fn serving(h: &Harness, version: u64, doc: &ClassifierDocument) -> bool {
 async fn requests_in_flight_while_models_change_all_succeed() {
     let redis = RedisServer::start(None);
     let h = with_classifier(ClassifierConfig {
-        redis: Some((redis.client(), "qr".into())),
+        redis: Some((redis.handle(), "qr".into())),
         ..config()
     })
     .await;
     let workers = support::steady_requests(&h.url("/v1/chat/completions"), 6, 25, GREETING);
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "qr")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "qr")
         .await
         .unwrap();
     let models = [everything_is_code(1), everything_is_code(2)];
@@ -486,7 +528,7 @@ async fn a_push_redis_answers_late_is_waited_for_and_reported_as_pushed() {
     .await
     .unwrap();
     assert_eq!((code, stdout.trim()), (0, "pushed version 1"), "{stderr}");
-    let ops = RedisStore::<ClassifierDocument>::connect(&redis.client(), "quantrouter")
+    let ops = RedisStore::<ClassifierDocument>::connect(&redis.handle(), "quantrouter")
         .await
         .unwrap();
     assert_eq!(ops.active().await.unwrap().unwrap().version, 1);
@@ -668,4 +710,104 @@ fn the_cli_trains_and_evaluates_the_outcome_head() {
         &out,
     ]);
     assert_eq!(code, 1, "{stderr}");
+}
+
+/// Outcome lines of a traffic record each, `quantities` set to each value in turn, agreed or
+/// not by `agreed(i)`.
+fn traffic_lines(values: &[f64], agreed: impl Fn(usize) -> bool) -> String {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let line = serde_json::json!({"features": {"length": 0.5, "quantities": v},
+                "inputs": quantrouter_policy::classifier::OUTCOME_INPUTS,
+                "task_class": "math", "cheap_profile": "a", "reference_profile": "b",
+                "agreed": agreed(i)});
+            format!("{line}\n")
+        })
+        .collect()
+}
+
+/// Issue: a record with a finite but absurd feature value (3e38) trained an all-zero outcome
+/// head, which `train` wrote and `push` published. Now the record is refused with its line,
+/// a head that learned nothing is not written, and `push` refuses one.
+#[test]
+fn absurd_records_and_heads_that_learned_nothing_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let train = |records: &str, out: &str| {
+        support::cli(&[
+            "classifier",
+            "train",
+            "--base",
+            "builtin",
+            "--outcomes",
+            records,
+            "--out",
+            out,
+        ])
+    };
+    let values: Vec<f64> = (0..40).map(|i| f64::from(i % 8) / 10.0).collect();
+    let good = path("good.jsonl");
+    std::fs::write(&good, traffic_lines(&values, |i| i % 8 < 4)).unwrap();
+    let (code, stdout, stderr) = train(&good, &path("good.json"));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    let mut absurd = values.clone();
+    absurd[2] = 3e38;
+    let records = path("absurd.jsonl");
+    std::fs::write(&records, traffic_lines(&absurd, |i| i % 8 < 4)).unwrap();
+    let out = path("absurd.json");
+    let (code, _, stderr) = train(&records, &out);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("line 3") && stderr.contains("`quantities`"),
+        "{stderr}"
+    );
+    assert!(!std::path::Path::new(&out).exists());
+
+    // Every answer agreed: nothing to rank by, so every prompt would get one risk.
+    let records = path("agreed.jsonl");
+    std::fs::write(&records, traffic_lines(&values, |_| true)).unwrap();
+    let out = path("agreed.json");
+    let (code, _, stderr) = train(&records, &out);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("same risk"), "{stderr}");
+    assert!(!std::path::Path::new(&out).exists());
+
+    // Such a head, made without the command's checks, is refused by `push` before Redis
+    // holds it.
+    let agreed =
+        quantrouter_policy::classifier::parse_outcomes(&std::fs::read_to_string(&records).unwrap())
+            .unwrap();
+    let base = ClassifierDocument::from_json(quantrouter_policy::DEFAULT_CLASSIFIER).unwrap();
+    let constant = quantrouter_policy::classifier::retrain_outcomes(&base, &agreed).unwrap();
+    let constant_file = path("constant.json");
+    std::fs::write(&constant_file, constant.to_json()).unwrap();
+    // And one whose training figures say it ranks no better than random.
+    let mut random: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path("good.json")).unwrap()).unwrap();
+    random["metrics"]["outcome_training_apgr"] = serde_json::json!(0.42);
+    let random_file = path("random.json");
+    std::fs::write(&random_file, random.to_string()).unwrap();
+    let redis = RedisServer::start(None);
+    for (file, says) in [(&constant_file, "same risk"), (&random_file, "0.420")] {
+        let (code, _, stderr) =
+            support::cli(&["classifier", "push", file, "--redis-url", &redis.url()]);
+        assert_ne!(code, 0, "{stderr}");
+        assert!(
+            stderr.contains("not pushing") && stderr.contains(says),
+            "{stderr}"
+        );
+    }
+    let (code, stdout, stderr) = support::cli(&["classifier", "get", "--redis-url", &redis.url()]);
+    assert_ne!(code, 0, "nothing was pushed: {stdout}{stderr}");
+    let (code, stdout, stderr) = support::cli(&[
+        "classifier",
+        "push",
+        &path("good.json"),
+        "--redis-url",
+        &redis.url(),
+    ]);
+    assert_eq!((code, stdout.trim()), (0, "pushed version 1"), "{stderr}");
 }

@@ -6,65 +6,29 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use support::{loopback, Tiers, SIMPLE};
+use http::StatusCode;
+use support::{Tiers, SIMPLE};
 use vllm_sim::SimConfig;
 
 const FP16: usize = 0;
 const FP8: usize = 1;
 const INT4: usize = 2;
 
-/// An upstream that answers every completion with `answer(request body)` and `GET`s
-/// (health, metrics) with 200; returns its URL and a count of completions.
+/// An upstream that answers every completion with `answer(request body)` (JSON) and `GET`s
+/// with 200; returns its URL and a count of completions.
 async fn scripted<F>(answer: F) -> (String, Arc<AtomicU64>)
 where
     F: Fn(&serde_json::Value) -> (StatusCode, String) + Send + Sync + 'static,
 {
-    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let answer = Arc::new(answer);
-    let count = Arc::new(AtomicU64::new(0));
-    let counted = Arc::clone(&count);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
-                    async move {
-                        let post = req.method() == http::Method::POST;
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        let (status, text) = match post {
-                            true => {
-                                counted.fetch_add(1, Ordering::Relaxed);
-                                answer(&serde_json::from_slice(&body).unwrap())
-                            }
-                            false => (StatusCode::OK, String::new()),
-                        };
-                        let mut response = Response::new(Full::new(Bytes::from(text)));
-                        *response.status_mut() = status;
-                        response.headers_mut().insert(
-                            http::header::CONTENT_TYPE,
-                            http::HeaderValue::from_static("application/json"),
-                        );
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, count)
+    support::scripted_upstream(move |body| {
+        let (status, text) = answer(body);
+        (status, "application/json", text)
+    })
+    .await
 }
 
 const VLLM_OVERFLOW: &str = r#"{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens (8992 in the messages, 8 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}"#;

@@ -460,6 +460,7 @@ async fn profile_reloads_start_and_stop_watches() {
         http2: false,
         apis: vec![UpstreamApi::Chat, UpstreamApi::Completions],
         balance: None,
+        resume: true,
     });
     v2.profiles[2].upstream =
         Upstream::Static(StaticUpstream::new(vec!["http://127.0.0.1:9".into()]));

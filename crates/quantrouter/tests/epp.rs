@@ -7,7 +7,6 @@
 mod support;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use quantrouter::server::Server;

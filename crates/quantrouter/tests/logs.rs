@@ -222,3 +222,48 @@ async fn upstream_addresses_stay_in_the_logs_and_out_of_the_answer() {
         "{lines:?}"
     );
 }
+
+/// A profile set can name any path as its outcome file (`policy.calibration.outcomes.file`),
+/// and anyone who can write to Redis can push one: a file that is not the router's own log is
+/// reported when the set is loaded, and left as it was by the sampled traffic after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_outcome_file_is_reported_at_load_and_left_alone() {
+    let (mut set, _sims) = sim_tiers(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "one\ntwo\n").unwrap();
+    let reference = set.profiles.iter().find(|p| p.tier == "fp16").unwrap();
+    set.policy.calibration = Some(quantrouter_policy::Calibration {
+        sample_rate: 1.0,
+        reference_profile: reference.id.clone(),
+        max_extra_cost_per_hour: 1e6,
+        outcomes: Some(quantrouter_policy::OutcomeSink {
+            redis: false,
+            file: Some(notes.to_str().unwrap().into()),
+            max_len: 1,
+            ttl_s: 60,
+        }),
+    });
+    set.validate().unwrap();
+    let lines = log_lines_with(&set, &[]).await;
+    let refused = lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("outcome file refused")
+        })
+        .unwrap_or_else(|| panic!("no refusal in {lines:?}"));
+    assert_eq!(refused["level"], "ERROR");
+    assert!(refused["fields"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("line 1 is not an outcome record"));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "one\ntwo\n");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "nothing beside it"
+    );
+}

@@ -80,6 +80,13 @@ async fn docs_list_exactly_the_exported_metrics() {
     // A router error.
     let r = t.post("{\"model\": 1}", &[]).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // A stream whose upstream breaks after three events: resumed.
+    t.sims[INT4][1].set_faults(Faults {
+        reset_after_chunks: Some(3),
+        ..Faults::default()
+    });
+    let r = t.post(&support::simple_stream(8), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
     // Admission: one slot on fp16, concurrent pinned requests.
     let t = Arc::new(t);
     let pinned = chat("llama8b-fp16", SIMPLE).replace("\"max_tokens\":8", "\"max_tokens\":20");
@@ -148,9 +155,47 @@ async fn docs_list_exactly_the_exported_metrics() {
         "exported but not documented: {:?}",
         got.difference(&all).collect::<Vec<_>>()
     );
+    let clashing: BTreeSet<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("quantrouter_"))
+        .flat_map(label_names)
+        .filter(|name| SCRAPE_TARGET_LABELS.contains(name))
+        .collect();
+    assert!(
+        clashing.is_empty(),
+        "labels a ServiceMonitor or PodMonitor overwrites: {clashing:?}"
+    );
     for task in watched.tasks.into_iter().chain(classifier.tasks) {
         task.abort();
     }
+}
+
+/// Labels the Prometheus Operator's monitors set on every scraped series; a series' own label
+/// of that name would arrive renamed `exported_<name>` (the chart does not honor labels).
+const SCRAPE_TARGET_LABELS: [&str; 7] = [
+    "endpoint",
+    "namespace",
+    "pod",
+    "service",
+    "job",
+    "instance",
+    "container",
+];
+
+/// The label names of one sample line.
+fn label_names(line: &str) -> Vec<&str> {
+    let Some((_, mut labels)) = line.split_once('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    while let Some((name, value)) = labels.split_once("=\"") {
+        names.push(name);
+        let Some(len) = label_value_len(value) else {
+            break;
+        };
+        labels = value[len + 1..].trim_start_matches(',');
+    }
+    names
 }
 
 /// Profile ids are free text: a quote or backslash in one reaches label values of the cost,

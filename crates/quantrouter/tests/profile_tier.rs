@@ -370,7 +370,7 @@ async fn merge_writes_the_measurement_into_a_valid_profile_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_updates_the_active_set_with_compare_and_set() {
     let redis = RedisServer::start(None);
-    let store = RedisStore::<ProfileSet>::connect(&redis.client(), "quantrouter")
+    let store = RedisStore::<ProfileSet>::connect(&redis.handle(), "quantrouter")
         .await
         .unwrap();
     let tier = sim(SimConfig {

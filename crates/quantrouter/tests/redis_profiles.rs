@@ -20,7 +20,7 @@ fn default_set() -> ProfileSet {
 
 fn router(redis: &RedisServer) -> Arc<ProfileStore> {
     let store = Arc::new(ProfileStore::new(default_set(), SourceKind::Embedded));
-    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
+    redis_source::spawn(Arc::clone(&store), redis.handle(), source_config());
     store
 }
 
@@ -86,7 +86,7 @@ async fn an_invalid_document_written_directly_is_rejected_by_every_router() {
         .replace("0.97", "1.97");
     let before = reloads("redis", "rejected");
     redis
-        .raw_set("qr:profiles", &bad, Some(("qr:profiles:updates", "7")))
+        .raw_set("qr:{profiles}", &bad, Some(("qr:{profiles}:updates", "7")))
         .await;
     assert!(
         rejected_since("redis", before, 2).await,
@@ -179,7 +179,7 @@ async fn versions_past_what_json_numbers_hold_are_refused_by_push_and_by_routers
     assert!(text.contains(&u64::MAX.to_string()));
     let before = reloads("redis", "rejected");
     redis
-        .raw_set("qr:profiles", &text, Some(("qr:profiles:updates", "x")))
+        .raw_set("qr:{profiles}", &text, Some(("qr:{profiles}:updates", "x")))
         .await;
     assert!(rejected_since("redis", before, 1).await);
     assert_eq!(r.load().set.version, MAX_VERSION);
@@ -225,12 +225,12 @@ async fn a_key_that_cannot_hold_a_document_is_rejected_without_reconnecting() {
         }
         async move { cmd.query_async::<()>(&mut admin).await.unwrap() }
     };
-    command(&[b"RPUSH", b"qr:profiles", b"not a document"]).await;
+    command(&[b"RPUSH", b"qr:{profiles}", b"not a document"]).await;
     let r = router(&redis);
     for round in ["a list", "invalid UTF-8"] {
         if round == "invalid UTF-8" {
-            command(&[b"DEL", b"qr:profiles"]).await;
-            command(&[b"SET", b"qr:profiles", b"{\"version\": \xff\xfe}"]).await;
+            command(&[b"DEL", b"qr:{profiles}"]).await;
+            command(&[b"SET", b"qr:{profiles}", b"{\"version\": \xff\xfe}"]).await;
         }
         // The source polls every 50 ms: let it read the key a few times, then count the
         // connections opened over ten more reads (one on reconnect with the old code).
@@ -258,7 +258,7 @@ async fn a_key_that_cannot_hold_a_document_is_rejected_without_reconnecting() {
         );
     }
     // A good document replaces it without a reconnect.
-    command(&[b"DEL", b"qr:profiles"]).await;
+    command(&[b"DEL", b"qr:{profiles}"]).await;
     let version = redis.store().await.push(default_set()).await.unwrap();
     assert!(applied(&r, version).await);
 }
@@ -381,7 +381,7 @@ async fn requests_in_flight_during_twenty_pushes_all_succeed() {
     let redis = RedisServer::start(None);
     let h = support::Harness::start_with(Duration::from_millis(2), |_| {}).await;
     let store = Arc::clone(&h.router.app.store);
-    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
+    redis_source::spawn(Arc::clone(&store), redis.handle(), source_config());
     let ops = redis.store().await;
     // Two sets over the same simulated tiers that route differently.
     let base = store.load().set.clone();
@@ -443,7 +443,7 @@ async fn requests_keep_succeeding_while_redis_is_down() {
     let redis = RedisServer::start(None);
     let h = support::Harness::start().await;
     let store = Arc::clone(&h.router.app.store);
-    redis_source::spawn(Arc::clone(&store), redis.client(), source_config());
+    redis_source::spawn(Arc::clone(&store), redis.handle(), source_config());
     let version = redis
         .store()
         .await
@@ -529,7 +529,7 @@ async fn start_up_order_redis_then_file_and_redis_takes_over_when_reachable() {
     let sources = |redis: &RedisServer| -> Vec<Arc<dyn ProfileSource>> {
         vec![
             Arc::new(redis_source::RedisSource {
-                client: redis.client(),
+                redis: redis.handle(),
                 config: source_config(),
             }),
             Arc::new(FileSource {
@@ -553,7 +553,7 @@ async fn start_up_order_redis_then_file_and_redis_takes_over_when_reachable() {
     let down_sources = {
         let mut s = sources(&down);
         s[0] = Arc::new(redis_source::RedisSource {
-            client: redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap(),
+            redis: support::redis_server::handle_at(&format!("redis://127.0.0.1:{port}")),
             config: source_config(),
         });
         s

@@ -254,6 +254,7 @@ async fn the_overall_deadline_answers_504() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
 
+/// With resumption off; a reset stream is resumed otherwise (`tests/resume.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_mid_stream_ends_with_an_sse_error_event_and_is_not_retried() {
     let t = Tiers::start(
@@ -262,7 +263,7 @@ async fn a_reset_mid_stream_ends_with_an_sse_error_event_and_is_not_retried() {
             itl: Duration::from_millis(5),
             ..SimConfig::default()
         },
-        |_| {},
+        |set| set.policy.stream_resume.max_resumes = 0,
         |_| {},
     )
     .await;

@@ -27,7 +27,10 @@ const CHEAP: &str = "llama8b-fp8";
 fn faults(delay_ms: u64, quantities_over: Option<u32>) -> Faults {
     Faults {
         delay_ms,
-        wrong_when: Some(WrongWhen { quantities_over }),
+        wrong_when: Some(WrongWhen {
+            quantities_over,
+            ..WrongWhen::default()
+        }),
         ..Faults::default()
     }
 }
@@ -99,6 +102,19 @@ async fn model_risk() -> (f64, f64) {
     (risk, tolerance)
 }
 
+/// `quantrouter_second_opinions_total{result}` as exported now.
+fn opinions(result: &str) -> u64 {
+    let label = format!("{{result=\"{result}\"}} ");
+    quantrouter::telemetry::metrics_handle()
+        .render()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("quantrouter_second_opinions_total")?
+                .strip_prefix(&label)
+        })
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// Requests the cheap sim has had.
 fn asked(sims: &[SimServer]) -> u64 {
     sims[1].stats().requests
@@ -156,10 +172,16 @@ async fn on_a_timeout_the_models_risk_stands() {
     let (risk, tolerance) = model_risk().await;
     // The rating would take a second; the router waits 50 ms.
     let (router, sims) = router(opinion([0.0, 1.0], 50), 1000).await;
+    let before = [opinions("timeout"), opinions("error")];
     let answer = post(&router, "/v1/route", &body(false), tolerance)
         .await
         .json();
     assert_eq!(asked(&sims), 1, "asked");
+    // Counted as late, not as failed (no other test here times out or fails a rating).
+    assert_eq!(
+        [opinions("timeout"), opinions("error")],
+        [before[0] + 1, before[1]]
+    );
     assert_eq!(answer["profile"], CHEAP, "{answer}");
     assert!(answer.get("second_opinion").is_none(), "{answer}");
     assert!((answer["risk"].as_f64().unwrap() - risk).abs() < 1e-9);

@@ -77,7 +77,7 @@ impl Fleet {
                 metrics_top: 50,
             };
             let mut limiter = LimiterConfig::new(
-                Some((redis.client(), PREFIX.to_owned())),
+                Some((redis.handle(), PREFIX.to_owned())),
                 format!("replica-{i}"),
             );
             // Quick heartbeats: outages end within a test's patience; a patient admission

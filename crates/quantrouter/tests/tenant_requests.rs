@@ -68,7 +68,7 @@ async fn tenants(
         metrics_top: 50,
     };
     let mut limiter = LimiterConfig::new(
-        Some((redis.client(), PREFIX.to_owned())),
+        Some((redis.handle(), PREFIX.to_owned())),
         format!("replica-{replica}"),
     );
     // Quick heartbeats: every replica sees the others within a test's patience; a patient
@@ -472,7 +472,7 @@ async fn with_redis_stopped_requests_flow_on_local_shares_and_counting_resumes()
         StatusCode::OK
     );
     let keys = redis
-        .keys("quantrouter:tenants:usage:team-a:requests:*")
+        .keys("quantrouter:tenants:usage:{team-a}:requests:*")
         .await;
     let counted: u64 = match keys.as_slice() {
         [] => 0,

@@ -55,7 +55,7 @@ fn team_a(snapshot: &TenantSnapshot) -> &ActiveTenant {
 
 fn config(redis: &RedisServer, replica: usize) -> LimiterConfig {
     let mut config = LimiterConfig::new(
-        Some((redis.client(), PREFIX.to_owned())),
+        Some((redis.handle(), PREFIX.to_owned())),
         format!("replica-{replica}"),
     );
     // Quick heartbeats: outages end within a test's patience.
@@ -449,7 +449,7 @@ async fn bad_keys_are_refused_and_no_key_text_reaches_redis_logs_or_the_report()
     let config = quantrouter::tenants::TenantsConfig {
         file: None,
         file_interval: Duration::from_secs(1),
-        redis: Some((redis.client(), "quantrouter".to_owned())),
+        redis: Some((redis.handle(), "quantrouter".to_owned())),
         redis_poll: Duration::from_millis(50),
         api_keys: None,
         metrics_top: 50,
@@ -476,7 +476,7 @@ async fn bad_keys_are_refused_and_no_key_text_reaches_redis_logs_or_the_report()
     }
 
     let limiter = Limiter::start(LimiterConfig::new(
-        Some((redis.client(), "quantrouter".to_owned())),
+        Some((redis.handle(), "quantrouter".to_owned())),
         "replica-0".into(),
     ))
     .await;
@@ -501,7 +501,7 @@ async fn bad_keys_are_refused_and_no_key_text_reaches_redis_logs_or_the_report()
     // Nothing in Redis holds the key: not the document, its history or any counter.
     let keys = redis.keys("*").await;
     assert!(
-        keys.iter().any(|k| k.contains(":tenants:usage:team-a:")),
+        keys.iter().any(|k| k.contains(":tenants:usage:{team-a}:")),
         "{keys:?}"
     );
     let mut conn = redis

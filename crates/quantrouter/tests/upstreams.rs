@@ -152,7 +152,7 @@ async fn each_servers_queue_metric_reaches_routing_and_the_keda_numbers() {
             "{flavor:?}: routing did not see the queue ({busy_latency} vs {idle_latency} ms)"
         );
         let found = format!(
-            "quantrouter_upstream_queue_metric_found{{profile=\"llama8b-awq\",endpoint=\"{}\"}} 1",
+            "quantrouter_upstream_queue_metric_found{{profile=\"llama8b-awq\",upstream=\"{}\"}} 1",
             sim.url()
         );
         let page = metrics_page(&t).await;
@@ -210,7 +210,7 @@ async fn configured_queue_names_override_detection_and_a_server_without_any_is_r
         "the configured metric, not vLLM's, is the queue"
     );
     let missing = format!(
-        "quantrouter_upstream_queue_metric_found{{profile=\"llama8b-fp16\",endpoint=\"{bare}\"}} 0"
+        "quantrouter_upstream_queue_metric_found{{profile=\"llama8b-fp16\",upstream=\"{bare}\"}} 0"
     );
     assert!(
         eventually(Duration::from_secs(5), || async {

@@ -4,7 +4,8 @@
 //!
 //! Tools: a request that declares tools and does not end with a tool's result is answered with
 //! a call of the first tool (arguments `{}`), and the next turn, which carries the result, with
-//! text: the shape of one agent step.
+//! text: the shape of one agent step. A prompt holding `[[call:NAME]]` calls the declared
+//! tool NAME instead, so a test can pick a tool its client can run.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -47,7 +48,7 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         .and_then(|m| m.get("content"))
         .and_then(Value::as_array)
         .is_some_and(|blocks| blocks.iter().any(|b| kind(b) == "tool_result"));
-    let tool = first_tool(&wire, |t| t.get("name")).filter(|_| !last_is_result);
+    let tool = first_tool(&wire, body, |t| t.get("name")).filter(|_| !last_is_result);
     Ok(CompletionRequest {
         model: wire.get("model").and_then(Value::as_str).map(str::to_owned),
         digest,
@@ -57,8 +58,11 @@ pub(crate) fn parse_messages(body: &[u8]) -> Result<CompletionRequest, ApiError>
         ignore_eos: false,
         stream: wire.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: true,
+        continuous_usage: false,
         tool,
         previous_response_id: None,
+        continued: 0,
+        cache_salt: None,
     })
 }
 
@@ -104,7 +108,7 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
             ))
         }
     }
-    let tool = first_tool(&wire, |t| t.get("name")).filter(|_| !last_is_result);
+    let tool = first_tool(&wire, body, |t| t.get("name")).filter(|_| !last_is_result);
     Ok(CompletionRequest {
         model: wire.get("model").and_then(Value::as_str).map(str::to_owned),
         digest,
@@ -114,11 +118,14 @@ pub(crate) fn parse_responses(body: &[u8]) -> Result<CompletionRequest, ApiError
         ignore_eos: false,
         stream: wire.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: true,
+        continuous_usage: false,
         tool,
         previous_response_id: wire
             .get("previous_response_id")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        continued: 0,
+        cache_salt: None,
     })
 }
 
@@ -136,7 +143,9 @@ pub(crate) fn chat_tool(body: &[u8]) -> Option<String> {
     if last_role == "tool" {
         return None;
     }
-    first_tool(&wire, |t| t.get("function").and_then(|f| f.get("name")))
+    first_tool(&wire, body, |t| {
+        t.get("function").and_then(|f| f.get("name"))
+    })
 }
 
 fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
@@ -154,12 +163,31 @@ fn kind(value: &Value) -> &str {
     value.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-fn first_tool(wire: &Value, name: impl Fn(&Value) -> Option<&Value>) -> Option<String> {
+/// The tool an answer calls: the one `[[call:NAME]]` in the request asks for, else the first
+/// declared.
+fn first_tool(
+    wire: &Value,
+    body: &[u8],
+    name: impl Fn(&Value) -> Option<&Value>,
+) -> Option<String> {
     if wire.get("tool_choice").and_then(Value::as_str) == Some("none") {
         return None;
     }
-    let tool = wire.get("tools")?.as_array()?.first()?;
-    name(tool)?.as_str().map(str::to_owned)
+    let tools = wire.get("tools")?.as_array()?;
+    let names = tools.iter().filter_map(|t| name(t)?.as_str());
+    match asked_tool(body) {
+        Some(asked) => names.into_iter().find(|n| *n == asked),
+        None => names.into_iter().next(),
+    }
+    .map(str::to_owned)
+}
+
+/// The NAME of a `[[call:NAME]]` anywhere in the request body.
+fn asked_tool(body: &[u8]) -> Option<&str> {
+    const MARK: &[u8] = b"[[call:";
+    let at = body.windows(MARK.len()).position(|w| w == MARK)? + MARK.len();
+    let len = body[at..].windows(2).position(|w| w == b"]]")?;
+    std::str::from_utf8(&body[at..at + len]).ok()
 }
 
 fn max_tokens(wire: &Value, field: &str) -> Result<Option<u64>, ApiError> {
@@ -478,6 +506,17 @@ mod tests {
         assert_eq!(request.user_text.as_deref(), Some("hi"));
         assert_eq!(request.tool.as_deref(), Some("get_time"));
         assert_eq!(request.max_tokens, Some(9));
+    }
+
+    #[test]
+    fn a_prompt_names_the_tool_its_answer_calls() {
+        let body = br#"{"model":"m","tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}],
+            "messages":[{"role":"user","content":"use it [[call:b]]"}]}"#;
+        assert_eq!(chat_tool(body).as_deref(), Some("b"));
+        // A tool the request does not declare is not called.
+        let body = br#"{"model":"m","max_tokens":9,"tools":[{"name":"a","input_schema":{}}],
+            "messages":[{"role":"user","content":"[[call:z]]"}]}"#;
+        assert_eq!(parse_messages(body).unwrap().tool, None);
     }
 
     #[test]

@@ -115,15 +115,37 @@ pub(crate) fn word_problem_answer(numbers: &[f64], wrong: bool, shape: u64) -> S
 }
 
 /// The digit a rating answers with: 7 to 9 for a message the rule answers wrongly (more so
-/// the further past its limit), 0 to 3 for one it answers rightly (more numbers, higher).
-pub(crate) fn rating(quantities: usize, rule: Option<WrongWhen>) -> u8 {
-    let limit = rule.and_then(|r| r.quantities_over);
-    match (rule.is_some_and(|r| r.wrong(quantities)), limit) {
-        (true, Some(limit)) => 7 + (quantities - limit as usize - 1).min(2) as u8,
+/// the further past its limit), 0 to 3 for one it answers rightly (more numbers, or for a
+/// message without numbers more listed items, higher).
+pub(crate) fn rating(text: &str, rule: Option<WrongWhen>) -> u8 {
+    let quantities = quantities(text).len();
+    let (count, limit, wrong) = match rule {
+        Some(rule) if quantities == 0 && rule.items_over.is_some() => {
+            let items = list_items(text);
+            (items, rule.items_over, rule.wrong_items(items))
+        }
+        _ => (
+            quantities,
+            rule.and_then(|r| r.quantities_over),
+            rule.is_some_and(|r| r.wrong(quantities)),
+        ),
+    };
+    match (wrong, limit) {
+        (true, Some(limit)) => 7 + (count - limit as usize - 1).min(2) as u8,
         (true, None) => 9,
-        (false, Some(limit)) => (3 * quantities / (limit as usize + 1)).min(3) as u8,
-        (false, None) => (quantities / 2).min(3) as u8,
+        (false, Some(limit)) => (3 * count / (limit as usize + 1)).min(3) as u8,
+        (false, None) => (count / 2).min(3) as u8,
     }
+}
+
+/// The items a text lists: lines starting `- ` or `* ` (after any indentation).
+pub(crate) fn list_items(text: &str) -> usize {
+    text.lines()
+        .filter(|line| {
+            let line = line.trim_start();
+            line.starts_with("- ") || line.starts_with("* ")
+        })
+        .count()
 }
 
 /// The draw that shapes a wrong answer, for callers outside this module.
@@ -285,10 +307,17 @@ mod tests {
         assert_eq!(word_problem_answer(&[1.5], false, 0), "The answer is 1.5.");
         let rule = Some(WrongWhen {
             quantities_over: Some(4),
+            items_over: Some(2),
         });
-        assert!((0..=4).all(|n| rating(n, rule) <= 3));
-        assert!((5..=20).all(|n| rating(n, rule) >= 7));
-        assert!(rating(2, rule) < rating(4, rule));
+        let numbers = |n: usize| (1..=n).map(|k| format!("{k} ")).collect::<String>();
+        assert!((0..=4).all(|n| rating(&numbers(n), rule) <= 3));
+        assert!((5..=20).all(|n| rating(&numbers(n), rule) >= 7));
+        assert!(rating(&numbers(2), rule) < rating(&numbers(4), rule));
+        // Without numbers, the listed items decide.
+        let items = |n: usize| "Write a note.\n".to_owned() + &"- mention the sea\n".repeat(n);
+        assert_eq!(list_items(&items(3)), 3);
+        assert!((0..=2).all(|n| rating(&items(n), rule) <= 3));
+        assert!((3..=6).all(|n| rating(&items(n), rule) >= 7));
         assert!(is_rating(&format!(
             "system\n{RATING_INSTRUCTION}\nuser\n1 2\n"
         )));

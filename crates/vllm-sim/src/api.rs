@@ -37,10 +37,18 @@ pub(crate) struct CompletionRequest {
     pub(crate) ignore_eos: bool,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// `stream_options.continuous_usage_stats`: the opening chunk carries the prompt's
+    /// usage too (vLLM's puts it in every chunk).
+    pub(crate) continuous_usage: bool,
     /// The tool the answer calls instead of text (see [`crate::agent_api`]).
     pub(crate) tool: Option<String>,
     /// Responses: the stored response this one continues.
     pub(crate) previous_response_id: Option<String>,
+    /// Chat with `continue_final_message`: the words (one token each) of the final assistant
+    /// message the answer continues; 0 for a new answer.
+    pub(crate) continued: u32,
+    /// vLLM's `cache_salt`: the prefix cache shares blocks only between equal salts.
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// Token counts, as in every OpenAI `usage` object.
@@ -98,6 +106,10 @@ struct ChatRequestWire {
     ignore_eos: Option<bool>,
     stream: Option<bool>,
     stream_options: Option<StreamOptionsWire>,
+    /// vLLM's chat-template switches: continue the final (assistant) message instead of
+    /// starting a new one; the two cannot both be on, and the second is on by default.
+    continue_final_message: Option<bool>,
+    add_generation_prompt: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +126,21 @@ struct CompletionRequestWire {
 struct MessageWire {
     role: Option<String>,
     content: Option<ContentWire>,
+}
+
+impl MessageWire {
+    /// The message's text: the string, or its text parts joined.
+    fn text(&self) -> String {
+        match &self.content {
+            Some(ContentWire::Text(text)) => text.clone(),
+            Some(ContentWire::Parts(parts)) => parts
+                .iter()
+                .filter(|part| part.kind == "text")
+                .filter_map(|part| part.text.as_deref())
+                .collect(),
+            None => String::new(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +167,7 @@ enum PromptWire {
 #[derive(Debug, Deserialize)]
 struct StreamOptionsWire {
     include_usage: Option<bool>,
+    continuous_usage_stats: Option<bool>,
 }
 
 // --- response wire types ---
@@ -283,17 +311,19 @@ impl Endpoint {
 impl CompletionRequest {
     /// Parses a request body; wrong JSON, wrong types and a missing or empty prompt are 400s.
     pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, ApiError> {
-        match endpoint {
+        let mut request = match endpoint {
             Endpoint::Chat => Self::parse_chat(body),
             Endpoint::Completion => Self::parse_completion(body),
             Endpoint::Messages => crate::agent_api::parse_messages(body),
             Endpoint::Responses => crate::agent_api::parse_responses(body),
-        }
+        }?;
+        request.cache_salt = cache_salt(body)?;
+        Ok(request)
     }
 
     fn parse_chat(body: &[u8]) -> Result<Self, ApiError> {
         let wire: ChatRequestWire = serde_json::from_slice(body).map_err(json_error)?;
-        let messages = wire
+        let mut messages = wire
             .messages
             .ok_or_else(|| ApiError::BadRequest("`messages` is required.".to_owned()))?;
         if messages.is_empty() {
@@ -301,39 +331,39 @@ impl CompletionRequest {
                 "`messages` must not be empty.".to_owned(),
             ));
         }
+        // The message to continue is the start of the answer, not part of the prompt: the
+        // answer is planned as the uninterrupted one would be, and resumes after its words.
+        let continued = match continued_message(
+            &wire.continue_final_message,
+            &wire.add_generation_prompt,
+            &messages,
+        )? {
+            true => messages.pop().map(|m| m.text()).unwrap_or_default(),
+            false => String::new(),
+        };
         let mut digest = PromptDigest::new();
         let mut user_text = None;
         let mut cache_text = String::new();
         for message in messages {
-            let role = message.role.unwrap_or_default();
+            let role = message.role.clone().unwrap_or_default();
             digest.add_marker(&role);
             cache_text.push_str(&role);
             cache_text.push('\n');
-            let text = match message.content {
-                Some(ContentWire::Text(text)) => {
-                    digest.add_text(&text);
-                    Some(text)
-                }
-                Some(ContentWire::Parts(parts)) => {
-                    let mut joined = String::new();
-                    for text in parts
-                        .into_iter()
-                        .filter(|part| part.kind == "text")
-                        .filter_map(|part| part.text)
-                    {
-                        digest.add_text(&text);
-                        joined.push_str(&text);
-                    }
-                    Some(joined)
-                }
-                None => None,
-            };
+            let text = message.content.is_some().then(|| message.text());
+            if let Some(text) = &text {
+                digest.add_text(text);
+            }
             cache_text.push_str(text.as_deref().unwrap_or_default());
             cache_text.push('\n');
             if role == "user" {
                 user_text = text;
             }
         }
+        let continued_words =
+            u32::try_from(continued.split_whitespace().count()).unwrap_or(u32::MAX);
+        // The server reads the continued words as prompt, a token each.
+        digest.add_tokens(u64::from(continued_words));
+        cache_text.push_str(&continued);
         Ok(Self {
             model: wire.model,
             digest,
@@ -344,8 +374,15 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            continuous_usage: wire
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.continuous_usage_stats)
+                .unwrap_or(false),
             tool: crate::agent_api::chat_tool(body),
             previous_response_id: None,
+            continued: continued_words,
+            cache_salt: None,
         })
     }
 
@@ -385,9 +422,54 @@ impl CompletionRequest {
             ignore_eos: wire.ignore_eos.unwrap_or(false),
             stream: wire.stream.unwrap_or(false),
             include_usage: include_usage(wire.stream_options.as_ref()),
+            continuous_usage: false,
             tool: None,
             previous_response_id: None,
+            continued: 0,
+            cache_salt: None,
         })
+    }
+}
+
+/// Whether the request continues its final message, as vLLM decides: only with
+/// `add_generation_prompt` off, and only an assistant's message.
+fn continued_message(
+    continue_final: &Option<bool>,
+    add_generation_prompt: &Option<bool>,
+    messages: &[MessageWire],
+) -> Result<bool, ApiError> {
+    if *continue_final != Some(true) {
+        return Ok(false);
+    }
+    if add_generation_prompt.unwrap_or(true) {
+        return Err(ApiError::BadRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                .to_owned(),
+        ));
+    }
+    match messages.last().and_then(|m| m.role.as_deref()) {
+        Some("assistant") => Ok(true),
+        _ => Err(ApiError::BadRequest(
+            "`continue_final_message` needs the final message to be the assistant's.".to_owned(),
+        )),
+    }
+}
+
+/// The request's `cache_salt`, which vLLM takes on every generation endpoint and refuses
+/// unless it is a non-empty string.
+fn cache_salt(body: &[u8]) -> Result<Option<String>, ApiError> {
+    #[derive(Deserialize)]
+    struct Salted {
+        #[serde(default)]
+        cache_salt: Option<serde_json::Value>,
+    }
+    let salted: Salted = serde_json::from_slice(body).map_err(json_error)?;
+    match salted.cache_salt {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(salt)) if !salt.is_empty() => Ok(Some(salt)),
+        Some(_) => Err(ApiError::BadRequest(
+            "Parameter 'cache_salt' must be a non-empty string if provided.".to_owned(),
+        )),
     }
 }
 
@@ -472,15 +554,24 @@ impl ResponseMeta<'_> {
         }
     }
 
-    /// The chat stream's opening event, announcing the assistant role; `None` for completions,
-    /// which vLLM streams without one.
-    pub(crate) fn role_event(&self) -> Option<Result<Bytes, serde_json::Error>> {
+    /// The chat stream's opening event, announcing the assistant role (with `usage` when
+    /// asked for continuous usage); `None` for completions, which vLLM streams without one.
+    pub(crate) fn role_event(
+        &self,
+        usage: Option<Usage>,
+    ) -> Option<Result<Bytes, serde_json::Error>> {
         let delta = DeltaWire {
             role: Some("assistant"),
             content: Some(""),
             tool_calls: None,
         };
-        (self.endpoint == Endpoint::Chat).then(|| self.choice_event(delta, "", None))
+        let choice = [ChatChunkChoiceWire {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+        }];
+        (self.endpoint == Endpoint::Chat).then(|| self.event(&choice, usage))
     }
 
     /// An event carrying one token's text.
@@ -748,7 +839,7 @@ mod tests {
         assert!(text.contains(
             r#""choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]"#
         ));
-        assert!(meta(Endpoint::Completion).role_event().is_none());
+        assert!(meta(Endpoint::Completion).role_event(None).is_none());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::api::{
     json_response, ApiError, CompletionRequest, Endpoint, ResponseMeta, Usage, DONE_EVENT,
 };
 use crate::body::{BodyError, SimBody, StreamItem};
-use crate::faults::FaultPlan;
+use crate::faults::{FaultPlan, StreamBreak};
 use crate::generate::{FinishReason, Generation};
 use crate::routes::read_body;
 use crate::state::{unix_now, CancelGuard, SimState};
@@ -41,6 +41,7 @@ struct Job {
     request: CompletionRequest,
     generation: Generation,
     reset_after_chunks: Option<u64>,
+    stream_break: StreamBreak,
     arrived: Instant,
 }
 
@@ -49,8 +50,8 @@ struct Job {
 enum StreamEnd {
     #[error("client went away")]
     ClientGone,
-    #[error("reset by an injected fault")]
-    Reset,
+    #[error("broken by an injected fault")]
+    Injected,
     #[error(transparent)]
     Admission(#[from] crate::state::AdmissionClosed),
     #[error(transparent)]
@@ -62,8 +63,12 @@ struct EventSink {
     tx: mpsc::Sender<StreamItem>,
     sent: u64,
     reset_after: Option<u64>,
+    how: StreamBreak,
     paced: bool,
 }
+
+/// vLLM's event for an error in the middle of a stream.
+const ERROR_EVENT: &[u8] = b"data: {\"error\": {\"object\": \"error\", \"message\": \"Simulated engine failure injected by vllm-sim.\", \"type\": \"InternalServerError\", \"param\": null, \"code\": 500}}\n\n";
 
 /// Serves `POST /v1/chat/completions` and `POST /v1/completions`.
 pub(crate) async fn serve(
@@ -117,6 +122,7 @@ async fn prepare(
     arrived: Instant,
 ) -> Result<Job, ApiError> {
     let body = read_body(body).await?;
+    state.record_request(&body);
     let request = CompletionRequest::parse(endpoint, &body)?;
     if let Some(model) = request.model.as_deref() {
         if model != state.config.model {
@@ -134,18 +140,27 @@ async fn prepare(
     let known = answers::lookup(request.user_text.as_deref());
     let class = known.map_or(TaskClass::General, |k| k.class());
     let (hash, seed) = (request.digest.hash(), state.config.seed);
-    // A word problem under `wrong_when`: its numbers decide, not a draw.
+    // A word problem under `wrong_when`: its numbers decide, not a draw; a request without
+    // numbers, its listed items when the rule counts them.
+    let text = request.user_text.as_deref().unwrap_or_default();
     let numbers = match (known, plan.wrong_when) {
-        (None, Some(_)) => answers::quantities(request.user_text.as_deref().unwrap_or_default()),
+        (None, Some(_)) => answers::quantities(text),
         _ => Vec::new(),
     };
     let rated = answers::is_rating(&request.cache_text);
     let by_rule = !numbers.is_empty() && !rated;
-    let wrong = match by_rule {
-        true => plan
+    let by_items = match (known, plan.wrong_when) {
+        (None, Some(rule)) if numbers.is_empty() && !rated && rule.items_over.is_some() => {
+            Some(rule.wrong_items(answers::list_items(text)))
+        }
+        _ => None,
+    };
+    let wrong = match (by_rule, by_items) {
+        (true, _) => plan
             .wrong_when
             .is_some_and(|rule| rule.wrong(numbers.len())),
-        false => answers::answers_wrong(hash, seed, plan.wrong_rate.of(class)),
+        (false, Some(wrong)) => wrong,
+        (false, None) => answers::answers_wrong(hash, seed, plan.wrong_rate.of(class)),
     };
     if plan.acts() || wrong {
         state
@@ -156,33 +171,38 @@ async fn prepare(
     if plan.acts() {
         apply_early_faults(&plan).await?;
     }
+    // A continued message's words are part of the answer planned: the cap counts them too.
+    let max_tokens = request
+        .max_tokens
+        .map(|cap| cap.saturating_add(u64::from(request.continued)));
     let generation = match known {
         _ if rated => {
-            let text = request.user_text.as_deref().unwrap_or_default();
-            let digit = answers::rating(answers::quantities(text).len(), plan.wrong_when);
-            Generation::fixed(digit.to_string(), request.max_tokens)
+            let digit = answers::rating(text, plan.wrong_when);
+            Generation::fixed(digit.to_string(), max_tokens)
         }
         _ if by_rule && !plan.degenerate => Generation::fixed(
             answers::word_problem_answer(&numbers, wrong, answers::shape(hash, seed)),
-            request.max_tokens,
+            max_tokens,
         ),
         Some(known) if !plan.degenerate => {
-            Generation::fixed(known.answer(wrong, hash, seed), request.max_tokens)
+            Generation::fixed(known.answer(wrong, hash, seed), max_tokens)
         }
         _ => Generation::plan(
             &request.digest,
             // Another seed: other words than a right answer (and than a same-seed tier).
             if wrong { seed ^ WRONG_SEED } else { seed },
-            request.max_tokens,
+            max_tokens,
             request.ignore_eos,
             plan.degenerate,
         ),
-    };
+    }
+    .after(request.continued);
     Ok(Job {
         endpoint,
         request,
         generation,
         reset_after_chunks: plan.reset_after_chunks,
+        stream_break: plan.stream_break,
         arrived,
     })
 }
@@ -222,7 +242,7 @@ async fn answer_whole(
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
     let prefill = state.start_prefill(
-        &job.request.cache_text,
+        &job.request,
         prompt_tokens,
         u64::from(tokens),
         Instant::now(),
@@ -278,10 +298,11 @@ async fn produce_stream(
         tx,
         sent: 0,
         reset_after: job.reset_after_chunks,
+        how: job.stream_break,
         paced: state.paced(),
     };
     match stream_events(&state, &job, &mut sink).await {
-        Ok(()) | Err(StreamEnd::Reset) => guard.disarm(),
+        Ok(()) | Err(StreamEnd::Injected) => guard.disarm(),
         Err(StreamEnd::ClientGone) => drop(guard),
         Err(error @ (StreamEnd::Admission(_) | StreamEnd::Encode(_))) => {
             tracing::warn!(%error, "stream failed");
@@ -309,7 +330,7 @@ async fn stream_events(
         .prompt_tokens
         .fetch_add(prompt_tokens, Ordering::Relaxed);
     let prefill = state.start_prefill(
-        &job.request.cache_text,
+        &job.request,
         prompt_tokens,
         u64::from(job.generation.tokens()),
         Instant::now(),
@@ -327,7 +348,11 @@ async fn stream_events(
         for event in agent.opening(&meta, prompt_tokens) {
             sink.send(event).await?;
         }
-    } else if let Some(event) = meta.role_event() {
+    } else if let Some(event) = meta.role_event(
+        job.request
+            .continuous_usage
+            .then(|| Usage::new(prompt_tokens, 0)),
+    ) {
         sink.send(event?).await?;
     }
     // The answer so far, for the Responses events that repeat it whole.
@@ -426,10 +451,7 @@ impl Job {
 impl EventSink {
     async fn send(&mut self, event: Bytes) -> Result<(), StreamEnd> {
         if self.reset_after == Some(self.sent) {
-            // If the client is already gone the reset has nobody to reach; it is still the
-            // server's doing, so the result is the same.
-            let _ = self.tx.send(Err(BodyError::InjectedReset)).await;
-            return Err(StreamEnd::Reset);
+            return self.break_off().await;
         }
         self.tx
             .send(Ok(event))
@@ -437,6 +459,27 @@ impl EventSink {
             .map_err(|_| StreamEnd::ClientGone)?;
         self.sent += 1;
         Ok(())
+    }
+
+    /// Breaks the stream as `stream_break` says. If the client is already gone the break
+    /// has nobody to reach; it is still the server's doing, so the result is the same.
+    async fn break_off(&mut self) -> Result<(), StreamEnd> {
+        match self.how {
+            StreamBreak::Reset => {
+                let _ = self.tx.send(Err(BodyError::InjectedReset)).await;
+            }
+            // Returning drops the sender: the body ends as if the stream were done.
+            StreamBreak::End => {}
+            StreamBreak::Stall => {
+                self.tx.closed().await;
+                return Err(StreamEnd::ClientGone);
+            }
+            StreamBreak::ErrorEvent => {
+                let _ = self.tx.send(Ok(Bytes::from_static(ERROR_EVENT))).await;
+                let _ = self.tx.send(Ok(Bytes::from_static(DONE_EVENT))).await;
+            }
+        }
+        Err(StreamEnd::Injected)
     }
 
     /// Waits until `deadline`, noticing a client that leaves meanwhile.

@@ -31,6 +31,9 @@ pub struct Faults {
     /// Streams: abort the connection after this many data events. Non-streamed requests:
     /// abort the connection before sending a response.
     pub reset_after_chunks: Option<u64>,
+    /// Streams: how one breaks after `reset_after_chunks` data events instead of the reset
+    /// (non-streamed requests are still aborted).
+    pub stream_break: StreamBreak,
     /// Answer with one word repeated, as a broken quantized model might.
     pub degenerate: bool,
     /// Share (0.0..=1.0) of prompts answered wrongly, per task class (`general`, `code`,
@@ -46,12 +49,31 @@ pub struct Faults {
     pub wrong_when: Option<WrongWhen>,
 }
 
-/// `wrong_when`: the conditions under which a word problem is answered wrongly (any one).
+/// How a stream breaks after `reset_after_chunks` data events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamBreak {
+    /// The connection is aborted, as when the server process dies.
+    #[default]
+    Reset,
+    /// The body ends well-framed, without a finish event or `[DONE]`.
+    End,
+    /// Nothing more is sent; the connection stays open until the client leaves.
+    Stall,
+    /// vLLM's mid-stream error event (`data: {"error": {...}}`), then `[DONE]`.
+    ErrorEvent,
+}
+
+/// `wrong_when`: the conditions under which a word problem, or a request without numbers,
+/// is answered wrongly.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WrongWhen {
     /// Wrong when the last user message holds more than this many numbers.
     pub quantities_over: Option<u32>,
+    /// Wrong when the last user message holds no numbers and lists more than this many
+    /// items (lines starting `- ` or `* `): an open-ended request with many requirements.
+    pub items_over: Option<u32>,
 }
 
 /// Why a fault set was rejected.
@@ -82,6 +104,7 @@ pub(crate) struct FaultPlan {
     pub(crate) hang: bool,
     pub(crate) error: Option<InjectedError>,
     pub(crate) reset_after_chunks: Option<u64>,
+    pub(crate) stream_break: StreamBreak,
     pub(crate) degenerate: bool,
     pub(crate) wrong_rate: WrongRates,
     pub(crate) wrong_when: Option<WrongWhen>,
@@ -122,6 +145,7 @@ impl Default for Faults {
             delay_ms: 0,
             hang: false,
             reset_after_chunks: None,
+            stream_break: StreamBreak::Reset,
             degenerate: false,
             wrong_rate: BTreeMap::new(),
             wrong_when: None,
@@ -170,6 +194,12 @@ impl WrongWhen {
     pub(crate) fn wrong(&self, quantities: usize) -> bool {
         self.quantities_over
             .is_some_and(|limit| quantities > limit as usize)
+    }
+
+    /// Whether the rule makes the answer to a message without numbers that lists `items`
+    /// items wrong.
+    pub(crate) fn wrong_items(&self, items: usize) -> bool {
+        self.items_over.is_some_and(|limit| items > limit as usize)
     }
 }
 
@@ -282,6 +312,7 @@ impl FaultState {
             hang: faults.hang,
             error,
             reset_after_chunks: faults.reset_after_chunks,
+            stream_break: faults.stream_break,
             degenerate: faults.degenerate,
             wrong_rate: active.wrong_rate,
             wrong_when: faults.wrong_when,

@@ -93,6 +93,8 @@ pub(crate) struct SplitMix64 {
 pub(crate) struct PromptDigest {
     hash: u64,
     chars: u64,
+    /// Prompt tokens counted exactly, not estimated from characters.
+    tokens: u64,
 }
 
 /// Why generation stopped, serialised as OpenAI's `finish_reason`.
@@ -118,6 +120,8 @@ pub(crate) struct Generation {
     degenerate: bool,
     /// A known answer (to an eval-set prompt) instead of words from the vocabulary.
     fixed: Option<String>,
+    /// Words of the answer already given (a continued message): they are not generated.
+    skip: u32,
 }
 
 /// One token of an answer and the whitespace before it; the pieces concatenate to the text.
@@ -164,6 +168,7 @@ impl PromptDigest {
         Self {
             hash: FNV_OFFSET_BASIS,
             chars: 0,
+            tokens: 0,
         }
     }
 
@@ -185,10 +190,16 @@ impl PromptDigest {
         self.mix(&[0xff]);
     }
 
+    /// Adds `tokens` to the prompt's count without shaping the answer: the words of a
+    /// message the answer continues, one token each as the answer counted them.
+    pub(crate) fn add_tokens(&mut self, tokens: u64) {
+        self.tokens += tokens;
+    }
+
     /// vLLM counts real tokenizer tokens; about four characters per token is the usual rule of
     /// thumb for English text, and every request has at least one token.
     pub(crate) fn prompt_tokens(&self) -> u64 {
-        (self.chars / 4).max(1)
+        (self.chars / 4).max(1) + self.tokens
     }
 
     fn mix(&mut self, bytes: &[u8]) {
@@ -228,6 +239,7 @@ impl Generation {
             finish_reason,
             degenerate,
             fixed: None,
+            skip: 0,
         }
     }
 
@@ -244,11 +256,21 @@ impl Generation {
             finish_reason,
             degenerate: false,
             fixed: Some(text),
+            skip: 0,
         }
     }
 
+    /// The rest of this answer after its first `words` words, which the request gave as the
+    /// start of the message to continue. Plan it with `max_tokens` raised by `words`, so the
+    /// two parts together are the uninterrupted answer.
+    pub(crate) fn after(mut self, words: u32) -> Self {
+        self.skip = words.min(self.tokens);
+        self
+    }
+
+    /// Tokens to generate.
     pub(crate) fn tokens(&self) -> u32 {
-        self.tokens
+        self.tokens - self.skip
     }
 
     pub(crate) fn finish_reason(&self) -> FinishReason {
@@ -263,16 +285,20 @@ impl Generation {
                 degenerate: self.degenerate,
             },
         };
-        Words {
+        let mut words = Words {
             source,
             remaining: self.tokens,
             first: true,
+        };
+        for _ in 0..self.skip {
+            words.next();
         }
+        words
     }
 
     /// The whole answer, exactly what the stream's deltas concatenate to.
     pub(crate) fn text(&self) -> String {
-        let mut text = String::with_capacity(self.tokens as usize * 8);
+        let mut text = String::with_capacity(self.tokens() as usize * 8);
         for piece in self.words() {
             text.push_str(piece.sep);
             text.push_str(piece.word);

@@ -42,6 +42,6 @@ pub mod tls;
 
 pub use answers::RATING_INSTRUCTION;
 pub use config::{MetricsFlavor, SimConfig, DEFAULT_BLOCK_SIZE};
-pub use faults::{Faults, FaultsError, WrongWhen};
+pub use faults::{Faults, FaultsError, StreamBreak, WrongWhen};
 pub use metrics::SimStats;
 pub use server::SimServer;

@@ -1,7 +1,8 @@
 //! vLLM's automatic prefix caching, reduced to what a router can see from outside: a prompt
 //! is cut into blocks of `block_size` tokens, each block's hash chains the hash of the block
 //! before it (so a block matches only behind the same prefix), and a fixed number of blocks
-//! is kept, the least recently used evicted first.
+//! is kept, the least recently used evicted first. A request's `cache_salt` goes into its
+//! first block's hash, as in vLLM, so prompts with different salts share no block.
 //!
 //! Tokens are counted as [`crate::generate::PromptDigest`] counts them: four bytes each.
 
@@ -48,10 +49,18 @@ impl PrefixCache {
         self.capacity
     }
 
-    /// The chained hashes of `text`'s full blocks; a partial last block is never cached.
-    pub(crate) fn block_hashes(&self, text: &str) -> Vec<u64> {
+    /// The chained hashes of `text`'s full blocks under `salt`; a partial last block is
+    /// never cached.
+    pub(crate) fn block_hashes(&self, salt: Option<&str>, text: &str) -> Vec<u64> {
         let block_bytes = self.block_size * BYTES_PER_TOKEN;
-        let mut parent = 0u64;
+        let mut parent = match salt {
+            Some(salt) => {
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                salt.hash(&mut hasher);
+                hasher.finish()
+            }
+            None => 0,
+        };
         text.as_bytes()
             .chunks_exact(block_bytes)
             .map(|block| {
@@ -125,24 +134,38 @@ mod tests {
     fn blocks_chain_so_a_block_matches_only_behind_its_prefix() {
         let cache = PrefixCache::new(100, 2).unwrap();
         // Two tokens of four bytes per block.
-        let a = cache.block_hashes("aaaaaaaabbbbbbbbcccc");
+        let a = cache.block_hashes(None, "aaaaaaaabbbbbbbbcccc");
         assert_eq!(a.len(), 2, "the partial last block is not hashed");
-        let b = cache.block_hashes("xxxxxxxxbbbbbbbb");
+        let b = cache.block_hashes(None, "xxxxxxxxbbbbbbbb");
         assert_ne!(a[1], b[1], "same text after another prefix");
         cache.insert(&a);
         assert_eq!(
-            cache.lookup(&cache.block_hashes("aaaaaaaabbbbbbbbdddddddd")),
+            cache.lookup(&cache.block_hashes(None, "aaaaaaaabbbbbbbbdddddddd")),
             2
         );
         assert_eq!(cache.lookup(&b), 0);
     }
 
     #[test]
+    fn different_salts_never_share_a_block() {
+        let cache = PrefixCache::new(100, 2).unwrap();
+        let text = "aaaaaaaabbbbbbbbcccccccc";
+        let a = cache.block_hashes(Some("tenant-a"), text);
+        cache.insert(&a);
+        assert_eq!(cache.lookup(&cache.block_hashes(Some("tenant-a"), text)), 3);
+        for other in [Some("tenant-b"), None] {
+            let blocks = cache.block_hashes(other, text);
+            assert!(blocks.iter().all(|b| !a.contains(b)), "{other:?}");
+            assert_eq!(cache.lookup(&blocks), 0, "{other:?}");
+        }
+    }
+
+    #[test]
     fn evicts_least_recently_used_tails_first() {
         let cache = PrefixCache::new(3, 1).unwrap();
-        let first = cache.block_hashes("aaaabbbbcccc");
+        let first = cache.block_hashes(None, "aaaabbbbcccc");
         cache.insert(&first);
-        let other = cache.block_hashes("zzzz");
+        let other = cache.block_hashes(None, "zzzz");
         cache.insert(&other);
         assert_eq!(cache.lock().used.len(), 3);
         // The tail of the older sequence went; its prefix stays.

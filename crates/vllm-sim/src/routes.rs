@@ -33,6 +33,7 @@ enum Route {
     ClearFaults,
     GetFaults,
     Stats,
+    LastRequest,
     MethodNotAllowed,
     NotFound,
 }
@@ -83,6 +84,10 @@ pub(crate) async fn dispatch(
         Route::Stats => serde_json::to_vec(&state.metrics.stats())
             .map(json_response)
             .map_err(|e| ApiError::Internal(e.to_string())),
+        Route::LastRequest => match state.last_request() {
+            Some(body) => Ok(json_response(body)),
+            None => Err(ApiError::RouteNotFound("/sim/last-request".to_owned())),
+        },
         Route::MethodNotAllowed => Err(ApiError::MethodNotAllowed),
         Route::NotFound => Err(ApiError::RouteNotFound(request.uri().path().to_owned())),
     };
@@ -111,7 +116,13 @@ fn route(method: &Method, path: &str) -> Route {
         (&Method::DELETE, "/sim/faults", _) => Route::ClearFaults,
         (&Method::GET, "/sim/faults", _) => Route::GetFaults,
         (&Method::GET, "/sim/stats", _) => Route::Stats,
-        (_, "/v1/models" | "/health" | "/metrics" | "/sim/faults" | "/sim/stats", _)
+        (&Method::GET, "/sim/last-request", _) => Route::LastRequest,
+        (
+            _,
+            "/v1/models" | "/health" | "/metrics" | "/sim/faults" | "/sim/stats"
+            | "/sim/last-request",
+            _,
+        )
         | (_, _, Some(_)) => Route::MethodNotAllowed,
         _ => Route::NotFound,
     }

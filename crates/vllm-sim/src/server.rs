@@ -123,6 +123,11 @@ impl SimServer {
         self.state.faults.clear();
     }
 
+    /// The body of the last completion request received (like `GET /sim/last-request`).
+    pub fn last_request(&self) -> Option<bytes::Bytes> {
+        self.state.last_request()
+    }
+
     /// Requests currently generating.
     pub fn running(&self) -> usize {
         self.state.metrics.running.load(Ordering::Relaxed)

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::api::Endpoint;
+use crate::api::{CompletionRequest, Endpoint};
 use crate::config::SimConfig;
 use crate::faults::FaultState;
 use crate::generate::SplitMix64;
@@ -37,6 +37,8 @@ pub(crate) struct SimState {
     id_salt: u64,
     /// Responses API answers by id, for `previous_response_id` and `GET /v1/responses/{id}`.
     responses: Mutex<HashMap<String, Bytes>>,
+    /// The body of the last completion request, for `GET /sim/last-request`.
+    last_request: Mutex<Option<Bytes>>,
     /// The prefix cache, when `prefix_cache_blocks` is set.
     prefix_cache: Option<PrefixCache>,
     /// When the prefill compute stream is free: prefills run one after another, as they
@@ -119,12 +121,25 @@ impl SimState {
             ids: AtomicU64::new(0),
             id_salt: RandomState::new().build_hasher().finish(),
             responses: Mutex::new(HashMap::new()),
+            last_request: Mutex::new(None),
             metrics,
             faults: FaultState::default(),
             prefix_cache,
             prefill_free_at: std::sync::Mutex::new(None),
             config,
         }
+    }
+
+    /// Keeps the body of a completion request as the last one seen.
+    pub(crate) fn record_request(&self, body: &Bytes) {
+        if let Ok(mut last) = self.last_request.lock() {
+            *last = Some(body.clone());
+        }
+    }
+
+    /// The body of the last completion request.
+    pub(crate) fn last_request(&self) -> Option<Bytes> {
+        self.last_request.lock().ok()?.clone()
     }
 
     /// Keeps a Responses answer; the oldest are not tracked, so a full store starts over.
@@ -153,18 +168,19 @@ impl SimState {
             .is_ok_and(|mut stored| stored.remove(id).is_some())
     }
 
-    /// Starts an admitted request's prefill at `now`: looks its prompt up in the prefix
-    /// cache and books the compute stream for the tokens not found there.
+    /// Starts an admitted request's prefill at `now`: looks its prompt (under its
+    /// `cache_salt`) up in the prefix cache and books the compute stream for the tokens not found there.
     pub(crate) fn start_prefill(
         self: &Arc<Self>,
-        cache_text: &str,
+        request: &CompletionRequest,
         prompt_tokens: u64,
         output_tokens: u64,
         now: Instant,
     ) -> Prefill {
         let (blocks, cached_tokens, kv) = match &self.prefix_cache {
             Some(cache) => {
-                let blocks = cache.block_hashes(cache_text);
+                let salt = request.cache_salt.as_deref();
+                let blocks = cache.block_hashes(salt, &request.cache_text);
                 let block_size = cache.block_size() as u64;
                 let hit = cache.lookup(&blocks) as u64 * block_size;
                 // vLLM recomputes at least the last prompt token to get its logits.
@@ -353,18 +369,24 @@ mod tests {
         "abcd".repeat(tokens)
     }
 
+    /// A completion request for `text`, whose prefix cache text it is.
+    fn request(text: &str) -> CompletionRequest {
+        let body = serde_json::json!({"model": "m", "prompt": text}).to_string();
+        CompletionRequest::parse(Endpoint::Completion, body.as_bytes()).unwrap()
+    }
+
     #[test]
     fn prefill_time_counts_only_uncached_tokens() {
         let state = cached_state();
         let now = Instant::now();
         let prompt = text(160);
-        let cold = state.start_prefill(&prompt, 160, 8, now);
+        let cold = state.start_prefill(&request(&prompt), 160, 8, now);
         assert_eq!(cold.done_at - now, Duration::from_micros(100 * 160));
         state.finish_prefill(&cold);
         // The next turn repeats the ten cached blocks and adds 40 tokens.
         let later = cold.done_at;
         let next = format!("{prompt}{}", "wxyz".repeat(40));
-        let warm = state.start_prefill(&next, 200, 8, later);
+        let warm = state.start_prefill(&request(&next), 200, 8, later);
         assert_eq!(warm.done_at - later, Duration::from_micros(100 * 40));
         let metrics = &state.metrics;
         assert_eq!(metrics.prefix_cache_queries.load(Ordering::Relaxed), 360);
@@ -375,9 +397,9 @@ mod tests {
     fn a_fully_cached_prompt_still_computes_its_last_token() {
         let state = cached_state();
         let now = Instant::now();
-        let first = state.start_prefill(&text(32), 32, 1, now);
+        let first = state.start_prefill(&request(&text(32)), 32, 1, now);
         state.finish_prefill(&first);
-        let again = state.start_prefill(&text(32), 32, 1, first.done_at);
+        let again = state.start_prefill(&request(&text(32)), 32, 1, first.done_at);
         assert_eq!(again.done_at - first.done_at, Duration::from_micros(100));
     }
 
@@ -385,8 +407,8 @@ mod tests {
     fn cold_prefills_queue_on_one_compute_stream() {
         let state = cached_state();
         let now = Instant::now();
-        let a = state.start_prefill(&text(100), 100, 1, now);
-        let b = state.start_prefill(&"efgh".repeat(100), 100, 1, now);
+        let a = state.start_prefill(&request(&text(100)), 100, 1, now);
+        let b = state.start_prefill(&request(&"efgh".repeat(100)), 100, 1, now);
         assert_eq!(a.done_at - now, Duration::from_millis(10));
         assert_eq!(b.done_at - now, Duration::from_millis(20));
     }
@@ -394,7 +416,7 @@ mod tests {
     #[test]
     fn running_requests_hold_kv_blocks_until_they_end() {
         let state = cached_state();
-        let prefill = state.start_prefill(&text(40), 40, 8, Instant::now());
+        let prefill = state.start_prefill(&request(&text(40)), 40, 8, Instant::now());
         // 48 tokens in blocks of 16.
         assert_eq!(state.metrics.kv_blocks.load(Ordering::Relaxed), 3);
         drop(prefill);

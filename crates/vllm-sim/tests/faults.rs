@@ -347,3 +347,51 @@ async fn other_prompts_keep_their_answer_unless_general_is_wrong() {
         json!({"general": 1.0})
     );
 }
+
+#[tokio::test]
+async fn streams_break_by_ending_stalling_or_sending_an_error_event() {
+    let sim = start_default().await;
+    set_faults(
+        &sim,
+        json!({"reset_after_chunks": 3, "stream_break": "end"}),
+    )
+    .await;
+    // A well-framed end: the last chunk, and the connection kept for the next request.
+    let mut stream = raw_post(sim.local_addr(), "/v1/chat/completions", &stream_body("hi")).await;
+    let raw = read_until_contains(&mut stream, "\r\n0\r\n\r\n").await;
+    assert_eq!(raw.matches("data: ").count(), 3, "{raw}");
+    assert!(
+        !raw.contains("finish_reason\":\"") && !raw.contains("[DONE]"),
+        "{raw}"
+    );
+
+    set_faults(
+        &sim,
+        json!({"reset_after_chunks": 2, "stream_break": "error_event"}),
+    )
+    .await;
+    let mut stream = raw_post(sim.local_addr(), "/v1/chat/completions", &stream_body("hi")).await;
+    let raw = read_until_contains(&mut stream, "\r\n0\r\n\r\n").await;
+    assert_eq!(raw.matches("data: ").count(), 4, "{raw}");
+    assert!(
+        raw.contains("data: {\"error\": {\"object\": \"error\""),
+        "{raw}"
+    );
+    assert!(raw.contains("data: [DONE]"), "{raw}");
+
+    set_faults(
+        &sim,
+        json!({"reset_after_chunks": 2, "stream_break": "stall"}),
+    )
+    .await;
+    let mut stream = raw_post(sim.local_addr(), "/v1/chat/completions", &stream_body("hi")).await;
+    let raw = read_until_contains(&mut stream, "content").await;
+    let mut more = [0u8; 1024];
+    let silent = tokio::time::timeout(Duration::from_millis(300), stream.read(&mut more)).await;
+    assert!(silent.is_err(), "nothing more after two events: {raw}");
+    drop(stream);
+    eventually("the stalled stream's client to count as gone", || async {
+        sim.stats().cancelled == 1
+    })
+    .await;
+}

@@ -311,3 +311,70 @@ async fn models_health_and_unknown_routes() {
     let wrong_method = get(&sim, "/v1/chat/completions").await;
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+#[tokio::test]
+async fn a_continued_assistant_message_gets_the_rest_of_the_uninterrupted_answer() {
+    let sim = start_default().await;
+    let mut whole = chat("tell me about quantized routers");
+    whole["max_tokens"] = json!(40);
+    whole["ignore_eos"] = json!(true);
+    let uninterrupted = post(&sim, "/v1/chat/completions", &whole).await;
+    let full = chat_content(&uninterrupted);
+    let words: Vec<&str> = full.split(' ').collect();
+    assert_eq!(words.len(), 40);
+
+    // The first 15 words reached the client; the rest is asked for with 25 tokens left.
+    let delivered = words[..15].join(" ");
+    let mut rest = whole.clone();
+    rest["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": delivered}));
+    rest["continue_final_message"] = json!(true);
+    rest["add_generation_prompt"] = json!(false);
+    rest["max_tokens"] = json!(25);
+    let continued = post(&sim, "/v1/chat/completions", &rest).await;
+    assert_eq!(continued.status, StatusCode::OK, "{}", continued.text());
+    assert_eq!(
+        format!("{delivered}{}", chat_content(&continued)),
+        full,
+        "the two parts are the uninterrupted answer"
+    );
+    let (a, b) = (
+        uninterrupted.json()["usage"].clone(),
+        continued.json()["usage"].clone(),
+    );
+    assert_eq!(b["completion_tokens"], 25);
+    assert_eq!(
+        b["prompt_tokens"].as_u64().unwrap(),
+        a["prompt_tokens"].as_u64().unwrap() + 15,
+        "the continued words are read as prompt"
+    );
+    assert_eq!(continued.json()["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        sim.last_request().unwrap(),
+        serde_json::to_vec(&rest).unwrap()
+    );
+
+    // vLLM's rules: not with a generation prompt (on by default), and only an assistant's.
+    rest.as_object_mut()
+        .unwrap()
+        .remove("add_generation_prompt");
+    let refused = post(&sim, "/v1/chat/completions", &rest).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        refused.text()
+    );
+    let mut user_last = chat("hi");
+    user_last["continue_final_message"] = json!(true);
+    user_last["add_generation_prompt"] = json!(false);
+    let refused = post(&sim, "/v1/chat/completions", &user_last).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        refused.text()
+    );
+}

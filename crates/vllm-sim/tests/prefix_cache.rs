@@ -97,3 +97,38 @@ async fn without_a_cache_nothing_is_counted_and_usage_is_the_slot_share() {
     let text = scrape(&sim).await;
     assert_eq!(metric(&text, "vllm:kv_cache_usage_perc"), Some(0.0));
 }
+
+#[tokio::test]
+async fn prompts_with_different_cache_salts_share_no_block() {
+    let sim = start(cached(0)).await;
+    let system = "You are a careful assistant. ".repeat(40);
+    let salted = |salt: Option<&str>| {
+        let mut body = turn(&system, &[], "Hello?");
+        if let Some(salt) = salt {
+            body["cache_salt"] = salt.into();
+        }
+        body
+    };
+    let send = |body: Value| {
+        let sim = &sim;
+        async move {
+            let reply = post(sim, "/v1/chat/completions", &body).await;
+            assert_eq!(reply.status, StatusCode::OK);
+        }
+    };
+    send(salted(Some("tenant-a"))).await;
+    // The same prompt without a salt, or with another, is computed again.
+    send(salted(None)).await;
+    send(salted(Some("tenant-b"))).await;
+    assert_eq!(counters(&sim).await.0, 0.0, "no block was shared");
+    // With the first salt again, it hits.
+    send(salted(Some("tenant-a"))).await;
+    assert!(counters(&sim).await.0 > 0.0);
+
+    for bad in [json!(""), json!(7)] {
+        let mut body = salted(None);
+        body["cache_salt"] = bad;
+        let reply = post(&sim, "/v1/chat/completions", &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    }
+}

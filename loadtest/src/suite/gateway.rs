@@ -182,10 +182,11 @@ async fn with_cpu<F: std::future::Future<Output = anyhow::Result<RunReport>>>(
     };
     let (report, start) = tokio::join!(run, start);
     let used = each(procs)
-        .iter()
+        .into_iter()
         .zip(start)
-        .map(|(end, start)| end - start);
-    Ok((report?, used.collect()))
+        .map(|(end, start)| end - start)
+        .collect();
+    Ok((report?, used))
 }
 
 /// Runs the scenario and returns its section.

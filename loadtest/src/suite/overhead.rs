@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::process::{free_port, Proc};
+use super::process::Proc;
 use super::services::{single_profile, Server};
 use super::{mib, write_json, write_section, Load, Suite, Target};
 use crate::markdown::{runs_table, signed_ms};

@@ -404,7 +404,6 @@ impl Suite {
         self.push_document("profiles", file, redis_url).await
     }
 
-    /// `quantrouter tenants push FILE --redis-url URL`; whether it succeeded.
     /// A Redis on a free port holding the tenant document `tenants` (written as `name`), and
     /// its URL.
     pub(super) async fn redis_with_tenants(
@@ -424,6 +423,7 @@ impl Suite {
         Ok((redis, url))
     }
 
+    /// `quantrouter tenants push FILE --redis-url URL`; whether it succeeded.
     pub(super) async fn push_tenants(&self, file: &Path, redis_url: &str) -> bool {
         self.push_document("tenants", file, redis_url).await
     }

@@ -52,8 +52,8 @@ fn a_follow_up_turn_shares_the_blocks_of_the_turn_before() {
         (Role::Assistant, &answer),
         (Role::User, "It says PIN locked."),
     ]);
-    let a = prefix_blocks(&first);
-    let b = prefix_blocks(&second);
+    let a = prefix_blocks(KeyScope::NONE, &first);
+    let b = prefix_blocks(KeyScope::NONE, &second);
     assert_eq!(
         a.len(),
         (system.len() + 2 + 1 + 2 + 19) / PREFIX_BLOCK_BYTES
@@ -66,21 +66,23 @@ fn a_follow_up_turn_shares_the_blocks_of_the_turn_before() {
     );
     // The same text in another role, or behind another system prompt, shares nothing.
     let other = prompt(&[(Role::User, &system)]);
-    assert_ne!(prefix_blocks(&other)[0], a[0]);
+    assert_ne!(prefix_blocks(KeyScope::NONE, &other)[0], a[0]);
     let tail_only = prompt(&[(Role::System, "Be terse."), (Role::User, &system)]);
-    assert!(prefix_blocks(&tail_only).iter().all(|h| !a.contains(h)));
+    assert!(prefix_blocks(KeyScope::NONE, &tail_only)
+        .iter()
+        .all(|h| !a.contains(h)));
 }
 
 #[test]
 fn prefix_hashing_is_bounded_and_independent_of_message_splits() {
     let huge = "x".repeat(10 * MAX_PREFIX_BYTES);
-    let blocks = prefix_blocks(&prompt(&[(Role::User, &huge)]));
+    let blocks = prefix_blocks(KeyScope::NONE, &prompt(&[(Role::User, &huge)]));
     assert_eq!(blocks.len(), MAX_PREFIX_BYTES / PREFIX_BLOCK_BYTES);
     // Word-aligned or not, the bytes decide the hashes.
-    let mut split = BlockHasher::new(usize::MAX);
+    let mut split = BlockHasher::new(usize::MAX, KeyScope::NONE);
     split.feed(b"abc");
     split.feed(&[b'd'; 125]);
-    let mut whole = BlockHasher::new(usize::MAX);
+    let mut whole = BlockHasher::new(usize::MAX, KeyScope::NONE);
     let mut bytes = b"abc".to_vec();
     bytes.extend([b'd'; 125]);
     whole.feed(&bytes);
@@ -90,6 +92,9 @@ fn prefix_hashing_is_bounded_and_independent_of_message_splits() {
 
 #[test]
 fn conversation_key_prefers_session_then_user_then_opening_messages() {
+    let key = |session, user, prompt: &Prompt<'_>| {
+        conversation_key(KeyScope::NONE, session, user, prompt).map(|c| c.key)
+    };
     let turn1 = prompt(&[(Role::System, "Be kind."), (Role::User, "Hi")]);
     let turn2 = prompt(&[
         (Role::System, "Be kind."),
@@ -98,26 +103,90 @@ fn conversation_key_prefers_session_then_user_then_opening_messages() {
         (Role::User, "Tell me a joke."),
     ]);
     let other = prompt(&[(Role::System, "Be kind."), (Role::User, "Hello")]);
-    let opening = conversation_key(None, None, &turn1);
+    let opening = key(None, None, &turn1);
     assert!(opening.is_some());
-    assert_eq!(opening, conversation_key(None, None, &turn2));
-    assert_ne!(opening, conversation_key(None, None, &other));
-    let by_user = conversation_key(None, Some("alice"), &turn1);
-    assert_eq!(by_user, conversation_key(None, Some("alice"), &other));
+    assert_eq!(opening, key(None, None, &turn2));
+    assert_ne!(opening, key(None, None, &other));
+    let by_user = key(None, Some("alice"), &turn1);
+    assert_eq!(by_user, key(None, Some("alice"), &other));
     assert_ne!(by_user, opening);
-    let by_session = conversation_key(Some("s-1"), Some("alice"), &turn1);
+    let by_session = key(Some("s-1"), Some("alice"), &turn1);
     assert_ne!(by_session, by_user);
-    assert_eq!(
-        by_session,
-        conversation_key(Some("s-1"), Some("bob"), &other)
-    );
+    assert_eq!(by_session, key(Some("s-1"), Some("bob"), &other));
     // A session id and a user of the same text are different keys; empty ones are absent.
-    assert_ne!(
-        conversation_key(Some("x"), None, &turn1),
-        conversation_key(None, Some("x"), &turn1)
+    assert_ne!(key(Some("x"), None, &turn1), key(None, Some("x"), &turn1));
+    assert_eq!(key(Some(""), Some(""), &turn1), opening);
+    assert_eq!(key(None, None, &prompt(&[])), None);
+}
+
+#[test]
+fn only_a_named_or_continued_conversation_follows_its_earlier_turns() {
+    let recall = |session, prompt: &Prompt<'_>| {
+        conversation_key(KeyScope::NONE, session, None, prompt).map(|c| c.recall)
+    };
+    let first = prompt(&[(Role::User, "What is the capital of Spain?")]);
+    assert_eq!(
+        recall(None, &first),
+        Some(false),
+        "a first turn keeps nothing"
     );
-    assert_eq!(conversation_key(Some(""), Some(""), &turn1), opening);
-    assert_eq!(conversation_key(None, None, &prompt(&[])), None);
+    assert_eq!(
+        recall(Some("s-1"), &first),
+        Some(true),
+        "a named session does"
+    );
+    let answered = prompt(&[
+        (Role::User, "What is the capital of Spain?"),
+        (Role::Assistant, "Madrid."),
+        (Role::User, "And of France?"),
+    ]);
+    assert_eq!(recall(None, &answered), Some(true));
+    // A tool's result implies the assistant's call before it, text or not.
+    let tool = prompt(&[(Role::User, "Weather?"), (Role::Other, "{\"temp\": 21}")]);
+    assert_eq!(recall(None, &tool), Some(true));
+}
+
+#[test]
+fn keys_of_different_scopes_never_match() {
+    let a = KeyScope::from_digest(&[1; 32]);
+    let b = KeyScope::from_digest(&[2; 32]);
+    let text = "You answer questions about one customer's orders. ".repeat(8);
+    let turn = prompt(&[(Role::User, &text)]);
+    let of = |scope| prefix_blocks(scope, &turn);
+    assert_eq!(of(a), of(a));
+    for (x, y) in [(a, b), (a, KeyScope::NONE)] {
+        assert!(of(x).iter().all(|block| !of(y).contains(block)));
+        let session = |scope| conversation_key(scope, Some("s-1"), None, &turn);
+        assert_ne!(session(x), session(y));
+        let opening = |scope| conversation_key(scope, None, None, &turn);
+        assert_ne!(opening(x), opening(y));
+    }
+    // Salts split a scope: equal salts share, others do not.
+    assert_eq!(a.salted("s"), a.salted("s"));
+    assert_ne!(a.salted("s"), a.salted("t"));
+    assert_ne!(a.salted("s"), b.salted("s"));
+    assert_ne!(a.salted("s"), a);
+}
+
+#[test]
+fn only_the_routers_own_choices_are_remembered() {
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    let turn = prompt(&[(Role::User, "Say hello.")]);
+    let features = Features::extract(&turn, &set.policy.complexity).unwrap();
+    let route = |profile| {
+        let request = RouteRequest {
+            features: &features,
+            max_tokens: Some(8),
+            overrides: Overrides {
+                profile,
+                ..Overrides::default()
+            },
+            routing_key: "r",
+        };
+        decide(&set, &request, &[]).unwrap()
+    };
+    assert!(remembers(&route(None)));
+    assert!(!remembers(&route(Some("llama8b-fp16"))));
 }
 
 #[test]

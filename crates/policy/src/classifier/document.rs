@@ -101,6 +101,10 @@ pub struct TrainingMetrics {
     /// Outcome records the outcome head was trained on.
     #[serde(skip_serializing_if = "is_zero")]
     pub outcome_records: usize,
+    /// The outcome head's APGR on its own training records: above ½, or `classifier train`
+    /// would not have written it (and `classifier push` refuses a document that says less).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome_training_apgr: Option<f64>,
     /// Held-out-category figures of the outcome head (`--cross-validate category`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcomes: Option<OutcomeCrossValidation>,
@@ -333,6 +337,7 @@ impl TrainingMetrics {
             dev: None,
             leave_one_source_out: None,
             outcome_records: 0,
+            outcome_training_apgr: None,
             outcomes: None,
         }
     }
@@ -414,9 +419,16 @@ mod tests {
         );
         assert_eq!(
             path_of(edited(
-                |d| d["weights"]["outcome"]["choices"] = serde_json::json!([1.0])
+                |d| d["weights"]["outcome"]["choices"]["weights"] = serde_json::json!([1.0])
             )),
             "weights.outcome.choices"
+        );
+        // A head of the twenty-input format, before the parts by kind of prompt.
+        assert_eq!(
+            path_of(edited(|d| {
+                d["weights"]["outcome"]["free_form"] = serde_json::json!(vec![0.0; 20])
+            })),
+            "weights.outcome.free_form"
         );
         assert_eq!(
             path_of(edited(

@@ -37,7 +37,7 @@ const UNIGRAM_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 const BIGRAM_SALT: u64 = 0xc2b2_ae3d_27d4_eb4f;
 
 /// Word bytes, as the scanner counts them.
-static WORD_BYTE: [bool; 256] = {
+pub(super) static WORD_BYTE: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;
     while b < 256 {
@@ -120,7 +120,8 @@ pub(crate) fn for_each_gram<'p>(
             match lexicon::lookup(key) {
                 Some(Domain::Code) => shape.code_terms += 1,
                 Some(Domain::Science) => shape.science_terms += 1,
-                None => {}
+                // The outcome head's vocabularies are not the classifier's inputs.
+                _ => {}
             }
             let token = if digits { NUM } else { hash };
             let (uni, bi) = if with_text {

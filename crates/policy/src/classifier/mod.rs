@@ -31,13 +31,13 @@ pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
 pub use outcome::{
-    fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, OutcomeExample,
-    OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree, OUTCOME_FEATURES,
-    OUTCOME_INPUTS,
+    fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, DegenerateHead,
+    LinearRow, OutcomeExample, OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree,
+    Verdicts, INPUT_RANGE, MAX_GRADE, OUTCOME_FEATURES, OUTCOME_INPUTS,
 };
 pub use routing_eval::{
-    cross_validate, length_scores, random_scores, routing_curve, FoldReport,
-    OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
+    check_fit, complexity_scores, cross_validate, length_scores, random_scores, routing_curve,
+    FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
 };
 pub use train::{fit, retrain_outcomes, train, train_with_outcomes, TrainOptions};
 
@@ -85,11 +85,8 @@ pub struct Classification {
     /// What the policy uses: the difficulty blended with the structural complexity.
     pub complexity: f64,
     /// The outcome head's net probability that the cheapest profile's answer is worse than
-    /// the reference's (with a head; whether its class is covered or not).
+    /// the reference's, for a model with a head.
     pub risk: Option<f64>,
-    /// Whether the head's outcome data covered the prompt's task class, so the policy uses
-    /// the risk.
-    pub risk_covered: bool,
 }
 
 /// One input that moved a prompt's scores, for explain.
@@ -149,10 +146,8 @@ impl Classifier {
         let logits = self.logits(&sums, shape.grams, &grams::dense(features, &shape));
         let mut c = self.decide(&logits, prompt.wants_json, features.complexity);
         if let Some(head) = &self.outcome {
-            c.risk = Some(OutcomeHead::risk_of(
-                head.logit(&OutcomeInputs::of(prompt, window)),
-            ));
-            c.risk_covered = head.covers(c.task_class);
+            let inputs = OutcomeInputs::of(prompt, window);
+            c.risk = Some(OutcomeHead::risk_of(head.logit(&inputs, c.task_class)));
         }
         c
     }
@@ -160,9 +155,58 @@ impl Classifier {
     /// The outcome head's logit for a prompt (higher: the reference is more likely needed),
     /// if the model has one: the score `classifier eval --outcomes` ranks by.
     pub fn outcome_logit(&self, prompt: &Prompt<'_>, window: usize) -> Option<f64> {
-        self.outcome
-            .as_ref()
-            .map(|head| head.logit(&OutcomeInputs::of(prompt, window)))
+        let head = self.outcome.as_ref()?;
+        let class = self.task_class(prompt, window);
+        Some(head.logit(&OutcomeInputs::of(prompt, window), class))
+    }
+
+    /// The task class the policy gives a record's prompt: a traffic record carries the one
+    /// the router gave it.
+    pub fn record_class(&self, record: &OutcomeRecord, window: usize) -> TaskClass {
+        record
+            .task_class
+            .unwrap_or_else(|| self.task_class(&Prompt::user(&record.prompt), window))
+    }
+
+    /// Records as the outcome head's fit sees them, each in the task class this model gives
+    /// it.
+    pub fn outcome_examples<'a>(
+        &self,
+        records: &'a [OutcomeRecord],
+        window: usize,
+    ) -> Vec<OutcomeExample<'a>> {
+        records
+            .iter()
+            .map(|r| OutcomeExample {
+                inputs: r.inputs(window),
+                task_class: self.record_class(r, window),
+                verdicts: r.verdicts,
+                category: &r.category,
+            })
+            .collect()
+    }
+
+    /// The outcome head against the records it was fitted to ([`check_fit`]): its APGR on
+    /// them, or why it must not be used. A model without a head passes.
+    pub fn check_outcome_fit(
+        &self,
+        records: &[OutcomeRecord],
+        window: usize,
+    ) -> Result<Option<f64>, DegenerateHead> {
+        match &self.outcome {
+            Some(head) => check_fit(head, &self.outcome_examples(records, window)),
+            None => Ok(None),
+        }
+    }
+
+    fn task_class(&self, prompt: &Prompt<'_>, window: usize) -> TaskClass {
+        let weights = ComplexityWeights {
+            scoring_window_chars: window,
+            ..ComplexityWeights::default()
+        };
+        let features = Features::extract(prompt, &weights)
+            .unwrap_or_else(|_| Features::without_text(prompt, &weights));
+        self.classify(prompt, &features, window).task_class
     }
 
     /// The outcome head, if the model has one.
@@ -180,7 +224,7 @@ impl Classifier {
         let c = self.classify(prompt, features, window);
         features.task_class = c.task_class;
         features.complexity = c.complexity;
-        features.risk = c.risk.filter(|_| c.risk_covered);
+        features.risk = c.risk;
         c
     }
 
@@ -301,7 +345,6 @@ impl Classifier {
             task_class,
             complexity,
             risk: None,
-            risk_covered: false,
         }
     }
 }

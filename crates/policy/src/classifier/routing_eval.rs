@@ -3,13 +3,17 @@
 //! the score's deciles, APGR, CPT(50%) and CPT(80%), and held-out-category
 //! cross-validation of the outcome head.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::data::hash;
-use super::outcome::{fit_outcomes, OutcomeRecord};
-use crate::features::TaskClass;
+use super::outcome::{
+    fit_examples, DegenerateHead, OutcomeExample, OutcomeHead, OutcomeRecord, Verdicts,
+};
+use super::{score, Classifier};
+use crate::features::Prompt;
+use crate::profile::ComplexityWeights;
 
 /// Folds of a benchmark that has a single category.
 pub const FOLDS: u64 = 5;
@@ -51,6 +55,9 @@ pub struct SourceCrossValidation {
     pub pooled: RoutingCurve,
     /// The same benchmark by prompt length alone.
     pub length: RoutingCurve,
+    /// By the model's complexity, when a model was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complexity: Option<RoutingCurve>,
 }
 
 /// The whole cross-validation, kept in a model's metrics.
@@ -65,19 +72,70 @@ pub struct OutcomeCrossValidation {
 pub const MIN_GAP: f64 = 0.05;
 
 /// Whether the reference answers at least [`MIN_GAP`] of the records more than the cheap
-/// model does, counted in records: a difference of two accuracies can round a gap of
-/// exactly five points (5 of 100) below it.
+/// model does (in right answers, or in grades over the scale), counted in records: a
+/// difference of two accuracies can round a gap of exactly five points (5 of 100) below it.
 fn leads_enough(records: &[&OutcomeRecord]) -> bool {
-    let count = |ok: fn(&OutcomeRecord) -> bool| records.iter().filter(|r| ok(r)).count();
-    let lead = count(|r| r.strong_correct) as f64 - count(|r| r.weak_correct) as f64;
-    lead >= (MIN_GAP * records.len() as f64).ceil()
+    let (cheap, reference) = totals(records);
+    // Graded totals are sums of fractions: allow for their rounding.
+    reference - cheap >= (MIN_GAP * records.len() as f64).ceil() - 1e-9
 }
 
-/// The curve of `scores[i]` (higher: send to the reference) over `records[i]`.
+/// The summed scores of the cheap and the reference answers.
+fn totals(records: &[&OutcomeRecord]) -> (f64, f64) {
+    records.iter().fold((0.0, 0.0), |(c, r), record| {
+        let (cheap, reference) = record.verdicts.scores();
+        (c + cheap, r + reference)
+    })
+}
+
+/// The curve of `scores[i]` (higher: send to the reference) over `records[i]`. A graded
+/// record's "accuracy" is its grade over the scale, as RouteLLM scores MT-Bench.
 pub fn routing_curve(scores: &[f64], records: &[&OutcomeRecord]) -> RoutingCurve {
+    let verdicts: Vec<Verdicts> = records.iter().map(|r| r.verdicts).collect();
+    curve(scores, &verdicts)
+}
+
+/// What a freshly fitted head makes of the examples it was fitted to: its APGR on them
+/// (`None` when the reference answers them no better than the cheap model), or why it must
+/// not be used — degenerate ([`OutcomeHead::degenerate`]), the same score for every example
+/// without answer choices, or a ranking no better than random.
+pub fn check_fit(
+    head: &OutcomeHead,
+    examples: &[OutcomeExample<'_>],
+) -> Result<Option<f64>, DegenerateHead> {
+    if let Some(degenerate) = head.degenerate() {
+        return Err(degenerate);
+    }
+    let scores: Vec<f64> = examples
+        .iter()
+        .map(|e| head.logit(&e.inputs, e.task_class))
+        .collect();
+    let free_form = examples
+        .iter()
+        .zip(&scores)
+        .filter(|(e, _)| !e.inputs.choices())
+        .map(|(_, &s)| s);
+    let (low, high) = free_form.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), s| {
+        (lo.min(s), hi.max(s))
+    });
+    if low <= high && high - low < 1e-9 {
+        return Err(DegenerateHead::Constant);
+    }
+    let verdicts: Vec<Verdicts> = examples.iter().map(|e| e.verdicts).collect();
+    let apgr = curve(&scores, &verdicts).apgr;
+    match apgr {
+        Some(apgr) if apgr <= 0.5 => Err(DegenerateHead::WorseThanRandom(apgr)),
+        _ => Ok(apgr),
+    }
+}
+
+fn curve(scores: &[f64], records: &[Verdicts]) -> RoutingCurve {
     let n = records.len().max(1) as f64;
-    let cheap = records.iter().filter(|r| r.weak_correct).count() as f64 / n;
-    let reference = records.iter().filter(|r| r.strong_correct).count() as f64 / n;
+    let (cheap, reference) = records.iter().fold((0.0, 0.0), |(c, r), v| {
+        let (cheap, reference) = v.scores();
+        (c + cheap, r + reference)
+    });
+    let (cheap, reference) = (cheap / n, reference / n);
     let mut sorted: Vec<f64> = scores.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mut points = Vec::with_capacity(11);
@@ -96,17 +154,14 @@ pub fn routing_curve(scores: &[f64], records: &[&OutcomeRecord]) -> RoutingCurve
                 threshold = f64::INFINITY;
             }
             let mut strong = 0usize;
-            let mut correct = 0usize;
+            let mut correct = 0.0;
             for (s, r) in scores.iter().zip(records) {
                 let to_reference = *s >= threshold;
+                let (cheap, reference) = r.scores();
                 strong += usize::from(to_reference);
-                correct += usize::from(if to_reference {
-                    r.strong_correct
-                } else {
-                    r.weak_correct
-                });
+                correct += if to_reference { reference } else { cheap };
             }
-            points.push((strong as f64 / n, correct as f64 / n));
+            points.push((strong as f64 / n, correct / n));
         }
         points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     }
@@ -159,12 +214,21 @@ pub fn length_scores(records: &[&OutcomeRecord]) -> Vec<f64> {
 
 /// Held-out figures: for every benchmark (source), one head per held-out category trained on
 /// every other record (all benchmarks), or, for a benchmark of one category, [`FOLDS`] folds
-/// by a hash of the id and the seed.
+/// by a hash of the prompt and the seed. A held-out prompt is held out from every source:
+/// one prompt answered by two model pairs is one prompt. `model` gives each record its task
+/// class, and ranks each source by its complexity too (the heads that learned from labelled
+/// prompts, not from outcomes).
 pub fn cross_validate(
     records: &[OutcomeRecord],
     window: usize,
     seed: u64,
+    model: &Classifier,
 ) -> OutcomeCrossValidation {
+    let examples = model.outcome_examples(records, window);
+    let weights = ComplexityWeights {
+        scoring_window_chars: window,
+        ..ComplexityWeights::default()
+    };
     let mut by_source: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, r) in records.iter().enumerate() {
         by_source.entry(&r.source).or_default().push(i);
@@ -172,43 +236,14 @@ pub fn cross_validate(
     let mut held_out_scores = vec![0.0; records.len()];
     let mut sources = Vec::new();
     for (source, members) in by_source {
-        let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        for &i in &members {
-            groups
-                .entry(records[i].category.clone())
-                .or_default()
-                .push(i);
-        }
-        let by = if groups.len() > 1 {
-            "category".to_owned()
-        } else {
-            groups.clear();
-            for &i in &members {
-                let fold = records[i].fold(seed, FOLDS);
-                groups
-                    .entry(format!("fold {}", fold + 1))
-                    .or_default()
-                    .push(i);
-            }
-            format!("{FOLDS} folds")
-        };
+        let (by, groups) = held_out_groups(records, &members, seed);
         let mut folds = Vec::new();
         for (name, held) in &groups {
-            let train: Vec<&OutcomeRecord> = records
-                .iter()
-                .enumerate()
-                .filter(|(i, r)| !(r.source == source && held.binary_search(i).is_ok()))
-                .map(|(_, r)| r)
-                .collect();
-            let head = fit_outcomes(&train, window, Vec::<TaskClass>::new());
-            let held_records: Vec<&OutcomeRecord> = held.iter().map(|&i| &records[i]).collect();
-            let scores: Vec<f64> = held_records
-                .iter()
-                .map(|r| head.logit(&r.inputs(window)))
-                .collect();
+            let scores = score_held_out(records, &examples, held);
             for (&i, &s) in held.iter().zip(&scores) {
                 held_out_scores[i] = s;
             }
+            let held_records: Vec<&OutcomeRecord> = held.iter().map(|&i| &records[i]).collect();
             let curve = routing_curve(&scores, &held_records);
             let counted = leads_enough(&held_records);
             folds.push(FoldReport {
@@ -229,12 +264,83 @@ pub fn cross_validate(
             mean_apgr,
             pooled: routing_curve(&scores, &all),
             length: routing_curve(&length_scores(&all), &all),
+            complexity: Some(routing_curve(
+                &complexity_scores(Some(model), &all, &weights),
+                &all,
+            )),
         });
     }
     OutcomeCrossValidation {
         records: records.len(),
         sources,
     }
+}
+
+/// The logits of the records at `held` (sorted) by a head fitted to the others
+/// ([`trained_on`]).
+fn score_held_out(
+    records: &[OutcomeRecord],
+    examples: &[OutcomeExample<'_>],
+    held: &[usize],
+) -> Vec<f64> {
+    let train: Vec<OutcomeExample<'_>> = trained_on(records, held)
+        .into_iter()
+        .map(|i| examples[i])
+        .collect();
+    let head = fit_examples(&train);
+    held.iter()
+        .map(|&i| head.logit(&examples[i].inputs, examples[i].task_class))
+        .collect()
+}
+
+/// The records a head that scores those at `held` (sorted) may learn from: every other one
+/// whose prompt is none of theirs, whatever its source.
+fn trained_on(records: &[OutcomeRecord], held: &[usize]) -> Vec<usize> {
+    let prompts: HashSet<&str> = held.iter().map(|&i| records[i].prompt_key()).collect();
+    (0..records.len())
+        .filter(|i| held.binary_search(i).is_err() && !prompts.contains(records[*i].prompt_key()))
+        .collect()
+}
+
+/// The held-out groups of one source's records (`members`, in order): its categories, or
+/// [`FOLDS`] folds by prompt when it has a single one.
+fn held_out_groups(
+    records: &[OutcomeRecord],
+    members: &[usize],
+    seed: u64,
+) -> (String, BTreeMap<String, Vec<usize>>) {
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for &i in members {
+        groups
+            .entry(records[i].category.clone())
+            .or_default()
+            .push(i);
+    }
+    if groups.len() > 1 {
+        return ("category".to_owned(), groups);
+    }
+    groups.clear();
+    for &i in members {
+        let fold = records[i].fold(seed, FOLDS);
+        groups
+            .entry(format!("fold {}", fold + 1))
+            .or_default()
+            .push(i);
+    }
+    (format!("{FOLDS} folds by prompt"), groups)
+}
+
+/// Scores by the complexity `model` gives each record's prompt (without a model: the
+/// structural score; 0 for a record without text).
+pub fn complexity_scores(
+    model: Option<&Classifier>,
+    records: &[&OutcomeRecord],
+    weights: &ComplexityWeights,
+) -> Vec<f64> {
+    records
+        .iter()
+        .map(|r| score(&Prompt::user(&r.prompt), weights, model).0.complexity)
+        .collect()
 }
 
 fn figure(v: Option<f64>) -> String {
@@ -276,6 +382,9 @@ impl std::fmt::Display for OutcomeCrossValidation {
             )?;
             writeln!(f, "  pooled held-out: {}", s.pooled)?;
             writeln!(f, "  prompt length:   {}", s.length)?;
+            if let Some(complexity) = &s.complexity {
+                writeln!(f, "  complexity:      {complexity}")?;
+            }
         }
         Ok(())
     }
@@ -293,8 +402,10 @@ mod tests {
             prompt: "p".repeat(i + 1),
             inputs: None,
             task_class: None,
-            weak_correct: weak,
-            strong_correct: strong,
+            verdicts: Verdicts::Correct {
+                cheap: weak,
+                reference: strong,
+            },
         }
     }
 
@@ -332,6 +443,31 @@ mod tests {
         const { assert!(86.0 / 100.0 - 81.0 / 100.0 < MIN_GAP) };
         assert!(leads(of(86, 81)));
         assert!(!leads(of(85, 81)));
+    }
+
+    /// The same prompt answered by two model pairs is one prompt: holding it out of one pair's
+    /// file holds it out of the other's too. A traffic record without text is its own prompt.
+    #[test]
+    fn a_held_out_prompt_is_held_out_of_every_source() {
+        let mut records: Vec<OutcomeRecord> = (0..6).map(|i| record(i, false, true)).collect();
+        for r in &mut records[3..] {
+            r.source = "other pair".into();
+        }
+        // Records 0 and 3, 1 and 4 share their prompts; 2 and 5 do not.
+        records[3].prompt = records[0].prompt.clone();
+        records[4].prompt = records[1].prompt.clone();
+        records.push(OutcomeRecord {
+            prompt: String::new(),
+            ..record(6, true, true)
+        });
+        records.push(OutcomeRecord {
+            prompt: String::new(),
+            ..record(7, true, true)
+        });
+        assert_eq!(trained_on(&records, &[0]), vec![1, 2, 4, 5, 6, 7]);
+        assert_eq!(trained_on(&records, &[1, 2]), vec![0, 3, 5, 6, 7]);
+        assert_eq!(trained_on(&records, &[6]), vec![0, 1, 2, 3, 4, 5, 7]);
+        assert_eq!(records[0].fold(0, 5), records[3].fold(0, 5));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use super::data::{LabelledPrompt, Split};
 use super::document::{ClassifierDocument, FeatureSettings, TrainingMetrics};
 use super::grams::{self, for_each_gram, DENSE};
-use super::outcome::{covered_classes, fit_outcomes, OutcomeRecord};
+use super::outcome::{fit_examples, OutcomeHead, OutcomeRecord};
 use super::{Classifier, CLASSES, LABELS, OUTPUTS, TASK_CLASSES};
 use crate::features::{Features, Prompt, Role, Segment};
 use crate::profile::ComplexityWeights;
@@ -70,8 +70,7 @@ pub fn train(data: &[LabelledPrompt], options: &TrainOptions) -> ClassifierDocum
 }
 
 /// Trains on the `train` split of `data` and, when there are outcome records, the outcome
-/// head on all of them; the head speaks for the task classes the trained model gives at
-/// least a tenth of the records.
+/// head on all of them.
 pub fn train_with_outcomes(
     data: &[LabelledPrompt],
     outcomes: &[OutcomeRecord],
@@ -81,9 +80,7 @@ pub fn train_with_outcomes(
     let mut classifier = fit(&train, options);
     let window = ComplexityWeights::default().scoring_window_chars;
     if !outcomes.is_empty() {
-        let classes = outcome_classes(&classifier, outcomes, window);
-        let records: Vec<&OutcomeRecord> = outcomes.iter().collect();
-        classifier.outcome = Some(fit_outcomes(&records, window, classes));
+        classifier.outcome = Some(fit_head(&classifier, outcomes, window));
     }
     let mut metrics = TrainingMetrics::counted(data, options.seed);
     metrics.outcome_records = outcomes.len();
@@ -92,19 +89,18 @@ pub fn train_with_outcomes(
 
 /// `base` with its outcome head refitted to `outcomes` alone, every other head kept: the
 /// loop that learns from the router's own traffic (`classifier train --base`), which needs
-/// no labelled prompts. Records without a task class are classified by `base`. The base's
-/// metrics stay, but for the outcome figures, which described the head replaced.
+/// no labelled prompts. The base's metrics stay, but for the outcome figures, which described
+/// the head replaced.
 pub fn retrain_outcomes(
     base: &ClassifierDocument,
     outcomes: &[OutcomeRecord],
 ) -> Result<ClassifierDocument, super::ClassifierError> {
     let mut classifier = base.classifier()?;
     let window = ComplexityWeights::default().scoring_window_chars;
-    let classes = outcome_classes(&classifier, outcomes, window);
-    let records: Vec<&OutcomeRecord> = outcomes.iter().collect();
-    classifier.outcome = Some(fit_outcomes(&records, window, classes));
+    classifier.outcome = Some(fit_head(&classifier, outcomes, window));
     let mut metrics = base.metrics.clone();
     metrics.outcome_records = outcomes.len();
+    metrics.outcome_training_apgr = None;
     metrics.outcomes = None;
     Ok(ClassifierDocument::new(
         &classifier,
@@ -113,28 +109,10 @@ pub fn retrain_outcomes(
     ))
 }
 
-/// The task classes the outcome records cover: a traffic record carries the router's; a
-/// benchmark's prompt is classified by `classifier`.
-fn outcome_classes(
-    classifier: &Classifier,
-    outcomes: &[OutcomeRecord],
-    window: usize,
-) -> Vec<crate::features::TaskClass> {
-    covered_classes(outcomes.iter().map(|r| {
-        if let Some(class) = r.task_class {
-            return class;
-        }
-        let prompt = Prompt {
-            segments: vec![Segment {
-                role: Role::User,
-                text: &r.prompt,
-            }],
-            wants_json: false,
-        };
-        let features = Features::extract(&prompt, &ComplexityWeights::default())
-            .unwrap_or_else(|_| Features::without_text(&prompt, &ComplexityWeights::default()));
-        classifier.classify(&prompt, &features, window).task_class
-    }))
+/// The outcome head of `classifier` fitted to `outcomes`, each in the task class
+/// `classifier` gives it.
+fn fit_head(classifier: &Classifier, outcomes: &[OutcomeRecord], window: usize) -> OutcomeHead {
+    fit_examples(&classifier.outcome_examples(outcomes, window))
 }
 
 /// Fits a model to `data` (all of it, whatever its split).

@@ -352,3 +352,28 @@ fn upstream_apis_default_to_chat_and_completions_and_must_include_chat() {
     let unknown = serde_json::from_str::<Upstream>(r#"{"service": "s", "apis": ["embeddings"]}"#);
     assert!(unknown.is_err());
 }
+
+#[test]
+fn streams_resume_once_by_default_on_upstreams_that_continue() {
+    let mut set = default_set();
+    assert_eq!(set.policy.stream_resume.max_resumes, 1);
+    assert!(set.profiles.iter().all(|p| p.upstream.resumes()));
+    set.profiles[0].upstream =
+        serde_json::from_str(r#"{"urls": ["http://a:1"], "resume": false}"#).unwrap();
+    set.profiles[1].upstream =
+        serde_json::from_str(r#"{"service": "llama", "resume": false}"#).unwrap();
+    assert!(!set.profiles[0].upstream.resumes() && !set.profiles[1].upstream.resumes());
+    // Written back, only the exception is in the document.
+    let written = serde_json::to_value(&set.profiles[0].upstream).unwrap();
+    assert_eq!(written["resume"], false);
+    let written = serde_json::to_value(&set.profiles[2].upstream).unwrap();
+    assert!(written.get("resume").is_none());
+
+    set.policy.stream_resume.max_resumes = 0;
+    assert!(errors_of(&set).is_empty());
+    set.policy.stream_resume.max_resumes = 4;
+    assert_eq!(
+        errors_of(&set),
+        ["policy.stream_resume.max_resumes: must be in [0, 3]"]
+    );
+}

@@ -363,6 +363,34 @@ fn max_tokens_caps_the_expected_output() {
         .candidates
         .iter()
         .all(|c| c.rejected_because == Some(Rejection::ContextTooSmall)));
+    assert_eq!(d.reason, Reason::ConstraintsUnmet);
+    // As a ceiling (an agent API's reading) it excludes nothing: routed by utility.
+    let ceiling = RouteRequest {
+        overrides: Overrides {
+            output_ceiling: true,
+            ..Overrides::default()
+        },
+        ..req(Some(100_000))
+    };
+    let d = decide(&s, &ceiling, &[]).unwrap();
+    assert_eq!(d.reason, Reason::Utility);
+    assert!(d.candidates.iter().all(|c| c.feasible));
+    assert_eq!(d.expected_output_tokens, 256);
+}
+
+#[test]
+fn a_ceiling_is_cut_to_the_context_left_beside_the_prompt() {
+    let rule = crate::OutputCeiling::default();
+    // 16,384 − ⌈4,000 × 1.1⌉ = 11,984.
+    assert_eq!(rule.clamp(32_000, 16_384, 4_000), 11_984);
+    assert_eq!(rule.clamp(512, 16_384, 4_000), 512);
+    // A prompt that fills the context leaves the least there is.
+    assert_eq!(rule.clamp(32_000, 16_384, 16_000), 1);
+    let exact = crate::OutputCeiling {
+        prompt_margin: 0.0,
+        ..rule
+    };
+    assert_eq!(exact.clamp(32_000, 16_384, 4_000), 12_384);
 }
 
 #[test]

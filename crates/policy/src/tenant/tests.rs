@@ -214,3 +214,56 @@ fn too_many_keys_are_refused() {
         ["tenants: holds more than 4096 key hashes in all, the most a router compares per request"]
     );
 }
+
+#[test]
+fn prefix_cache_defaults_to_shared_and_is_written_only_when_isolated() {
+    let d = doc();
+    assert_eq!(
+        d.tenant("team-a").unwrap().prefix_cache,
+        PrefixCache::Shared
+    );
+    assert!(!serde_json::to_string(&d).unwrap().contains("prefix_cache"));
+    let text = format!(
+        r#"{{"version": 1, "tenants": [{{"id": "a", "key_sha256": ["{HASH_A}"],
+            "prefix_cache": "isolated"}}]}}"#
+    );
+    let isolated = TenantDocument::from_json(&text).unwrap();
+    assert_eq!(isolated.tenants[0].prefix_cache, PrefixCache::Isolated);
+    let json = serde_json::to_string(&isolated).unwrap();
+    assert!(json.contains(r#""prefix_cache":"isolated""#));
+    assert_eq!(TenantDocument::from_json(&json).unwrap(), isolated);
+    let wrong = text.replace("isolated", "private");
+    let error = TenantDocument::from_json(&wrong).unwrap_err().to_string();
+    assert!(error.starts_with("tenants[0].prefix_cache"), "{error}");
+}
+
+#[test]
+fn tenant_keys_differ_between_tenants_and_follow_the_key_set() {
+    let digest = |hash: &str| parse_key_hash(hash).unwrap();
+    let (a, b) = (digest(HASH_A), digest(HASH_B));
+    let keys = |id, digests: &[[u8; 32]]| TenantKeys::derive(id, digests, PrefixCache::Isolated);
+    let team = keys("team-a", &[a, b]);
+    let salt = team.cache_salt(None).unwrap().into_owned();
+    assert_eq!(salt.len(), 64);
+    assert!(salt.bytes().all(|c| c.is_ascii_hexdigit()));
+    // The order of the hashes does not matter; the id and every key do.
+    assert_eq!(keys("team-a", &[b, a]).cache_salt(None).unwrap(), salt);
+    assert_eq!(keys("team-a", &[b, a]).scope(), team.scope());
+    for other in [keys("team-b", &[a, b]), keys("team-a", &[a])] {
+        assert_ne!(other.cache_salt(None).unwrap(), salt);
+        assert_ne!(other.scope(), team.scope());
+    }
+    // A client's own salt splits the tenant's, never reaching another tenant's.
+    let user_1 = team.cache_salt(Some("user-1")).unwrap().into_owned();
+    assert_ne!(user_1, salt);
+    assert_ne!(team.cache_salt(Some("user-2")).unwrap(), user_1);
+    assert_ne!(
+        keys("team-b", &[a, b]).cache_salt(Some("user-1")).unwrap(),
+        user_1
+    );
+    // Shared: no salt, the same scope.
+    let shared = TenantKeys::derive("team-a", &[a, b], PrefixCache::Shared);
+    assert_eq!(shared.cache_salt(Some("user-1")), None);
+    assert_eq!(shared.scope(), team.scope());
+    assert!(!format!("{team:?}").contains(&salt));
+}

@@ -1,17 +1,20 @@
 //! Anthropic Messages ↔ Chat Completions.
 //!
-//! Request: `system` becomes a system message; text and image blocks become content parts;
-//! `tool_use` blocks become the assistant's `tool_calls` and `tool_result` blocks `tool`
-//! messages; `tools`, `tool_choice`, `stop_sequences`, `metadata.user_id` map to their chat
-//! names. Answer: text and tool calls become `text` and `tool_use` blocks, `finish_reason`
+//! Request: `system` (and `system` turns) become system messages; text and image blocks
+//! become content parts; `tool_use` blocks become the assistant's `tool_calls` and
+//! `tool_result` blocks `tool` messages; `tools`, `tool_choice`, `stop_sequences`,
+//! `metadata.user_id`, `thinking` (`reasoning_effort`) and `output_config.format` map to their
+//! chat names; hints are left out. Answer: text and tool calls become `text` and `tool_use` blocks, `finish_reason`
 //! the `stop_reason`, `usage` Anthropic's token counts; a stream becomes `message_start`,
 //! `content_block_start` / `_delta` / `_stop` per block, `message_delta`, `message_stop`.
 
 use serde_json::{json, Map, Value};
 
-use super::{check_keys, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, reasoning_of, Untranslatable};
 
-/// Request keys with a chat form (or that ask nothing of the model: `metadata`).
+/// Request keys with a chat form, or hints that ask nothing of the answer's content
+/// (`metadata` but its `user_id`, `service_tier`, `context_management`); every rule is in
+/// `docs/agent-apis.md`.
 const KNOWN: &[&str] = &[
     "model",
     "messages",
@@ -26,23 +29,17 @@ const KNOWN: &[&str] = &[
     "tool_choice",
     "metadata",
     "thinking",
+    "output_config",
     "service_tier",
+    "context_management",
 ];
 
 /// A Messages request as a chat request (without `model`).
 pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
     check_keys(request, KNOWN)?;
-    if request
-        .get("thinking")
-        .is_some_and(|t| t.get("type").and_then(Value::as_str) != Some("disabled"))
-    {
-        return Err(Untranslatable("extended thinking (`thinking`)".into()));
-    }
     let mut messages = Vec::new();
     if let Some(system) = request.get("system") {
-        let text = joined_text(system)
-            .ok_or_else(|| Untranslatable("a `system` block other than text".into()))?;
-        messages.push(json!({"role": "system", "content": text}));
+        messages.push(system_message(system)?);
     }
     let turns = request
         .get("messages")
@@ -68,9 +65,14 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
     if let Some(user) = request.pointer("/metadata/user_id") {
         chat.insert("user".into(), user.clone());
     }
-    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
-        let tools: Result<Vec<Value>, _> = tools.iter().map(tool).collect();
-        chat.insert("tools".into(), Value::Array(tools?));
+    if let Some(effort) = reasoning_effort(request.get("thinking"))? {
+        chat.insert("reasoning_effort".into(), json!(effort));
+    }
+    if let Some(format) = output_format(request.get("output_config"))? {
+        chat.insert("response_format".into(), format);
+    }
+    if let Some(functions) = chat_functions(request, hosted, tool) {
+        chat.insert("tools".into(), functions?);
     }
     if let Some(choice) = request.get("tool_choice") {
         let (choice, parallel) = tool_choice(choice)?;
@@ -82,10 +84,74 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
     Ok(Value::Object(chat))
 }
 
+/// The hosted tools of a request that a chat upstream cannot run and the translation
+/// leaves out (Anthropic's server-side web search), by name.
+pub fn dropped_tools(request: &Value) -> Vec<String> {
+    hosted_tools(request, hosted)
+}
+
+/// Anthropic's web search runs on Anthropic's servers: no chat upstream has it.
+fn hosted(tool: &Value) -> bool {
+    kind(tool).starts_with("web_search_")
+}
+
+/// A `system` prompt, or a `system` turn inside `messages`: text only.
+fn system_message(content: &Value) -> Result<Value, Untranslatable> {
+    let text = joined_text(content)
+        .ok_or_else(|| Untranslatable("a `system` block other than text".into()))?;
+    Ok(json!({"role": "system", "content": text}))
+}
+
+/// Chat's `reasoning_effort` for Anthropic's `thinking`: a budget, in the three steps
+/// reasoning chat servers know; `adaptive` leaves the model its own judgment, as chat does
+/// by default, and `disabled` asks for nothing.
+fn reasoning_effort(thinking: Option<&Value>) -> Result<Option<&'static str>, Untranslatable> {
+    let Some(thinking) = thinking else {
+        return Ok(None);
+    };
+    match kind(thinking) {
+        "disabled" | "adaptive" => Ok(None),
+        "enabled" => Ok(Some(
+            match thinking["budget_tokens"].as_u64().unwrap_or(0) {
+                0..4_096 => "low",
+                4_096..16_384 => "medium",
+                _ => "high",
+            },
+        )),
+        other => Err(Untranslatable(format!("`thinking` of type `{other}`"))),
+    }
+}
+
+/// `output_config`: its JSON schema (structured output) becomes `response_format`; the
+/// effort is a hint of how hard to work, which chat has no field for.
+fn output_format(config: Option<&Value>) -> Result<Option<Value>, Untranslatable> {
+    let Some(config) = config else {
+        return Ok(None);
+    };
+    check_keys(config, &["effort", "format"])
+        .map_err(|e| Untranslatable(format!("`output_config` key {}", e.0)))?;
+    let Some(format) = config.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match kind(format) {
+        "json_schema" => Ok(Some(json!({"type": "json_schema", "json_schema": {
+            "name": "output", "schema": format["schema"], "strict": true,
+        }}))),
+        other => Err(Untranslatable(format!(
+            "`output_config.format` of type `{other}`"
+        ))),
+    }
+}
+
 /// One Messages turn as chat messages: a user turn's tool results come first, as `tool`
 /// messages, then its other content.
 fn push_turn(messages: &mut Vec<Value>, turn: &Value) -> Result<(), Untranslatable> {
     let role = turn.get("role").and_then(Value::as_str).unwrap_or_default();
+    if role == "system" {
+        // Claude Code sends its environment as a system turn between the others.
+        messages.push(system_message(turn.get("content").unwrap_or(&Value::Null))?);
+        return Ok(());
+    }
     if !matches!(role, "user" | "assistant") {
         return Err(Untranslatable(format!("a message with role `{role}`")));
     }
@@ -109,6 +175,9 @@ fn push_turn(messages: &mut Vec<Value>, turn: &Value) -> Result<(), Untranslatab
                 "type": "function",
                 "function": {"name": block["name"], "arguments": block["input"].to_string()},
             })),
+            // Earlier reasoning, sent back: chat servers take none in a request (vLLM's
+            // templates drop it), so it goes where a chat client's would.
+            ("assistant", "thinking" | "redacted_thinking") => {}
             (_, other) => return Err(Untranslatable(format!("a `{other}` content block"))),
         }
     }
@@ -165,6 +234,8 @@ fn tool_result(block: &Value) -> Result<Value, Untranslatable> {
     Ok(json!({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}))
 }
 
+/// A custom tool as a chat function. Its hints (`cache_control`, `defer_loading`,
+/// `eager_input_streaming`, `input_examples`) are left out: the function is offered whole.
 fn tool(tool: &Value) -> Result<Value, Untranslatable> {
     match tool.get("type").and_then(Value::as_str) {
         None | Some("custom") => {}
@@ -174,8 +245,10 @@ fn tool(tool: &Value) -> Result<Value, Untranslatable> {
         "name": tool["name"],
         "parameters": tool.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})),
     });
-    if let Some(description) = tool.get("description") {
-        function["description"] = description.clone();
+    for key in ["description", "strict"] {
+        if let Some(value) = tool.get(key).filter(|v| !v.is_null()) {
+            function[key] = value.clone();
+        }
     }
     Ok(json!({"type": "function", "function": function}))
 }
@@ -211,6 +284,11 @@ pub fn from_chat(chat: &Value) -> Value {
     let choice = &chat["choices"][0];
     let message = &choice["message"];
     let mut content = Vec::new();
+    // A chat upstream's reasoning is Anthropic's thinking (with no signature: no Anthropic
+    // server signed it).
+    if let Some(thinking) = reasoning_of(message) {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
     for text in [&message["content"], &message["refusal"]] {
         if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
             content.push(json!({"type": "text", "text": text}));
@@ -271,11 +349,17 @@ pub struct MessagesStream {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Block {
+    Thinking,
     Text,
     Tool(u64),
 }
 
 impl MessagesStream {
+    /// Whether the chat stream said how it finished (a `finish_reason`).
+    pub fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
     /// The events for one chat chunk, appended to `out`.
     pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<u8>) {
         self.start(chunk, out);
@@ -286,6 +370,17 @@ impl MessagesStream {
             return;
         };
         let delta = &choice["delta"];
+        if let Some(thinking) = reasoning_of(delta) {
+            let start = || json!({"type": "thinking", "thinking": "", "signature": ""});
+            self.open_block(Block::Thinking, start, out);
+            let index = self.blocks - 1;
+            event(
+                out,
+                "content_block_delta",
+                &json!({"type": "content_block_delta",
+                "index": index, "delta": {"type": "thinking_delta", "thinking": thinking}}),
+            );
+        }
         for text in [&delta["content"], &delta["refusal"]] {
             if let Some(text) = text.as_str().filter(|t| !t.is_empty()) {
                 self.open_block(Block::Text, || json!({"type": "text", "text": ""}), out);
@@ -367,8 +462,12 @@ impl MessagesStream {
                 "content": [],
                 "stop_reason": null,
                 "stop_sequence": null,
-                // Chat reports usage at the end: `message_delta` carries both counts.
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                // The prompt's tokens, where the upstream counts them in every chunk
+                // (`continuous_usage_stats`); `message_delta` carries both counts anyway.
+                "usage": {
+                    "input_tokens": chunk["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+                    "output_tokens": 0,
+                },
             }}),
         );
     }

@@ -3,8 +3,10 @@
 //! and from Chat Completions for those that do not ([`messages`], [`responses`]), each API's
 //! error shape, and the body that carries an answer back in the client's API ([`relay`]).
 //!
-//! Translation is pure: JSON in, JSON out. What cannot be carried over faithfully is refused
-//! before anything is sent ([`Untranslatable`], a 400), never dropped on the quiet.
+//! Translation is pure: JSON in, JSON out. Every field has a rule (`docs/agent-apis.md`):
+//! mapped, dropped as a hint that asks nothing of the answer, or — where dropping it would
+//! change the answer — refused before anything is sent ([`Untranslatable`], a 400). Hosted
+//! tools no chat upstream can run are left out and named in `x-quantrouter-dropped-tools`.
 
 pub mod messages;
 pub mod relay;
@@ -12,17 +14,21 @@ pub mod responses;
 pub mod stored;
 mod wire;
 
+use std::sync::{Arc, OnceLock};
+
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use quantrouter_policy::{ProfileIndex, ProfileSet, UpstreamApi};
 use serde_json::{json, Value};
 
-use crate::openai::{ApiError, Endpoint};
+use crate::openai::{ApiError, BodyEdits, Endpoint};
 
 pub use relay::AgentBody;
 pub use wire::Untranslatable;
-pub(crate) use wire::{anthropic_error, check_keys, joined_text};
+pub(crate) use wire::{
+    anthropic_error, chat_functions, check_keys, hosted_tools, joined_text, reasoning_of,
+};
 
 /// An agent API the router serves on its public port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +46,28 @@ pub struct Translation {
     /// Some profile lacks the API but the request has no chat form: only native profiles
     /// may serve it.
     native_only: bool,
+    /// What the relay of a translated answer needs from the request.
+    request: Option<Arc<TranslatedRequest>>,
 }
+
+/// What the relay of a translated answer needs from the request: the fields a Responses
+/// answer echoes and the tools the translation left out.
+#[derive(Debug, Default)]
+pub struct TranslatedRequest {
+    /// Responses: the request fields its answer repeats (`tools`, `tool_choice`, …).
+    pub echo: Value,
+    /// Tools no chat upstream can run, left out (`x-quantrouter-dropped-tools`).
+    pub dropped_tools: Vec<String>,
+}
+
+/// A request extension the agent endpoints add, which the forward phase fills once a
+/// request has a translation: the relay, created before, reads it when it translates.
+#[derive(Debug, Clone, Default)]
+pub struct RequestSlot(pub Arc<OnceLock<Arc<TranslatedRequest>>>);
+
+/// Response header: the tools a translated request left out, comma-separated.
+pub const DROPPED_TOOLS_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-quantrouter-dropped-tools");
 
 // === impl AgentApi ===
 
@@ -70,7 +97,8 @@ impl AgentApi {
     }
 
     /// The request as Chat Completions, for `model` (a JSON-encoded string); streams ask for
-    /// usage, which the answer's translation reports.
+    /// usage, which the answer's translation reports: in every chunk where the upstream can
+    /// (vLLM's `continuous_usage_stats`), so the first event can say the prompt's tokens.
     pub fn to_chat(self, request: &Value, model_json: &str) -> Result<Value, Untranslatable> {
         let mut chat = match self {
             Self::Messages => messages::to_chat(request)?,
@@ -78,9 +106,23 @@ impl AgentApi {
         };
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
         if chat.get("stream").and_then(Value::as_bool) == Some(true) {
-            chat["stream_options"] = json!({"include_usage": true});
+            chat["stream_options"] = json!({"include_usage": true, "continuous_usage_stats": true});
         }
         Ok(chat)
+    }
+
+    /// What the relay needs of a request translated to chat.
+    fn translated(self, request: &Value) -> TranslatedRequest {
+        match self {
+            Self::Messages => TranslatedRequest {
+                echo: Value::Null,
+                dropped_tools: messages::dropped_tools(request),
+            },
+            Self::Responses => TranslatedRequest {
+                echo: responses::echo(request),
+                dropped_tools: responses::dropped_tools(request),
+            },
+        }
     }
 
     /// The error body of this API for an OpenAI-shaped error `message` of `kind` (OpenAI's
@@ -120,6 +162,7 @@ impl Translation {
                 api,
                 chat: None,
                 native_only: false,
+                request: None,
             }));
         }
         let request: Value =
@@ -127,12 +170,19 @@ impl Translation {
                 message: format!("request body is not valid JSON: {e}"),
                 param: None,
             })?;
-        let chat = api.to_chat(&request, "null");
+        let chat = api.to_chat(&request, "null").map(|mut chat| {
+            // vLLM's KV-cache salt is no field of either API, but a client may send it.
+            if let Some(salt) = request.get("cache_salt") {
+                chat["cache_salt"] = salt.clone();
+            }
+            chat
+        });
         match chat {
             Ok(chat) => Ok(Some(Self {
                 api,
                 chat: Some(chat),
                 native_only: false,
+                request: Some(Arc::new(api.translated(&request))),
             })),
             Err(refused) if lacking(&set.profiles[chosen]) => Err(ApiError::InvalidRequest {
                 message: format!("{refused} (profile {})", set.profiles[chosen].id),
@@ -142,7 +192,17 @@ impl Translation {
                 api,
                 chat: None,
                 native_only: true,
+                request: None,
             })),
+        }
+    }
+
+    /// Hands the relay what it needs of a translated request, through the request's
+    /// [`RequestSlot`] (when the endpoint added one).
+    pub fn report(translation: Option<&Self>, extensions: &http::Extensions) {
+        let found = translation.and_then(|t| t.request.as_ref());
+        if let (Some(request), Some(slot)) = (found, extensions.get::<RequestSlot>()) {
+            let _ = slot.0.set(Arc::clone(request));
         }
     }
 
@@ -152,18 +212,30 @@ impl Translation {
     }
 
     /// The chat body for a profile without the API, with `model_json` (a JSON-encoded
-    /// string); `None` for a profile that serves the API.
+    /// string) and `edits` made (the output limit lowered to the ceiling when it is above,
+    /// the tenant's `cache_salt` in place of the client's); `None` for a profile that serves
+    /// the API.
     pub fn chat_body(
         &self,
         set: &ProfileSet,
         profile: ProfileIndex,
         model_json: &str,
+        edits: BodyEdits<'_>,
     ) -> Option<Bytes> {
         if set.profiles[profile].upstream.serves(self.api.upstream()) {
             return None;
         }
         let mut chat = self.chat.clone()?;
         chat["model"] = serde_json::from_str(model_json).unwrap_or(Value::Null);
+        let limit = chat.get("max_tokens").and_then(Value::as_u64);
+        if let (Some(ceiling), Some(limit)) = (edits.ceiling, limit) {
+            if u64::from(ceiling) < limit {
+                chat["max_tokens"] = json!(ceiling);
+            }
+        }
+        if let Some(salt) = edits.cache_salt {
+            chat["cache_salt"] = salt.into();
+        }
         Some(Bytes::from(chat.to_string()))
     }
 }

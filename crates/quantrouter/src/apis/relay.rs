@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::messages::{self, MessagesStream};
 use super::responses::{self, ResponsesStream};
-use super::AgentApi;
+use super::{AgentApi, RequestSlot};
 use crate::server::delivery::Relayed;
 use crate::server::ResponseBody;
 use crate::upstream::sse::{data_of, EventBuffer};
@@ -42,6 +42,12 @@ pub struct AgentBody {
     translator: Translator,
     /// Chat chunks were seen: the stream's end must be translated too.
     translating: bool,
+    /// What the request's translation reported (the answer's echo), once known.
+    slot: RequestSlot,
+    /// The stream ended as its API ends one: a finish, a final event or an error event.
+    concluded: bool,
+    /// The last `sequence_number` of a native Responses stream.
+    sequence: Option<u64>,
     on_stored: Option<OnStored>,
     done: bool,
 }
@@ -60,17 +66,25 @@ pub fn stored_id(response: &Value) -> Option<&str> {
     }
 }
 
-/// Wraps a generation answer to an agent-API request. Errors the router answers itself are
-/// shaped by the rescue layer; this covers everything that comes through an upstream body.
+/// Wraps a generation answer to an agent-API request, whose translation (if any) reports
+/// to `slot`. Errors the router answers itself are shaped by the rescue layer; this covers
+/// everything that comes through an upstream body.
 pub fn relay(
     response: Response<ResponseBody>,
     api: AgentApi,
+    slot: RequestSlot,
     on_stored: Option<OnStored>,
 ) -> Response<ResponseBody> {
     let (mut head, body) = response.into_parts();
     let Either::Right(inner) = body else {
         return Response::from_parts(head, body);
     };
+    if let Some(retry) = crate::openai::status_should_retry(head.status) {
+        let value = crate::openai::should_retry_value(retry);
+        head.headers
+            .entry(crate::openai::SHOULD_RETRY)
+            .or_insert(value);
+    }
     // The translation changes the length.
     head.headers.remove(header::CONTENT_LENGTH);
     let sse = is_event_stream(&head.headers);
@@ -87,6 +101,9 @@ pub fn relay(
         events: EventBuffer::default(),
         translator,
         translating: false,
+        slot,
+        concluded: false,
+        sequence: None,
         on_stored,
         done: false,
     };
@@ -134,12 +151,20 @@ impl AgentBody {
             return;
         };
         if value.get("choices").is_some() {
-            self.translating = true;
+            if !self.translating {
+                self.translating = true;
+                if let (Translator::Responses(t), Some(request)) =
+                    (&mut self.translator, self.slot.0.get())
+                {
+                    t.echo(&request.echo);
+                }
+            }
             match &mut self.translator {
                 Translator::Messages(t) => t.chunk(&value, out),
                 Translator::Responses(t) => t.chunk(&value, out),
             }
         } else if value.get("error").is_some() && value.get("type").is_none() {
+            self.concluded = true;
             match &mut self.translator {
                 Translator::Messages(t) => t.error(&value, out),
                 Translator::Responses(t) => t.error(&value, out),
@@ -148,19 +173,63 @@ impl AgentBody {
             if value["type"] == "response.completed" {
                 self.stored(&value["response"]);
             }
+            self.sequence = value["sequence_number"].as_u64().or(self.sequence);
+            self.concluded |= matches!(
+                value["type"].as_str(),
+                Some(
+                    "message_stop"
+                        | "error"
+                        | "response.completed"
+                        | "response.incomplete"
+                        | "response.failed"
+                )
+            );
             out.extend_from_slice(raw);
         }
     }
 
-    /// The end of a translated stream.
+    /// The end of a stream (`[DONE]`, or the end of its body): a translated one closes as
+    /// its API does when the chat stream said how it finished. One that did not (an
+    /// upstream cut off cleanly, by a crash behind a proxy or an idle timeout between)
+    /// ends with the API's error event, as a broken connection does: the client must not
+    /// take a cut answer for a whole one.
     fn end(&mut self, out: &mut Vec<u8>) {
-        if !self.translating {
+        if self.concluded {
             return;
         }
-        match &mut self.translator {
-            Translator::Messages(t) => t.end(out),
-            Translator::Responses(t) => t.end(out),
+        self.concluded = true;
+        let finished = match &self.translator {
+            Translator::Messages(t) => t.finished(),
+            Translator::Responses(t) => t.finished(),
+        };
+        let error = crate::openai::error_body(
+            "the upstream's stream ended before its answer was finished",
+            "upstream_error",
+            None,
+            Some("stream_truncated"),
+        );
+        match (&mut self.translator, self.translating, finished) {
+            (Translator::Messages(t), true, true) => t.end(out),
+            (Translator::Responses(t), true, true) => t.end(out),
+            (Translator::Messages(t), true, false) => t.error(&error, out),
+            (Translator::Responses(t), true, false) => t.error(&error, out),
+            (_, false, _) => self.native_error(&error, out),
         }
+    }
+
+    /// A native stream that ended without its final event: the API's error event.
+    fn native_error(&mut self, error: &Value, out: &mut Vec<u8>) {
+        let message = &error["error"]["message"];
+        let event = match self.api {
+            AgentApi::Messages => {
+                super::anthropic_error("api_error", message.as_str().unwrap_or_default())
+            }
+            AgentApi::Responses => serde_json::json!({"type": "error",
+                "code": error["error"]["code"], "message": message, "param": null,
+                "sequence_number": self.sequence.map_or(0, |n| n + 1)}),
+        };
+        let name = event["type"].as_str().unwrap_or("error").to_owned();
+        messages::event(out, &name, &event);
     }
 
     /// A whole answer, in the client's API.
@@ -180,7 +249,11 @@ impl AgentBody {
             } else if value.get("choices").is_some() {
                 match self.api {
                     AgentApi::Messages => messages::from_chat(&value),
-                    AgentApi::Responses => responses::from_chat(&value),
+                    AgentApi::Responses => {
+                        let request = self.slot.0.get();
+                        let echo = request.map_or(&Value::Null, |r| &r.echo);
+                        responses::from_chat(&value, echo)
+                    }
                 }
             } else {
                 if self.status.is_success() {
@@ -223,7 +296,9 @@ impl Body for AgentBody {
                             // Not an answer worth translating: on as it came.
                             let mut out = std::mem::take(&mut this.pending);
                             out.extend_from_slice(&data);
+                            // Passed on as a stream of bytes, never ended as an event stream.
                             this.sse = true;
+                            this.concluded = true;
                             return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
                         }
                         this.pending.extend_from_slice(&data);

@@ -14,10 +14,11 @@
 use serde_json::{json, Map, Value};
 
 use super::messages::event;
-use super::{check_keys, joined_text, Untranslatable};
+use super::{chat_functions, check_keys, hosted_tools, joined_text, reasoning_of, Untranslatable};
 
-/// Request keys with a chat form, or that ask nothing of the model's answer (`metadata`,
-/// `store`, `include`, `truncation`, `service_tier`, `prompt_cache_key`).
+/// Request keys with a chat form, or hints that ask nothing of the answer's content
+/// (`metadata`, `client_metadata`, `store`, `include`, `truncation`, `service_tier`,
+/// `prompt_cache_key`, `prompt_cache_retention`); every rule is in `docs/agent-apis.md`.
 const KNOWN: &[&str] = &[
     "model",
     "input",
@@ -32,6 +33,7 @@ const KNOWN: &[&str] = &[
     "text",
     "store",
     "metadata",
+    "client_metadata",
     "user",
     "safety_identifier",
     "reasoning",
@@ -39,6 +41,7 @@ const KNOWN: &[&str] = &[
     "truncation",
     "service_tier",
     "prompt_cache_key",
+    "prompt_cache_retention",
     "stream_options",
 ];
 
@@ -88,14 +91,38 @@ pub fn to_chat(request: &Value) -> Result<Value, Untranslatable> {
             chat.insert("response_format".into(), format);
         }
     }
-    if let Some(tools) = request.get("tools").and_then(Value::as_array) {
-        let tools: Result<Vec<Value>, _> = tools.iter().map(tool).collect();
-        chat.insert("tools".into(), Value::Array(tools?));
+    if let Some(functions) = chat_functions(request, hosted, tool) {
+        chat.insert("tools".into(), functions?);
     }
     if let Some(choice) = request.get("tool_choice") {
         chat.insert("tool_choice".into(), tool_choice(choice)?);
     }
     Ok(Value::Object(chat))
+}
+
+/// The tools of a request that a chat upstream cannot run and the translation leaves out
+/// (hosted web search, and `namespace` groups of tools, which chat has no form for), by
+/// name or type.
+pub fn dropped_tools(request: &Value) -> Vec<String> {
+    hosted_tools(request, hosted)
+}
+
+/// The request's tools as a translated answer echoes them: those the model was offered.
+pub(super) fn offered_tools(request: &Value) -> Value {
+    let tools = request.get("tools").and_then(Value::as_array);
+    Value::Array(
+        tools
+            .into_iter()
+            .flatten()
+            .filter(|t| !hosted(t))
+            .cloned()
+            .collect(),
+    )
+}
+
+fn hosted(tool: &Value) -> bool {
+    let kind = kind(tool);
+    kind.starts_with("web_search") || kind == "namespace"
 }
 
 fn kind(item: &Value) -> &str {
@@ -130,6 +157,9 @@ fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), Untranslatab
                     .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
             }
         }
+        // Earlier reasoning, sent back (Codex includes it encrypted): chat servers take none
+        // in a request, so it goes where a chat client's would.
+        "reasoning" => {}
         "function_call_output" => {
             let output = joined_text(&item["output"]).ok_or_else(|| {
                 Untranslatable("a `function_call_output` with output other than text".into())
@@ -213,16 +243,41 @@ fn tool_choice(choice: &Value) -> Result<Value, Untranslatable> {
 /// What the answer items are built from.
 #[derive(Debug, Default, Clone)]
 struct Output {
+    /// The model's reasoning, where the chat upstream returns it.
+    reasoning: String,
     text: String,
     refusal: String,
     /// Tool calls: call id, name, arguments.
     calls: Vec<(Value, Value, String)>,
 }
 
-/// A whole chat completion as a Response.
-pub fn from_chat(chat: &Value) -> Value {
+/// The request fields a Response repeats, as the request gave them (the tools: those the
+/// model was offered).
+pub fn echo(request: &Value) -> Value {
+    let mut echo = Map::new();
+    for key in [
+        "instructions",
+        "max_output_tokens",
+        "metadata",
+        "parallel_tool_calls",
+        "temperature",
+        "tool_choice",
+        "top_p",
+        "user",
+    ] {
+        if let Some(value) = request.get(key).filter(|v| !v.is_null()) {
+            echo.insert(key.into(), value.clone());
+        }
+    }
+    echo.insert("tools".into(), offered_tools(request));
+    Value::Object(echo)
+}
+
+/// A whole chat completion as a Response, with the request's `echo`.
+pub fn from_chat(chat: &Value, echo: &Value) -> Value {
     let message = &chat["choices"][0]["message"];
     let output = Output {
+        reasoning: reasoning_of(message).unwrap_or_default().to_owned(),
         text: message["content"].as_str().unwrap_or_default().to_owned(),
         refusal: message["refusal"].as_str().unwrap_or_default().to_owned(),
         calls: message["tool_calls"]
@@ -241,7 +296,7 @@ pub fn from_chat(chat: &Value) -> Value {
     };
     let id = response_id(chat["id"].as_str());
     let finish = chat["choices"][0]["finish_reason"].as_str();
-    response(&id, chat, Some((&output, finish, &chat["usage"])))
+    response(&id, (chat, echo), Some((&output, finish, &chat["usage"])))
 }
 
 fn response_id(chat_id: Option<&str>) -> String {
@@ -249,9 +304,13 @@ fn response_id(chat_id: Option<&str>) -> String {
     format!("resp_{}", id.strip_prefix("chatcmpl-").unwrap_or(id))
 }
 
-/// A `response` object: in progress (`None`), or done with its output, finish reason and
-/// chat usage.
-fn response(id: &str, chat: &Value, done: Option<(&Output, Option<&str>, &Value)>) -> Value {
+/// A `response` object of a chat answer and the request's echo: in progress (`None`), or
+/// done with its output, finish reason and chat usage.
+fn response(
+    id: &str,
+    (chat, echo): (&Value, &Value),
+    done: Option<(&Output, Option<&str>, &Value)>,
+) -> Value {
     let (status, incomplete, items, usage) = match done {
         None => ("in_progress", Value::Null, Vec::new(), Value::Null),
         Some((output, finish, usage)) => {
@@ -268,7 +327,7 @@ fn response(id: &str, chat: &Value, done: Option<(&Output, Option<&str>, &Value)
             )
         }
     };
-    json!({
+    let mut response = json!({
         "id": id,
         "object": "response",
         "created_at": chat["created"],
@@ -284,11 +343,18 @@ fn response(id: &str, chat: &Value, done: Option<(&Output, Option<&str>, &Value)
         "store": false,
         "metadata": {},
         "usage": usage,
-    })
+    });
+    for (key, value) in echo.as_object().into_iter().flatten() {
+        response[key] = value.clone();
+    }
+    response
 }
 
 fn items(id: &str, output: &Output, status: &str) -> Vec<Value> {
     let mut items = Vec::new();
+    if !output.reasoning.is_empty() {
+        items.push(reasoning_item(id, &output.reasoning, status));
+    }
     if !output.text.is_empty() || !output.refusal.is_empty() {
         items.push(message_item(id, output, status));
     }
@@ -296,6 +362,12 @@ fn items(id: &str, output: &Output, status: &str) -> Vec<Value> {
         items.push(call_item((id, n), (call_id, name), arguments, status));
     }
     items
+}
+
+/// The model's reasoning as a `reasoning` item, its text whole (no summary: chat has none).
+fn reasoning_item(id: &str, reasoning: &str, status: &str) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{id}"), "status": status, "summary": [],
+        "content": [{"type": "reasoning_text", "text": reasoning}]})
 }
 
 fn message_item(id: &str, output: &Output, status: &str) -> Value {
@@ -325,11 +397,13 @@ fn call_item(
 fn responses_usage(usage: &Value) -> Value {
     let input = usage["prompt_tokens"].as_u64().unwrap_or(0);
     let output = usage["completion_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let reasoning = usage["completion_tokens_details"]["reasoning_tokens"].as_u64();
     json!({
         "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached.unwrap_or(0)},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning.unwrap_or(0)},
         "total_tokens": input + output,
     })
 }
@@ -337,6 +411,8 @@ fn responses_usage(usage: &Value) -> Value {
 /// A chat stream becoming a Responses stream, chunk by chunk.
 #[derive(Debug, Default)]
 pub struct ResponsesStream {
+    /// The request fields every `response` object repeats.
+    echo: Value,
     /// The first chunk: id, model and creation time of the whole response.
     head: Option<Value>,
     id: String,
@@ -353,11 +429,22 @@ pub struct ResponsesStream {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Item {
+    Reasoning,
     Message,
     Call(usize),
 }
 
 impl ResponsesStream {
+    /// The request fields the `response` objects repeat ([`echo`]), before the first chunk.
+    pub fn echo(&mut self, echo: &Value) {
+        self.echo = echo.clone();
+    }
+
+    /// Whether the chat stream said how it finished (a `finish_reason`).
+    pub fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
     /// The events for one chat chunk, appended to `out`.
     pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<u8>) {
         self.start(chunk, out);
@@ -368,6 +455,16 @@ impl ResponsesStream {
             return;
         };
         let delta = &choice["delta"];
+        if let Some(reasoning) = reasoning_of(delta) {
+            self.open_item(Item::Reasoning, out);
+            self.output.reasoning.push_str(reasoning);
+            let (item_id, index) = (format!("rs_{}", self.id), self.items - 1);
+            self.emit(
+                out,
+                json!({"type": "response.reasoning_text.delta", "item_id": item_id,
+                "output_index": index, "content_index": 0, "delta": reasoning}),
+            );
+        }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             self.open_item(Item::Message, out);
             self.output.text.push_str(text);
@@ -423,7 +520,7 @@ impl ResponsesStream {
         let head = self.head.clone().unwrap_or(Value::Null);
         let done = response(
             &self.id,
-            &head,
+            (&head, &self.echo),
             Some((&self.output, self.finish.as_deref(), &self.usage)),
         );
         let name = match done["status"].as_str() {
@@ -450,7 +547,7 @@ impl ResponsesStream {
         }
         self.id = response_id(chunk["id"].as_str());
         self.head = Some(chunk.clone());
-        let created = response(&self.id, chunk, None);
+        let created = response(&self.id, (chunk, &self.echo), None);
         self.emit(
             out,
             json!({"type": "response.created", "response": created}),
@@ -474,6 +571,10 @@ impl ResponsesStream {
         self.items += 1;
         self.open = Some((item, index));
         let added = match item {
+            Item::Reasoning => {
+                json!({"type": "reasoning", "id": format!("rs_{}", self.id),
+                "status": "in_progress", "summary": [], "content": []})
+            }
             Item::Message => {
                 json!({"type": "message", "id": self.message_id(), "status": "in_progress",
                 "role": "assistant", "content": []})
@@ -503,6 +604,16 @@ impl ResponsesStream {
             return;
         };
         let done = match item {
+            Item::Reasoning => {
+                let text = self.output.reasoning.clone();
+                self.emit(
+                    out,
+                    json!({"type": "response.reasoning_text.done",
+                    "item_id": format!("rs_{}", self.id), "output_index": index,
+                    "content_index": 0, "text": text}),
+                );
+                reasoning_item(&self.id, &text, "completed")
+            }
             Item::Message => {
                 let (item_id, text) = (self.message_id(), self.output.text.clone());
                 self.emit(

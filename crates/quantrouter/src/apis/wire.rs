@@ -41,6 +41,36 @@ pub(crate) fn check_keys(request: &Value, known: &[&str]) -> Result<(), Untransl
     }
 }
 
+/// The model's reasoning in a chat message or delta: vLLM's `reasoning_content` (older) or
+/// `reasoning` (newer).
+pub(crate) fn reasoning_of(message: &Value) -> Option<&str> {
+    [&message["reasoning_content"], &message["reasoning"]]
+        .into_iter()
+        .find_map(Value::as_str)
+        .filter(|r| !r.is_empty())
+}
+
+/// The tools of `request` that are `hosted` (no chat upstream can run them, so the
+/// translation leaves them out), by name, or by type when unnamed.
+pub(crate) fn hosted_tools(request: &Value, hosted: fn(&Value) -> bool) -> Vec<String> {
+    let tools = request.get("tools").and_then(Value::as_array);
+    let name = |t: &Value| t["name"].as_str().or(t["type"].as_str()).map(str::to_owned);
+    let hosted = tools.into_iter().flatten().filter(|t| hosted(t));
+    hosted.filter_map(name).collect()
+}
+
+/// The chat functions of `request`'s tools but the `hosted` ones, each converted by `function`.
+pub(crate) fn chat_functions(
+    request: &Value,
+    hosted: fn(&Value) -> bool,
+    function: fn(&Value) -> Result<Value, Untranslatable>,
+) -> Option<Result<Value, Untranslatable>> {
+    let tools = request.get("tools").and_then(Value::as_array)?;
+    let functions: Result<Vec<Value>, _> =
+        tools.iter().filter(|t| !hosted(t)).map(function).collect();
+    Some(functions.map(Value::Array))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

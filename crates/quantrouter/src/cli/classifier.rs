@@ -4,12 +4,13 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use quantrouter_policy::classifier::{
-    cross_validate, evaluate, leave_one_source_out, length_scores, parse_labelled, parse_outcomes,
-    random_scores, retrain_outcomes, routing_curve, train_with_outcomes, LabelledPrompt,
-    OutcomeRecord, RoutingCurve, Split, TrainOptions,
+    complexity_scores, cross_validate, evaluate, leave_one_source_out, length_scores,
+    parse_labelled, parse_outcomes, random_scores, retrain_outcomes, routing_curve,
+    train_with_outcomes, DegenerateHead, LabelledPrompt, OutcomeRecord, RoutingCurve, Split,
+    TrainOptions,
 };
 use quantrouter_policy::{
-    score, ClassifierDocument, ComplexityWeights, ProfileSet, Prompt, Role, Segment, TaskClass,
+    Classifier, ClassifierDocument, ComplexityWeights, ProfileSet, TaskClass,
 };
 
 use super::{document_command, load_set, CliError, DocumentCommand};
@@ -125,7 +126,7 @@ pub fn run(command: ClassifierCommand) -> Result<(), CliError> {
     match command {
         ClassifierCommand::Train(args) => run_train(&args),
         ClassifierCommand::Eval(args) => run_eval(&args),
-        ClassifierCommand::Stored(command) => document_command(command, read_model),
+        ClassifierCommand::Stored(command) => document_command(command, read_model_to_push),
     }
 }
 
@@ -179,6 +180,7 @@ fn run_train(args: &TrainArgs) -> Result<(), CliError> {
     let model = doc
         .classifier()
         .map_err(|e| CliError::Invalid(e.to_string()))?;
+    doc.metrics.outcome_training_apgr = check_head(&model, &outcomes)?;
     let dev: Vec<&LabelledPrompt> = data.iter().filter(|p| p.split == Split::Dev).collect();
     if !dev.is_empty() {
         let report =
@@ -211,8 +213,23 @@ fn run_retrain(args: &TrainArgs, base: &Path) -> Result<(), CliError> {
         "refitting the outcome head on {} outcome records",
         outcomes.len()
     );
-    let doc = retrain_outcomes(&base, &outcomes).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let mut doc =
+        retrain_outcomes(&base, &outcomes).map_err(|e| CliError::Invalid(e.to_string()))?;
+    let model = doc
+        .classifier()
+        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    doc.metrics.outcome_training_apgr = check_head(&model, &outcomes)?;
     write_model(doc, args, &outcomes, args.data.seed)
+}
+
+/// The trained outcome head against its own records: its APGR on them, or an error when it
+/// is degenerate (constant, not finite, or no better than random), so that no such model
+/// is written.
+fn check_head(model: &Classifier, outcomes: &[OutcomeRecord]) -> Result<Option<f64>, CliError> {
+    let window = ComplexityWeights::default().scoring_window_chars;
+    model
+        .check_outcome_fit(outcomes, window)
+        .map_err(|e| CliError::Invalid(format!("not writing the model: {e}")))
 }
 
 /// Writes a trained model, with the outcome head's held-out figures when they were asked for.
@@ -224,8 +241,11 @@ fn write_model(
 ) -> Result<(), CliError> {
     if args.cross_validate.is_some() {
         let window = ComplexityWeights::default().scoring_window_chars;
-        let cv = cross_validate(outcomes, window, seed);
-        println!("outcome head, held out by category:\n{cv}");
+        let model = doc
+            .classifier()
+            .map_err(|e| CliError::Invalid(e.to_string()))?;
+        let cv = cross_validate(outcomes, window, seed, &model);
+        println!("outcome head, held out by category or by prompt:\n{cv}");
         doc.metrics.outcomes = Some(cv);
     }
     std::fs::write(&args.out, doc.to_json() + "\n")
@@ -279,7 +299,11 @@ fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
     let mut records = Vec::new();
     for path in paths {
         if let Some((url, prefix)) = path.to_str().and_then(redis_source) {
-            let client = crate::documents::client(&url, None)
+            let settings = crate::redis_conn::RedisSettings {
+                url,
+                ..Default::default()
+            };
+            let client = crate::redis_conn::Redis::open(&settings)
                 .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))?;
             let key = crate::calibration::outcomes::stream_key(&prefix);
             let read = super::block_on(async {
@@ -307,14 +331,20 @@ fn read_outcomes(paths: &[PathBuf]) -> Result<Vec<OutcomeRecord>, CliError> {
     Ok(records)
 }
 
-/// `redis://HOST:PORT[/PREFIX]` (or `rediss://`) as the server's URL and the key prefix;
-/// the path is the router's key prefix, not a database number.
+/// `redis://HOST:PORT[/PREFIX]` (or `rediss://`, `redis+cluster://HOSTS[/PREFIX]`,
+/// `redis+sentinel://HOSTS/MASTER[/PREFIX]`) as the Redis URL and the key prefix; the path
+/// is the router's key prefix, not a database number.
 fn redis_source(source: &str) -> Option<(String, String)> {
     let (scheme, rest) = source.split_once("://")?;
-    if scheme != "redis" && scheme != "rediss" {
-        return None;
-    }
-    let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    // A Sentinel URL's path starts with the master's name.
+    let server_parts = match scheme {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => 1,
+        "redis+sentinel" | "rediss+sentinel" => 2,
+        _ => return None,
+    };
+    let parts: Vec<&str> = rest.splitn(server_parts + 1, '/').collect();
+    let host = parts[..server_parts.min(parts.len())].join("/");
+    let prefix = parts.get(server_parts).copied().unwrap_or("");
     let prefix = match prefix.trim_matches('/') {
         "" => "quantrouter",
         prefix => prefix,
@@ -338,27 +368,19 @@ fn outcome_report(
         Some(_) => "complexity (the model has no outcome head)",
         None => "structural complexity",
     };
-    let scores: Vec<f64> = records
-        .iter()
-        .map(|r| {
-            let prompt = Prompt {
-                segments: vec![Segment {
-                    role: Role::User,
-                    text: &r.prompt,
-                }],
-                wants_json: false,
-            };
-            // A traffic record has the head's inputs, not the prompt.
-            let head = model.and_then(|m| m.outcome());
-            match (head, &r.inputs) {
-                (Some(head), Some(inputs)) => head.logit(inputs),
-                _ => match model.and_then(|m| m.outcome_logit(&prompt, window)) {
-                    Some(logit) => logit,
-                    None => score(&prompt, weights, model).0.complexity,
-                },
-            }
-        })
-        .collect();
+    let head = model.and_then(|m| Some((m, m.outcome()?)));
+    let scores: Vec<f64> = match head {
+        // A traffic record has the head's inputs and task class, not the prompt.
+        Some((model, head)) => model
+            .outcome_examples(records, window)
+            .iter()
+            .map(|e| head.logit(&e.inputs, e.task_class))
+            .collect(),
+        None => {
+            let all: Vec<&OutcomeRecord> = records.iter().collect();
+            complexity_scores(model, &all, weights)
+        }
+    };
     let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
     for (i, r) in records.iter().enumerate() {
         match groups.iter_mut().find(|(s, _)| *s == r.source) {
@@ -377,20 +399,25 @@ fn outcome_report(
         let curve = routing_curve(&own, &chosen);
         let _ = writeln!(
             out,
-            "\n{source}: {} prompts, cheap accuracy {:.3}, reference accuracy {:.3}",
+            "\n{source}: {} prompts, cheap score {:.3}, reference score {:.3} (share right, or grade / 10)",
             curve.prompts, curve.cheap_accuracy, curve.reference_accuracy
         );
-        for (name, c) in [
-            ("router", &curve),
+        let mut baselines = vec![
             (
                 "random",
-                &routing_curve(&random_scores(&chosen, seed), &chosen),
+                routing_curve(&random_scores(&chosen, seed), &chosen),
             ),
             (
                 "prompt length",
-                &routing_curve(&length_scores(&chosen), &chosen),
+                routing_curve(&length_scores(&chosen), &chosen),
             ),
-        ] {
+        ];
+        if let Some((model, _)) = head {
+            let complexity = complexity_scores(Some(model), &chosen, weights);
+            baselines.push(("complexity", routing_curve(&complexity, &chosen)));
+        }
+        let _ = writeln!(out, "  {:<14} {curve}", "router");
+        for (name, c) in &baselines {
             let _ = writeln!(out, "  {name:<14} {c}");
         }
         let _ = write!(out, "{}", curve_table(&curve));
@@ -467,6 +494,24 @@ pub fn read_model(path: &Path) -> Result<ClassifierDocument, CliError> {
     crate::classifier::read_file(path).map_err(|e| CliError::Invalid(e.to_string()))
 }
 
+/// A model file to push: valid, and with an outcome head fit to route by — not constant,
+/// and not one its training figures say ranks no better than random.
+fn read_model_to_push(path: &Path) -> Result<ClassifierDocument, CliError> {
+    let doc = read_model(path)?;
+    let refuse = |e: &dyn std::fmt::Display| {
+        CliError::Invalid(format!("{}: not pushing it: {e}", path.display()))
+    };
+    if let Some(degenerate) = doc.weights.outcome.as_ref().and_then(|h| h.degenerate()) {
+        return Err(refuse(&degenerate));
+    }
+    match doc.metrics.outcome_training_apgr {
+        Some(apgr) if apgr.is_nan() || apgr <= 0.5 => {
+            Err(refuse(&DegenerateHead::WorseThanRandom(apgr)))
+        }
+        _ => Ok(doc),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::redis_source;
@@ -480,6 +525,20 @@ mod tests {
         assert_eq!(
             redis_source("rediss://h:1/team:a/"),
             Some(("rediss://h:1".into(), "team:a".into()))
+        );
+        assert_eq!(
+            redis_source("redis+sentinel://s1:26379,s2:26379/mymaster/team"),
+            Some((
+                "redis+sentinel://s1:26379,s2:26379/mymaster".into(),
+                "team".into()
+            ))
+        );
+        assert_eq!(
+            redis_source("redis+cluster://n1:7000,n2:7001"),
+            Some((
+                "redis+cluster://n1:7000,n2:7001".into(),
+                "quantrouter".into()
+            ))
         );
         assert_eq!(redis_source("outcomes.jsonl"), None);
         assert_eq!(redis_source("http://h/x"), None);

@@ -8,19 +8,60 @@ use clap::{Args, Subcommand};
 
 use super::error::CliError;
 use crate::documents::{Document, RedisStore, StoreError};
+use crate::redis_conn::{check_prefix, Redis, RedisSettings};
 
-/// Where the profile set lives in Redis.
+/// Where the documents live in Redis.
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
-    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    /// `redis://[user:password@]host:port[/db]`,
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]` or
+    /// `redis+cluster://[user:password@]host:port[,host:port...]`; `rediss…` for TLS.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
     pub redis_url: String,
     /// Key prefix.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
     pub redis_prefix: String,
-    /// PEM CA certificate to verify a `rediss://` server with (default: system roots).
+    /// PEM CA certificate to verify a TLS (`rediss…`) Redis with (default: system roots).
     #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
+    /// The sentinels' own password (`requirepass` of a Sentinel set); the URL's password
+    /// is the master's.
+    #[arg(
+        long,
+        env = "QUANTROUTER_REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_sentinel_password: Option<String>,
+}
+
+// === impl RedisArgs ===
+
+impl RedisArgs {
+    /// The Redis these flags name: exit 1 for a bad URL or prefix (nothing connects yet).
+    pub fn open(&self) -> Result<Redis, CliError> {
+        open_redis(
+            &self.redis_url,
+            &self.redis_prefix,
+            self.redis_ca_file.clone(),
+            self.redis_sentinel_password.clone(),
+        )
+    }
+}
+
+/// The Redis of `--redis-url` and its companion flags, checked (nothing connects yet).
+pub(crate) fn open_redis(
+    url: &str,
+    prefix: &str,
+    ca_file: Option<PathBuf>,
+    sentinel_password: Option<String>,
+) -> Result<Redis, CliError> {
+    check_prefix(prefix).map_err(CliError::Invalid)?;
+    let settings = RedisSettings {
+        url: url.to_owned(),
+        ca_file,
+        sentinel_password,
+    };
+    Redis::open(&settings).map_err(|e| CliError::Invalid(e.to_string()))
 }
 
 /// What operators do with a kind of versioned document in Redis.
@@ -161,9 +202,7 @@ async fn run_store_command<D: Document>(
 pub(crate) async fn connect_store<D: Document>(
     redis: &RedisArgs,
 ) -> Result<RedisStore<D>, CliError> {
-    let client = crate::documents::client(&redis.redis_url, redis.redis_ca_file.as_deref())
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
-    RedisStore::connect(&client, &redis.redis_prefix)
+    RedisStore::connect(&redis.open()?, &redis.redis_prefix)
         .await
         .map_err(store_error)
 }

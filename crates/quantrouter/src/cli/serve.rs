@@ -76,13 +76,23 @@ pub struct ServeArgs {
     // The model compiled in works with nothing to ship or mount.
     #[arg(long, env = "QUANTROUTER_CLASSIFIER", default_value = "builtin", value_parser = parse_classifier_choice)]
     pub classifier: ClassifierChoice,
-    /// Redis holding the profile set (`redis://[user:password@]host:port[/db]`, or
-    /// `rediss://` for TLS); hot reload.
+    /// The Redis every replica shares (profiles, classifier, tenants and their counters,
+    /// stored Responses, outcome records, KEDA numbers): `redis://[user:password@]host:port[/db]`,
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]` or
+    /// `redis+cluster://[user:password@]host:port[,host:port...]`; `rediss…` for TLS.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// PEM CA certificate to verify a `rediss://` server with (default: system roots).
+    /// PEM CA certificate to verify a TLS (`rediss…`) Redis with (default: system roots).
     #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
+    /// The sentinels' own password (`requirepass` of a Sentinel set); the URL's password
+    /// is the master's and is never sent to the sentinels.
+    #[arg(
+        long,
+        env = "QUANTROUTER_REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_sentinel_password: Option<String>,
     /// Redis key prefix.
     // The product's name: its keys are recognisable in a shared Redis.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]

@@ -94,12 +94,11 @@ async fn print_usage(redis: &RedisArgs, json: bool) -> Result<(), CliError> {
         TenantSource::Redis,
         crate::tenants::labels::DEFAULT_TOP,
     );
-    let client = crate::documents::client(&redis.redis_url, redis.redis_ca_file.as_deref())
-        .map_err(|e| CliError::Invalid(e.to_string()))?;
+    let client = redis.open()?;
     let now_ms = unix_ms(SystemTime::now());
     let ids: Vec<&str> = snapshot.tenants.iter().map(|t| &*t.id).collect();
     let read = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = client.connect().await?;
         usage::read_counters(&mut conn, &redis.redis_prefix, &ids, now_ms).await
     };
     let counters = match tokio::time::timeout(CALL_TIMEOUT, read).await {

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use super::{Document, RedisStore, StoreError};
+use crate::redis_conn::Redis;
 use crate::resilience::backoff::{Backoff, Schedule};
 
 /// Reconnect waits: a first ceiling of 100 ms does not hammer a restarting Redis; at most
@@ -37,36 +38,43 @@ pub trait Follower: Send + 'static {
 
 /// Runs `follower` against Redis until the task is aborted.
 pub fn spawn<F: Follower>(
-    client: redis::Client,
+    redis: Redis,
     prefix: String,
     poll: Duration,
     mut follower: F,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = BACKOFF.schedule();
+        let mut switches = redis.switches();
         loop {
-            let result = session(&client, &prefix, poll, &mut follower, &mut backoff).await;
+            let result = session(&redis, &prefix, poll, &mut follower, &mut backoff).await;
             if let Err(error) = result {
                 tracing::warn!(%error, what = F::WHAT, "redis source disconnected; keeping what is active");
             }
-            tokio::time::sleep(backoff.next_delay()).await;
+            // A new master ends the wait: it is where the next update is published.
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = switches.changed() => backoff.reset(),
+            }
         }
     })
 }
 
-/// One connected period: subscribe, apply the current document, then follow updates.
+/// One connected period: subscribe, apply the current document, then follow updates until
+/// the connection ends or the master changes.
 async fn session<F: Follower>(
-    client: &redis::Client,
+    redis: &Redis,
     prefix: &str,
     poll: Duration,
     follower: &mut F,
     backoff: &mut Schedule,
 ) -> Result<(), StoreError> {
-    let redis = RedisStore::<F::Doc>::connect(client, prefix).await?;
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(&redis.keys().channel).await?;
-    tracing::info!(channel = %redis.keys().channel, what = F::WHAT, "redis source connected");
-    follower.refresh(&redis).await?;
+    let mut switches = redis.switches();
+    switches.borrow_and_update();
+    let store = RedisStore::<F::Doc>::connect(redis, prefix).await?;
+    let mut pubsub = redis.subscribe(&store.keys().channel).await?;
+    tracing::info!(channel = %store.keys().channel, what = F::WHAT, "redis source connected");
+    follower.refresh(&store).await?;
     // Only a session that got as far as reading the document resets the backoff: one that
     // fails right after connecting must not reconnect at the starting delay forever.
     backoff.reset();
@@ -80,9 +88,13 @@ async fn session<F: Follower>(
                     return Ok(());
                 }
             }
+            _ = switches.changed() => {
+                tracing::info!(what = F::WHAT, "redis master changed; subscribing on the new one");
+                return Ok(());
+            }
             _ = ticker.tick() => {}
         }
-        follower.refresh(&redis).await?;
+        follower.refresh(&store).await?;
     }
 }
 

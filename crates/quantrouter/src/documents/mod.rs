@@ -3,9 +3,10 @@
 //! `classifier` and `tenants`). [`store::DocumentStore`] keeps a kind's active value and
 //! starts following its sources.
 //!
-//! Each kind of document lives under `<prefix>:<key>` (the active document),
-//! `<prefix>:<key>:history` (previous documents, newest first, capped) and the pub/sub channel
-//! `<prefix>:<key>:updates` (the new version after each push). Operators push with
+//! Each kind of document lives under `<prefix>:{<key>}` (the active document),
+//! `<prefix>:{<key>}:history` (previous documents, newest first, capped) and the pub/sub
+//! channel `<prefix>:{<key>}:updates` (the new version after each push); the hash tag keeps a
+//! kind's keys in one Redis Cluster slot. Operators push with
 //! compare-and-set on `version` ([`RedisStore`]); routers follow the active document
 //! ([`follow`]) and never let an invalid one replace the last good one.
 
@@ -18,7 +19,7 @@ pub mod follow;
 pub mod redis;
 pub mod store;
 
-pub use redis::{client, ClientError, HistoryEntry, RedisStore, StoreError};
+pub use redis::{HistoryEntry, RedisStore, StoreError};
 
 /// The largest document read from a file or Redis, or pushed, unless `--max-document-bytes`
 /// says otherwise. The largest classifier model (the most hashed rows `train` makes, as
@@ -57,7 +58,18 @@ pub struct Keys {
 // === impl Keys ===
 
 impl Keys {
+    /// `<prefix>:{<key>}`, `<prefix>:{<key>}:history` and `<prefix>:{<key>}:updates`: the
+    /// hash tag puts a kind's keys in one cluster slot, as its push script needs.
     pub fn new(prefix: &str, key: &str) -> Self {
+        Self {
+            active: format!("{prefix}:{{{key}}}"),
+            history: format!("{prefix}:{{{key}}}:history"),
+            channel: format!("{prefix}:{{{key}}}:updates"),
+        }
+    }
+
+    /// The layout before hash tags: `<prefix>:<key>` and so on.
+    pub fn former(prefix: &str, key: &str) -> Self {
         Self {
             active: format!("{prefix}:{key}"),
             history: format!("{prefix}:{key}:history"),

@@ -2,14 +2,13 @@
 //! update channel, and the atomic operations operators use on them.
 
 use std::marker::PhantomData;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use quantrouter_policy::MAX_VERSION;
-use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
 use super::{Document, Keys};
+use crate::redis_conn::{Conn, Redis};
 
 /// Redis calls never wait longer than this: a router must not stall on Redis, and an
 /// operator should get an answer quickly.
@@ -41,10 +40,28 @@ redis.call('PUBLISH', ARGV[5], ARGV[3])
 return {1, tonumber(ARGV[3])}
 "#;
 
+/// Copies a document kind's active document and history from the layout before hash tags
+/// (`<prefix>:<key>`, `<prefix>:<key>:history`) to the current one, if the current one has
+/// no document yet: routers and operators of an upgraded version find what was pushed
+/// before. KEYS: the current active and history keys, then the former ones. A single
+/// server or Sentinel master only (a cluster never held the former layout).
+const MIGRATE_SCRIPT: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('TYPE', KEYS[3]).ok ~= 'string' then
+  return 0
+end
+redis.call('SET', KEYS[1], redis.call('GET', KEYS[3]))
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('TYPE', KEYS[4]).ok == 'list' then
+  for _, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+    redis.call('RPUSH', KEYS[2], entry)
+  end
+end
+return 1
+"#;
+
 /// A connection to the keys of documents of kind `D`.
 #[derive(Debug)]
 pub struct RedisStore<D> {
-    conn: MultiplexedConnection,
+    conn: Conn,
     keys: Keys,
     kind: PhantomData<fn() -> D>,
 }
@@ -89,43 +106,6 @@ pub struct HistoryEntry {
     pub document: String,
 }
 
-/// A Redis client for `redis://` or `rediss://` URLs (credentials in the URL).
-///
-/// `rediss://` verifies the server against the system roots, or only against `ca_file`
-/// (PEM) when one is given, as for a private CA. Nothing connects until first use.
-pub fn client(url: &str, ca_file: Option<&Path>) -> Result<redis::Client, ClientError> {
-    crate::tls::install_crypto_provider();
-    let Some(path) = ca_file else {
-        return redis::Client::open(url).map_err(ClientError::Url);
-    };
-    if !url.starts_with("rediss://") {
-        return Err(ClientError::CaWithoutTls);
-    }
-    let root_cert = std::fs::read(path).map_err(|source| ClientError::ReadCa {
-        path: path.to_owned(),
-        source,
-    })?;
-    let certificates = redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_cert),
-    };
-    redis::Client::build_with_tls(url, certificates).map_err(ClientError::Url)
-}
-
-/// Why a Redis client could not be configured (before any connection attempt).
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("--redis-url: {0}")]
-    Url(redis::RedisError),
-    #[error("--redis-ca-file needs a rediss:// URL")]
-    CaWithoutTls,
-    #[error("--redis-ca-file {path}: {source}")]
-    ReadCa {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
-
 // === impl RedisStore ===
 
 impl<D> Clone for RedisStore<D> {
@@ -139,19 +119,43 @@ impl<D> Clone for RedisStore<D> {
 }
 
 impl<D: Document> RedisStore<D> {
-    /// Connects (and authenticates, when the URL carries credentials).
-    pub async fn connect(client: &redis::Client, prefix: &str) -> Result<Self, StoreError> {
-        // Every call is bounded by `CALL_TIMEOUT` here; the client's own, shorter response
-        // timeout would give up on a call Redis still runs (a push applied, reported failed).
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(None);
-        let conn = timed(client.get_multiplexed_async_connection_with_config(&config)).await??;
-        Ok(Self {
+    /// Connects (and authenticates, when the URL carries credentials). On a single server
+    /// or Sentinel master, a document kept in the former key layout is first copied to the
+    /// current one ([`MIGRATE_SCRIPT`]).
+    pub async fn connect(redis: &Redis, prefix: &str) -> Result<Self, StoreError> {
+        let conn = timed(redis.connect()).await??;
+        let store = Self {
             conn,
             keys: Keys::new(prefix, D::KEY),
             kind: PhantomData,
-        })
+        };
+        if !redis.url().is_cluster() {
+            // A user that may not run scripts can still read: the copy is only a convenience.
+            if let Err(error) = store.migrate(prefix).await {
+                tracing::warn!(%error, key = %store.keys.active, "document of the former key layout not copied");
+            }
+        }
+        Ok(store)
+    }
+
+    async fn migrate(&self, prefix: &str) -> Result<(), StoreError> {
+        let former = Keys::former(prefix, D::KEY);
+        let script = redis::Script::new(MIGRATE_SCRIPT);
+        let mut invocation = script.key(&self.keys.active);
+        invocation
+            .key(&self.keys.history)
+            .key(&former.active)
+            .key(&former.history);
+        let mut conn = self.conn.clone();
+        let copied: i64 = timed(invocation.invoke_async(&mut conn)).await??;
+        if copied == 1 {
+            tracing::info!(
+                from = %former.active,
+                to = %self.keys.active,
+                "document copied from the former key layout"
+            );
+        }
+        Ok(())
     }
 
     pub fn keys(&self) -> &Keys {

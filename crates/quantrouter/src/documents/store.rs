@@ -100,7 +100,7 @@ pub struct Sources {
     pub file: Option<PathBuf>,
     /// How often the file is checked for edits.
     pub file_interval: Duration,
-    pub redis: Option<(redis::Client, String)>,
+    pub redis: Option<(crate::redis_conn::Redis, String)>,
     /// Re-read interval of the Redis key, the safety net for missed update messages.
     pub redis_poll: Duration,
 }
@@ -224,18 +224,23 @@ pub async fn start<K: Kind>(
         store.apply(&doc, K::FILE, true)?;
     }
     let mut tasks = Vec::new();
-    if let Some((client, prefix)) = &sources.redis {
+    if let Some((redis, prefix)) = &sources.redis {
         let at_start = tokio::time::timeout(STARTUP_TIMEOUT, async {
-            let redis = RedisStore::<K::Doc>::connect(client, prefix).await?;
-            Follow::new(Arc::clone(&store)).refresh(&redis).await
+            let connected = RedisStore::<K::Doc>::connect(redis, prefix).await?;
+            Follow::new(Arc::clone(&store)).refresh(&connected).await
         })
         .await;
-        if !matches!(at_start, Ok(Ok(()))) {
+        let why = match at_start {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no answer within {STARTUP_TIMEOUT:?}")),
+        };
+        if let Some(error) = why {
             let what = K::WHAT;
-            tracing::warn!("redis did not give the {what} at start-up; starting without it");
+            tracing::warn!(%error, redis = %redis.url(), "redis did not give the {what} at start-up; starting without it");
         }
         tasks.push(follow::spawn(
-            client.clone(),
+            redis.clone(),
             prefix.clone(),
             sources.redis_poll,
             Follow::new(Arc::clone(&store)),

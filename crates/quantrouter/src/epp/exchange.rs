@@ -329,8 +329,7 @@ impl Envoy {
     /// metadata, the client's credentials and destinations removed, and the body for the
     /// chosen profile.
     fn send_destination(&self, ctx: &RequestCtx, picked: &Picked) {
-        let runtime = &ctx.snapshot.runtime[ctx.routed.decision.profile];
-        let body = ctx.upstream_body(&runtime.model_json);
+        let body = ctx.upstream_body(ctx.routed.decision.profile);
         let (mutation, metadata) = destination(ctx, picked);
         telemetry::routed(
             ctx.routed.decision.complexity,
@@ -554,10 +553,12 @@ impl Answer {
                 .remove_headers
                 .push(http::header::CONTENT_LENGTH.as_str().to_owned());
         }
+        // The tenant a stored answer belongs to, before the ledger takes the grant.
+        let owner = ctx.grant.as_ref().map(|g| g.tenant.id.to_string());
         let ledger = pipeline::ledger(app, ctx, &served, AnswerHead { status, sse });
         let stores = ctx.received.endpoint == Endpoint::Responses && status.is_success();
         self.stored = stores
-            .then(|| pipeline::on_stored(app, &router))
+            .then(|| pipeline::on_stored(app, &router, owner))
             .flatten()
             .map(|on_stored| StoredWatch::new(on_stored, sse));
         self.copy = ledger.wants_answer().then(BytesMut::new);

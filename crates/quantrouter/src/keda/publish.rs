@@ -1,7 +1,7 @@
 //! Cluster-wide tier numbers through Redis. Every replica writes its share of each tier
 //! once a second to `<prefix>:keda:<tier>:<replica>` with a short TTL (`SET … PX`), so a
 //! replica that dies drops out within seconds; any replica reads the others' shares with
-//! SCAN + MGET to answer for the cluster.
+//! SCAN (of every master, in a Redis Cluster) + MGET to answer for the cluster.
 //!
 //! Requests never wait on any of this: publishing runs in its own task, reading happens
 //! only when KEDA asks, every Redis call is bounded by a timeout, and an outage costs the
@@ -12,14 +12,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Mutex};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{local_shares, KedaConfig, TierShare};
 use crate::profiles::ProfileStore;
+use crate::redis_conn::{Conn, Link, Redis};
 use crate::resilience::backoff::Backoff;
 use crate::telemetry;
 
@@ -34,7 +34,7 @@ const SCAN_COUNT: u64 = 1000;
 /// The Redis that replicas share their numbers through.
 #[derive(Debug, Clone)]
 pub struct RedisTarget {
-    pub client: redis::Client,
+    pub redis: Redis,
     /// Key prefix, the same as the profile keys' (`--redis-prefix`).
     pub prefix: String,
 }
@@ -74,11 +74,10 @@ struct Record {
     share: TierShare,
 }
 
-/// One multiplexed connection, made on first use and again after any failure.
+/// One connection, made on first use and again after any failure.
 #[derive(Debug)]
 struct Connection {
-    client: redis::Client,
-    current: Mutex<Option<MultiplexedConnection>>,
+    link: Link,
 }
 
 /// `<prefix>:keda:<tier>:<replica>`.
@@ -130,7 +129,7 @@ async fn run(
     ttl: Duration,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let redis = Connection::new(target.client);
+    let redis = Connection::new(target.redis);
     let mut backoff = Backoff {
         base: interval,
         cap: BACKOFF_CAP,
@@ -169,11 +168,17 @@ async fn run(
     }
     if !published.is_empty() {
         let removed = redis
-            .run(CALL_TIMEOUT, |mut conn| async move {
-                redis::cmd("DEL")
-                    .arg(&published)
-                    .query_async::<()>(&mut conn)
-                    .await
+            .run(CALL_TIMEOUT, |conn| async move {
+                // One command per key: a cluster keeps them in different slots.
+                each(
+                    conn,
+                    published.iter().map(|key| {
+                        let mut del = redis::cmd("DEL");
+                        del.arg(key);
+                        del
+                    }),
+                )
+                .await
             })
             .await;
         if let Err(error) = removed {
@@ -194,7 +199,7 @@ async fn publish(
 ) -> Result<Vec<String>, KedaRedisError> {
     let shares = local_shares(&store.load(), Instant::now());
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-    let mut pipe = redis::pipe();
+    let mut commands = Vec::with_capacity(shares.len());
     let mut keys = Vec::with_capacity(shares.len());
     for (tier, share) in shares {
         let key = key(prefix, &tier, replica);
@@ -203,23 +208,35 @@ async fn publish(
             replica: replica.to_owned(),
             share,
         };
-        pipe.cmd("SET")
-            .arg(&key)
+        let mut set = redis::cmd("SET");
+        set.arg(&key)
             .arg(serde_json::to_string(&record)?)
             .arg("PX")
-            .arg(ttl_ms)
-            .ignore();
+            .arg(ttl_ms);
+        commands.push(set);
         keys.push(key);
     }
     for gone in previous.iter().filter(|k| !keys.contains(k)) {
-        pipe.cmd("DEL").arg(gone).ignore();
+        let mut del = redis::cmd("DEL");
+        del.arg(gone);
+        commands.push(del);
     }
-    redis
-        .run(CALL_TIMEOUT, |mut conn| async move {
-            pipe.query_async::<()>(&mut conn).await
-        })
-        .await?;
+    // One command per key, sent together: a cluster keeps the keys in different slots, and
+    // a connection pipelines concurrent commands anyway.
+    redis.run(CALL_TIMEOUT, |conn| each(conn, commands)).await?;
     Ok(keys)
+}
+
+/// Runs `commands` at once on `conn`; the first error fails the lot.
+async fn each(
+    conn: Conn,
+    commands: impl IntoIterator<Item = redis::Cmd>,
+) -> Result<(), redis::RedisError> {
+    let calls = commands.into_iter().map(|cmd| {
+        let mut conn = conn.clone();
+        async move { cmd.query_async::<()>(&mut conn).await }
+    });
+    futures_util::future::try_join_all(calls).await.map(drop)
 }
 
 // === impl ClusterReader ===
@@ -227,7 +244,7 @@ async fn publish(
 impl ClusterReader {
     pub fn new(target: RedisTarget, replica_id: String) -> Self {
         Self {
-            redis: Connection::new(target.client),
+            redis: Connection::new(target.redis),
             prefix: target.prefix,
             replica_id,
         }
@@ -240,23 +257,8 @@ impl ClusterReader {
         let values = self
             .redis
             .run(timeout, |mut conn| async move {
-                let mut keys = std::collections::BTreeSet::new();
-                let mut cursor: u64 = 0;
-                loop {
-                    let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_COUNT)
-                        .query_async(&mut conn)
-                        .await?;
-                    keys.extend(batch);
-                    if next == 0 {
-                        break;
-                    }
-                    cursor = next;
-                }
+                let keys: std::collections::BTreeSet<String> =
+                    conn.scan(&pattern, SCAN_COUNT).await?.into_iter().collect();
                 if keys.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -304,10 +306,9 @@ fn glob_escape(text: &str) -> String {
 // === impl Connection ===
 
 impl Connection {
-    fn new(client: redis::Client) -> Self {
+    fn new(redis: Redis) -> Self {
         Self {
-            client,
-            current: Mutex::new(None),
+            link: Link::new(redis),
         }
     }
 
@@ -315,11 +316,11 @@ impl Connection {
     /// failure drops the connection so the next call starts afresh.
     async fn run<T, F, Fut>(&self, timeout: Duration, call: F) -> Result<T, KedaRedisError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, redis::RedisError>>,
     {
         let attempt = async {
-            let conn = self.connection().await?;
+            let conn = self.link.get().await?;
             call(conn).await
         };
         let result = match tokio::time::timeout(timeout, attempt).await {
@@ -327,18 +328,8 @@ impl Connection {
             Ok(Err(error)) => KedaRedisError::Redis(error),
             Err(_) => KedaRedisError::Timeout(timeout),
         };
-        *self.current.lock().await = None;
+        self.link.reset();
         Err(result)
-    }
-
-    async fn connection(&self) -> Result<MultiplexedConnection, redis::RedisError> {
-        let mut current = self.current.lock().await;
-        if let Some(conn) = current.as_ref() {
-            return Ok(conn.clone());
-        }
-        let conn = self.client.get_multiplexed_async_connection().await?;
-        *current = Some(conn.clone());
-        Ok(conn)
     }
 }
 

@@ -44,13 +44,13 @@ fn rewrite_replaces_only_the_model_value() {
         br#"{"messages":[{"role":"user","content":"hi"}], "model" : "auto", "x":1}"#,
     );
     let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
-    let out = p.upstream_body(&body, r#""org/model-7b""#);
+    let out = p.upstream_body(&body, r#""org/model-7b""#, BodyEdits::default());
     assert_eq!(
         &out[..],
         br#"{"messages":[{"role":"user","content":"hi"}], "model" : "org/model-7b", "x":1}"#
     );
     // Same model: the original buffer is reused.
-    let same = p.upstream_body(&body, r#""auto""#);
+    let same = p.upstream_body(&body, r#""auto""#, BodyEdits::default());
     assert_eq!(same.as_ptr(), body.as_ptr());
 }
 
@@ -61,7 +61,7 @@ fn streams_without_stream_options_ask_upstream_for_usage() {
     );
     let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
     assert!(p.adds_usage());
-    let out = p.upstream_body(&body, r#""m""#);
+    let out = p.upstream_body(&body, r#""m""#, BodyEdits::default());
     assert_eq!(
         std::str::from_utf8(&out).unwrap(),
         r#" {"stream_options":{"include_usage":true},"stream":true,"model":"m","messages":[{"role":"user","content":"hi"}]}"#
@@ -74,8 +74,43 @@ fn streams_without_stream_options_ask_upstream_for_usage() {
         let body = Bytes::from(text);
         let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
         assert!(!p.adds_usage());
-        assert_eq!(p.upstream_body(&body, r#""auto""#).as_ptr(), body.as_ptr());
+        assert_eq!(
+            p.upstream_body(&body, r#""auto""#, BodyEdits::default())
+                .as_ptr(),
+            body.as_ptr()
+        );
     }
+}
+
+#[test]
+fn a_cache_salt_is_added_or_replaces_the_clients_where_it_stands() {
+    let text = |b: &Bytes| std::str::from_utf8(b).unwrap().to_owned();
+    let body =
+        Bytes::from_static(br#"{"model":"auto","messages":[{"role":"user","content":"hi"}]}"#);
+    let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+    assert_eq!(p.cache_salt(), None);
+    assert_eq!(
+        text(&p.upstream_body(&body, r#""m""#, salted("ab12"))),
+        r#"{"cache_salt":"ab12","model":"m","messages":[{"role":"user","content":"hi"}]}"#
+    );
+    let body = Bytes::from_static(
+        br#"{"stream":true,"cache_salt":"mine","model":"auto","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+    assert_eq!(p.cache_salt(), Some("mine"));
+    assert_eq!(
+        text(&p.upstream_body(&body, r#""auto""#, salted("ab12"))),
+        r#"{"stream_options":{"include_usage":true},"stream":true,"cache_salt":"ab12","model":"auto","messages":[{"role":"user","content":"hi"}]}"#
+    );
+    // Without one to set, the client's goes as sent.
+    assert!(
+        text(&p.upstream_body(&body, r#""auto""#, BodyEdits::default()))
+            .contains(r#""cache_salt":"mine""#)
+    );
+    let err =
+        parse(r#"{"model":"auto","cache_salt":5,"messages":[{"role":"user","content":"hi"}]}"#)
+            .unwrap_err();
+    assert_eq!(param_of(err).as_deref(), Some("cache_salt"));
 }
 
 #[test]
@@ -278,7 +313,8 @@ mod fuzz {
             Ok(parsed) => {
                 let _ = parsed.prompt();
                 let bytes = Bytes::copy_from_slice(body);
-                let rewritten = parsed.upstream_body(&bytes, r#""org/model""#);
+                let rewritten =
+                    parsed.upstream_body(&bytes, r#""org/model""#, BodyEdits::default());
                 let again = ParsedRequest::parse(&rewritten, endpoint).unwrap();
                 assert_eq!(again.model, "org/model");
                 true
@@ -468,7 +504,7 @@ mod fuzz {
 
             // The upstream body is the request with only `model` (and, for a stream the
             // client asked no usage of, `stream_options`) changed.
-            let rewritten = parsed.upstream_body(&body, &serde_json::to_string(&new_model).unwrap());
+            let rewritten = parsed.upstream_body(&body, &serde_json::to_string(&new_model).unwrap(), BodyEdits::default());
             // Compared as parsed from text, both: float parsing need not round-trip.
             let mut want: Value = serde_json::from_slice(&body).unwrap();
             want["model"] = json!(new_model);
@@ -505,4 +541,92 @@ fn the_number_of_choices_is_read_and_never_refused() {
             .choices,
         1
     );
+}
+
+#[test]
+fn messages_require_max_tokens_as_anthropic_does_but_count_tokens_does_not() {
+    let body = br#"{"model":"auto","messages":[{"role":"user","content":"hi"}]}"#;
+    let err = ParsedRequest::parse(body, Endpoint::Messages).unwrap_err();
+    assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(param_of(err).as_deref(), Some("max_tokens"));
+    assert!(ParsedRequest::parse_to_count(body).is_ok());
+    // Chat and Responses leave it optional.
+    assert!(ParsedRequest::parse(body, Endpoint::Chat).is_ok());
+    let wrong = br#"{"model":"auto","max_tokens":"9","messages":[{"role":"user","content":"hi"}]}"#;
+    let err = ParsedRequest::parse(wrong, Endpoint::Messages).unwrap_err();
+    assert_eq!(param_of(err).as_deref(), Some("max_tokens"));
+}
+
+#[test]
+fn a_ceiling_lowers_only_the_output_limit_and_only_when_above() {
+    let body = Bytes::from_static(
+        br#"{"max_tokens" : 32000,"model":"auto","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"a":1}]}"#,
+    );
+    let p = ParsedRequest::parse(&body, Endpoint::Chat).unwrap();
+    assert_eq!(p.tools_bytes, r#"[{"a":1}]"#.len());
+    let out = p.upstream_body(&body, r#""m""#, ceiling(9000));
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#"{"stream_options":{"include_usage":true},"max_tokens" : 9000,"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"a":1}]}"#
+    );
+    let out = p.upstream_body(&body, r#""m""#, ceiling(64_000));
+    assert!(std::str::from_utf8(&out)
+        .unwrap()
+        .contains(r#""max_tokens" : 32000"#));
+    let body = Bytes::from_static(br#"{"model":"auto","input":"hi","max_output_tokens":500}"#);
+    let p = ParsedRequest::parse(&body, Endpoint::Responses).unwrap();
+    assert_eq!(
+        &p.upstream_body(&body, r#""auto""#, ceiling(100))[..],
+        br#"{"model":"auto","input":"hi","max_output_tokens":100}"#
+    );
+}
+
+#[test]
+fn refusals_say_whether_a_retry_can_help() {
+    let says = |error: ApiError| {
+        let response = error.into_response();
+        let value = response.headers()["x-should-retry"].to_str().unwrap();
+        (response.status().as_u16(), value.to_owned())
+    };
+    let invalid = ApiError::InvalidRequest {
+        message: "bad".into(),
+        param: None,
+    };
+    assert_eq!(says(invalid), (400, "false".into()));
+    assert_eq!(says(ApiError::Unauthorized), (401, "false".into()));
+    assert_eq!(
+        says(ApiError::NoAllowedProfile("x".into())),
+        (403, "false".into())
+    );
+    assert_eq!(
+        says(ApiError::ModelNotFound("x".into())),
+        (404, "false".into())
+    );
+    assert_eq!(
+        says(ApiError::Unavailable("x".into())),
+        (503, "true".into())
+    );
+    let overloaded = ApiError::Overloaded {
+        profile: "p".into(),
+        reason: "full".into(),
+        retry_after_s: 1,
+    };
+    assert_eq!(says(overloaded), (429, "true".into()));
+    assert_eq!(status_should_retry(StatusCode::OK), None);
+    assert_eq!(status_should_retry(StatusCode::NOT_FOUND), Some(false));
+    assert_eq!(status_should_retry(StatusCode::BAD_GATEWAY), Some(true));
+}
+
+fn salted(salt: &str) -> BodyEdits<'_> {
+    BodyEdits {
+        cache_salt: Some(salt),
+        ..BodyEdits::default()
+    }
+}
+
+fn ceiling(ceiling: u32) -> BodyEdits<'static> {
+    BodyEdits {
+        ceiling: Some(ceiling),
+        ..BodyEdits::default()
+    }
 }

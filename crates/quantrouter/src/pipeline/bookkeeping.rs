@@ -298,7 +298,7 @@ fn sample_for_calibration(app: &App, ctx: &RequestCtx, served: ProfileIndex) -> 
         choices: shape.choices,
         path: received.endpoint.path(),
         headers: upstream_headers(&received.parts.headers, &id),
-        body: ctx.upstream_body(&snapshot.runtime[reference].model_json),
+        body: ctx.upstream_body(reference),
         request_id: key,
     })
 }

@@ -8,7 +8,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use tokio::time::Instant;
 
-use crate::openai::{BodyRewrite, Endpoint, ParsedRequest};
+use quantrouter_policy::ProfileIndex;
+
+use crate::openai::{BodyEdits, BodyRewrite, Endpoint, ParsedRequest};
 use crate::profiles::Snapshot;
 use crate::routing::Routed;
 use crate::tenants::Grant;
@@ -65,6 +67,9 @@ pub(crate) struct Shape {
     pub offers_tools: bool,
     /// How the body is written for each profile (`model`, the usage chunk).
     pub rewrite: BodyRewrite,
+    /// Per profile, by index: the output limit its context holds, where it is below the
+    /// request's (`policy.output_ceiling`); empty when no limit is lowered.
+    pub ceilings: Box<[Option<u32>]>,
 }
 
 /// One routed generation request: made by [`super::route`], then read and filled in by
@@ -95,7 +100,13 @@ impl Shape {
             choices: parsed.choices,
             offers_tools: parsed.offers_tools,
             rewrite: parsed.rewrite(),
+            ceilings: Box::default(),
         }
+    }
+
+    /// The output limit `profile`'s context holds, where it lowers the request's.
+    pub fn ceiling(&self, profile: ProfileIndex) -> Option<u32> {
+        self.ceilings.get(profile.get()).copied().flatten()
     }
 }
 
@@ -115,9 +126,21 @@ impl RequestCtx {
         &self.received.parts.headers
     }
 
-    /// The body for `profile`'s upstream: the client's, with that profile's model.
-    pub fn upstream_body(&self, model_json: &str) -> Bytes {
-        self.shape.rewrite.apply(&self.received.body, model_json)
+    /// The body for `profile`'s upstream: the client's, with that profile's model, output
+    /// ceiling and the tenant's cache salt ([`BodyRewrite::apply`]).
+    pub fn upstream_body(&self, profile: ProfileIndex) -> Bytes {
+        let model_json = &self.snapshot.runtime[profile].model_json;
+        self.shape
+            .rewrite
+            .apply(&self.received.body, model_json, self.edits(profile))
+    }
+
+    /// What routing changes in the body on its way to `profile`.
+    pub fn edits(&self, profile: ProfileIndex) -> BodyEdits<'_> {
+        BodyEdits {
+            ceiling: self.shape.ceiling(profile),
+            cache_salt: self.routed.cache_salt.as_deref(),
+        }
     }
 }
 

@@ -9,21 +9,24 @@ use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
 use crate::apis::relay::{stored_id, MAX_WHOLE};
+use crate::apis::stored::Stored;
 use crate::app::App;
 use crate::openai::ApiError;
 use crate::routing::PROFILE_HEADER;
 use crate::upstream::sse::{data_of, EventBuffer};
 
 /// A follow-up is pinned to the profile that stored the response it continues; one the
-/// router cannot place is refused, not sent where it would fail.
+/// router cannot place, or another tenant's (`tenant` is the caller's id), is refused, not
+/// sent where it would fail or read what is not the caller's.
 pub(super) async fn place_follow_up(
     app: &App,
     headers: &mut HeaderMap,
     previous: &str,
+    tenant: Option<&str>,
 ) -> Result<(), ApiError> {
     let profile = app
         .responses
-        .profile_of(previous)
+        .profile_of(previous, tenant)
         .await
         .ok_or_else(|| ApiError::ResponseNotFound(previous.to_owned()))?;
     let value = HeaderValue::from_str(&profile)
@@ -33,14 +36,18 @@ pub(super) async fn place_follow_up(
 }
 
 /// Remembers which profile stored a native Responses answer — the one its router headers
-/// name — when called with the answer's id (as `crate::apis::relay::OnStored`).
+/// name — and for which tenant (`None` without tenants), when called with the answer's id
+/// (as `crate::apis::relay::OnStored`).
 pub(crate) fn on_stored(
     app: &App,
     headers: &HeaderMap,
+    tenant: Option<String>,
 ) -> Option<Box<dyn FnOnce(String) + Send + Sync>> {
     let profile = headers.get(PROFILE_HEADER)?.to_str().ok()?.to_owned();
     let store = Arc::clone(&app.responses);
-    Some(Box::new(move |id| store.remember(id, profile)))
+    Some(Box::new(move |id| {
+        store.remember(id, Stored { profile, tenant })
+    }))
 }
 
 /// Watches a native Responses answer pass, for a door that relays it without reading it

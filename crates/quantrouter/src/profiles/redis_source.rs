@@ -1,4 +1,4 @@
-//! Hot reload from Redis: `<prefix>:profiles` (or a seed-format list), followed through its
+//! Hot reload from Redis: `<prefix>:{profiles}` (or a seed-format list), followed through its
 //! update channel and polled ([`crate::documents::follow`]). The last good set stays in force
 //! while Redis is down or holds bad data.
 
@@ -14,10 +14,11 @@ use quantrouter_policy::{ProfileSet, ProfileSetError};
 use super::{ProfileSource, ProfileStore, ReloadError, SourceKind};
 use crate::documents::follow::{self, document, stored_version, Follower};
 use crate::documents::{RedisStore, StoreError};
+use crate::redis_conn::Redis;
 use crate::telemetry::{self, ReloadResult};
 
-/// The seed write-ups' key: a plain JSON list of profiles, used when `<prefix>:profiles` is
-/// absent.
+/// The seed write-ups' key: a plain JSON list of profiles, used when `<prefix>:{profiles}`
+/// is absent.
 pub const SEED_KEY: &str = "model_profiles:active";
 
 /// What the source follows.
@@ -34,10 +35,10 @@ pub struct RedisSourceConfig {
 /// source keeps trying in the background and takes over when Redis answers.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// `--redis-url`: the document in `<prefix>:profiles` (or a seed-format list).
+/// `--redis-url`: the document in `<prefix>:{profiles}` (or a seed-format list).
 #[derive(Debug, Clone)]
 pub struct RedisSource {
-    pub client: redis::Client,
+    pub redis: Redis,
     pub config: RedisSourceConfig,
 }
 
@@ -47,11 +48,11 @@ impl ProfileSource for RedisSource {
             match tokio::time::timeout(STARTUP_TIMEOUT, self.fetch()).await {
                 Ok(Ok(found)) => Ok(found),
                 Ok(Err(error)) => {
-                    tracing::warn!(%error, "redis unreachable at start-up; starting without it");
+                    tracing::warn!(%error, redis = %self.redis.url(), "redis unreachable at start-up; starting without it");
                     Ok(None)
                 }
                 Err(_) => {
-                    tracing::warn!(timeout = ?STARTUP_TIMEOUT, "redis did not answer at start-up; starting without it");
+                    tracing::warn!(timeout = ?STARTUP_TIMEOUT, redis = %self.redis.url(), "redis did not answer at start-up; starting without it");
                     Ok(None)
                 }
             }
@@ -59,7 +60,7 @@ impl ProfileSource for RedisSource {
     }
 
     fn follow(self: Arc<Self>, store: Arc<ProfileStore>) -> Option<JoinHandle<()>> {
-        Some(spawn(store, self.client.clone(), self.config.clone()))
+        Some(spawn(store, self.redis.clone(), self.config.clone()))
     }
 }
 
@@ -85,7 +86,7 @@ impl Follower for ProfileFollower {
 impl RedisSource {
     /// The valid document Redis holds now, if any; an invalid one is logged and counted.
     async fn fetch(&self) -> Result<Option<(ProfileSet, SourceKind)>, StoreError> {
-        let redis = RedisStore::<ProfileSet>::connect(&self.client, &self.config.prefix).await?;
+        let redis = RedisStore::<ProfileSet>::connect(&self.redis, &self.config.prefix).await?;
         let (parsed, kind) = match document(redis.active_raw().await)? {
             Some(Ok(text)) => (ProfileSet::from_json(&text), SourceKind::Redis),
             Some(Err(unreadable)) => (Err(not_a_document(unreadable)), SourceKind::Redis),
@@ -110,11 +111,7 @@ impl RedisSource {
 }
 
 /// Runs the Redis source until the task is aborted.
-pub fn spawn(
-    store: Arc<ProfileStore>,
-    client: redis::Client,
-    config: RedisSourceConfig,
-) -> JoinHandle<()> {
+pub fn spawn(store: Arc<ProfileStore>, redis: Redis, config: RedisSourceConfig) -> JoinHandle<()> {
     let prefix = config.prefix.clone();
     let poll = config.poll;
     let follower = ProfileFollower {
@@ -122,14 +119,14 @@ pub fn spawn(
         config,
         seen: Seen::default(),
     };
-    follow::spawn(client, prefix, poll, follower)
+    follow::spawn(redis, prefix, poll, follower)
 }
 
 /// Texts already handled, so an unchanged document is not re-parsed (and a bad one not
 /// re-counted) on every poll.
 #[derive(Debug, Default)]
 struct Seen {
-    /// The last `<prefix>:profiles` text that was rejected.
+    /// The last `<prefix>:{profiles}` text that was rejected.
     rejected: Option<String>,
     /// The last seed-format list handled, applied or not.
     seed: Option<String>,

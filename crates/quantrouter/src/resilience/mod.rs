@@ -2,12 +2,13 @@
 //! the sliding window they share, admission and the one [`backoff`] (also waited by the Redis
 //! sources, discovery and the KEDA publisher) — and [`retry`], the one place that retries
 //! upstream attempts and falls back, and the only caller of those state machines on the
-//! request path.
+//! request path; [`resume`] keeps a stream's request to continue it there when it breaks.
 
 pub mod admission;
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod resume;
 pub mod retry;
 pub mod window;
 

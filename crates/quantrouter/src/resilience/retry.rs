@@ -14,10 +14,15 @@
 //!   3. [`Forwarder::quality_fallback`]: a finished, non-streamed answer from a profile with a better one
 //!      above it is read and checked, and re-run there if it is empty, degenerate or broken;
 //!      [`Forwarder::stream_start_check`] does the same for the held start of a stream
-//!      (`policy.stream_check`).
+//!      (`policy.stream_check`);
+//!   4. [`Forwarder::resume`]: a stream whose upstream broke after content reached the client
+//!      is continued from the delivered text (`policy.stream_resume`; the request and the
+//!      relay are [`super::resume`]'s): another endpoint of its profile first, as a retry,
+//!      then the next feasible profile.
 //!
-//! Nothing is retried once a byte reached the client. The breaker, the budget and admission
-//! are the state machines beside this module; this is their only caller on the request path.
+//! Nothing else is retried once a byte reached the client. The breaker, the budget and
+//! admission are the state machines beside this module; this is their only caller on the
+//! request path.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,6 +170,9 @@ struct Progress {
     profiles_tried: Vec<ProfileIndex>,
     failure: Failure,
     fallback: Option<Fallback>,
+    /// An endpoint the first profile tried must not take the request: the one whose stream
+    /// broke ([`Forwarder::resume`]).
+    avoid: Option<Arc<Endpoint>>,
 }
 
 // === impl FallbackReason ===
@@ -266,15 +274,25 @@ impl<'a> Forwarder<'a> {
         start: ProfileIndex,
         (attempts_before, ruled_out): (u32, Vec<ProfileIndex>),
     ) -> Result<Answer, ApiError> {
-        let plan = &self.plan;
-        let mut progress = Progress {
+        let progress = Progress {
             attempts: attempts_before,
             retries: 0,
             retry_after: None,
             profiles_tried: ruled_out,
             failure: Failure::Nothing,
             fallback: None,
+            avoid: None,
         };
+        self.across_tiers_with(start, progress).await
+    }
+
+    /// [`Self::across_tiers`] from where `progress` stands.
+    async fn across_tiers_with(
+        &self,
+        start: ProfileIndex,
+        mut progress: Progress,
+    ) -> Result<Answer, ApiError> {
+        let plan = &self.plan;
         let mut profile = start;
         loop {
             if let Some(answer) = self.try_profile(profile, &mut progress).await? {
@@ -306,8 +324,11 @@ impl<'a> Forwarder<'a> {
         let pool = &plan.snapshot.runtime[profile].pool;
         let id = plan.snapshot.set.profiles[profile].id.as_str();
         let mut permit = Some(self.admit(pool, id).await?);
-        pool.on_request(Instant::now());
-        let mut endpoints_tried: Vec<Arc<Endpoint>> = Vec::with_capacity(2);
+        // A continuation on the profile whose stream broke is a retry there, not a request.
+        let mut endpoints_tried: Vec<Arc<Endpoint>> = progress.avoid.take().into_iter().collect();
+        if endpoints_tried.is_empty() {
+            pool.on_request(Instant::now());
+        }
         while progress.attempts < config.max_attempts {
             if !endpoints_tried.is_empty() && !self.wait_to_retry(pool, id, progress).await {
                 break;
@@ -658,6 +679,38 @@ impl<'a> Forwarder<'a> {
         Ok(rerun)
     }
 
+    /// Step 4: a continuation of a stream that broke on `endpoint` of `profile` after
+    /// `attempts`: another endpoint of that profile first, as a retry (the budget, the
+    /// backoff), then the next feasible profile; never one of `ruled_out` (those that cannot
+    /// continue it), never a quality check. The request bodies are the continuation's.
+    pub async fn resume(
+        &self,
+        (profile, endpoint): (ProfileIndex, Arc<Endpoint>),
+        attempts: u32,
+        ruled_out: Vec<ProfileIndex>,
+    ) -> Result<Answer, ApiError> {
+        let mut progress = Progress {
+            attempts,
+            retries: 0,
+            retry_after: None,
+            profiles_tried: ruled_out,
+            failure: Failure::Nothing,
+            fallback: None,
+            avoid: Some(endpoint),
+        };
+        let start = match progress.profiles_tried.contains(&profile) {
+            false => profile,
+            true if self.plan.pinned => return Err(no_continuation(&self.plan, profile)),
+            true => {
+                progress.avoid = None;
+                progress.profiles_tried.push(profile);
+                next_profile(&self.plan, &progress.profiles_tried)
+                    .ok_or_else(|| no_continuation(&self.plan, profile))?
+            }
+        };
+        self.across_tiers_with(start, progress).await
+    }
+
     /// A pinned request's whole answer, or why there is none (for the caller's log):
     /// calibration's reference question and the second opinion's rating.
     pub async fn ask(&self) -> Result<Bytes, String> {
@@ -707,9 +760,8 @@ impl<'a> Forwarder<'a> {
         match Limited::new(body, LIMIT).collect().await {
             Ok(collected) => Ok((head, collected.to_bytes())),
             Err(e) => Err(match e.downcast_ref::<BodyError>() {
-                Some(BodyError::Upstream) | None => {
-                    ApiError::BadGateway(format!("reading the answer: {e}"))
-                }
+                Some(BodyError::Upstream | BodyError::Incomplete | BodyError::ErrorEvent)
+                | None => ApiError::BadGateway(format!("reading the answer: {e}")),
                 Some(timeout) => ApiError::Timeout(format!("reading the answer: {timeout}")),
             }),
         }
@@ -743,6 +795,14 @@ impl OnEnd for CountFailure {
             telemetry::upstream_error(self.0.id(), failure.kind());
         }
     }
+}
+
+/// No profile may continue a stream that broke on `profile`.
+fn no_continuation(plan: &Plan<'_>, profile: ProfileIndex) -> ApiError {
+    let id = &plan.snapshot.set.profiles[profile].id;
+    ApiError::Unavailable(format!(
+        "no profile can continue the stream of profile {id}"
+    ))
 }
 
 /// The next profile after `tried`, by the decision's fallback order, that can take a

@@ -1,35 +1,107 @@
 //! The agent APIs' endpoints: `POST /v1/messages` and `POST /v1/responses` (routed like
 //! chat by [`super::proxy::proxy`], their answers relayed in their API by
 //! [`crate::apis::relay`]), and `GET`/`DELETE /v1/responses/{id}` on the profile that
-//! stored the response.
+//! stored the response. A stored response belongs to the tenant whose request stored it;
+//! to every other tenant it does not exist (404 `response_not_found`).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response};
+use http::{header, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
+use quantrouter_policy::limits::{RateHeaders, Reservation};
 use tokio::time::Instant;
 
-use super::proxy::proxy;
+use super::proxy::{proxy, read_json_body};
 use super::{App, ResponseBody};
 use crate::apis::relay::relay;
-use crate::apis::AgentApi;
-use crate::openai::ApiError;
+use crate::apis::{AgentApi, RequestSlot, DROPPED_TOOLS_HEADER};
+use crate::openai::{ApiError, ParsedRequest};
 use crate::pipeline::{self, RequestId, REQUEST_ID};
+use crate::routing::{self, PROFILE_HEADER};
+use crate::tenants::gate::{insert_rate_headers, Charge};
+use crate::tenants::ActiveTenant;
 
 /// `POST /v1/messages` or `POST /v1/responses`.
 pub(super) async fn create(
     app: &Arc<App>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     api: AgentApi,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let response = proxy(app, req, api.endpoint()).await?;
-    let on_stored = match api {
-        AgentApi::Responses => pipeline::on_stored(app, response.headers()),
+    // The tenant a stored answer will belong to (`proxy` refuses a bad key the same way).
+    let owner = match api {
+        AgentApi::Responses => owner(app.authenticate(req.headers())?),
         AgentApi::Messages => None,
     };
-    Ok(relay(response, api, on_stored))
+    let slot = RequestSlot::default();
+    req.extensions_mut().insert(slot.clone());
+    let mut response = proxy(app, req, api.endpoint()).await?;
+    report_dropped_tools(app, &mut response, api, &slot);
+    let on_stored = match api {
+        AgentApi::Responses => pipeline::on_stored(app, response.headers(), owner),
+        AgentApi::Messages => None,
+    };
+    Ok(relay(response, api, slot, on_stored))
+}
+
+/// `x-quantrouter-dropped-tools`: the hosted tools a translating profile's request went
+/// without. (A cold-start stream's head leaves before the request is translated.)
+fn report_dropped_tools(
+    app: &App,
+    response: &mut Response<ResponseBody>,
+    api: AgentApi,
+    slot: &RequestSlot,
+) {
+    let Some(request) = slot.0.get().filter(|r| !r.dropped_tools.is_empty()) else {
+        return;
+    };
+    let served = response
+        .headers()
+        .get(PROFILE_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let snapshot = app.store.load();
+    let translated = served
+        .and_then(|id| snapshot.set.index_of(id))
+        .is_some_and(|i| !snapshot.set.profiles[i].upstream.serves(api.upstream()));
+    if let (true, Ok(value)) = (
+        translated,
+        HeaderValue::from_str(&request.dropped_tools.join(", ")),
+    ) {
+        response.headers_mut().insert(DROPPED_TOOLS_HEADER, value);
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the router's own estimate of the prompt's tokens (text
+/// and tool definitions, at the default profile's characters per token), the one its
+/// context checks use; no upstream is asked.
+pub(super) async fn count_tokens(
+    app: &Arc<App>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let (parts, body) = req.into_parts();
+    app.authenticate(&parts.headers)?;
+    let body = read_json_body(app, body, &parts.headers).await?;
+    let parsed = ParsedRequest::parse_to_count(&body)?;
+    let snapshot = app.store.load();
+    let set = &snapshot.set;
+    let (features, _) = quantrouter_policy::score(&parsed.prompt(), &set.policy.complexity, None);
+    let profile = set.default_index();
+    let per_token = routing::chars_per_token(&snapshot, profile);
+    let tools = routing::tool_tokens(&snapshot, profile, parsed.tools_bytes);
+    let tokens = features.estimated_input_tokens(per_token) + tools;
+    let body = serde_json::json!({"input_tokens": tokens}).to_string();
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// The id of the tenant that owns what a request stores; `None` without tenants.
+fn owner(tenant: Option<Arc<ActiveTenant>>) -> Option<String> {
+    tenant.map(|t| t.id.to_string())
 }
 
 /// The id in `/v1/responses/{id}`.
@@ -46,13 +118,19 @@ pub(super) async fn stored(
     /// A stored response is one answer; far above any.
     const LIMIT: usize = 16 * 1024 * 1024;
     let (parts, _) = req.into_parts();
-    app.authenticate(&parts.headers)?;
+    let tenant = app.authenticate(&parts.headers)?;
+    let owner = owner(tenant.clone());
+    let rate = count_read(app, tenant).await?;
     let path = parts.uri.path().to_owned();
     let id = stored_id(&path).unwrap_or_default().to_owned();
     let method = parts.method.clone();
     let request_id = RequestId::of(&parts);
     let unknown = || ApiError::ResponseNotFound(id.clone());
-    let profile = app.responses.profile_of(&id).await.ok_or_else(unknown)?;
+    let profile = app
+        .responses
+        .profile_of(&id, owner.as_deref())
+        .await
+        .ok_or_else(unknown)?;
     let snapshot = app.store.load();
     let index = snapshot.set.index_of(&profile).ok_or_else(unknown)?;
     let pool = &snapshot.runtime[index].pool;
@@ -99,5 +177,27 @@ pub(super) async fn stored(
     }
     head.headers.remove(header::TRANSFER_ENCODING);
     head.headers.remove(header::CONNECTION);
+    if let Some(rate) = &rate {
+        insert_rate_headers(&mut head.headers, rate);
+    }
     Ok(Response::from_parts(head, Either::Left(Full::new(bytes))))
+}
+
+/// A read or delete of a stored response counts as one request against the tenant's
+/// limits, whatever it answers: each may be an upstream request, and none uses tokens.
+/// Refused like any request at a limit (429, `Retry-After`).
+async fn count_read(
+    app: &App,
+    tenant: Option<Arc<ActiveTenant>>,
+) -> Result<Option<RateHeaders>, ApiError> {
+    let (Some(tenants), Some(tenant)) = (&app.tenants, tenant) else {
+        return Ok(None);
+    };
+    let mut grant = tenants.admit(tenant, 0, Reservation::default()).await?;
+    tenants.settle(&mut grant)(Charge::Used {
+        input: 0,
+        output: 0,
+        cost: 0.0,
+    });
+    Ok(Some(grant.rate))
 }

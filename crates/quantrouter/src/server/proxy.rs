@@ -20,10 +20,13 @@ use crate::apis::{AgentApi, Translation};
 use crate::calibration;
 use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
 use crate::pipeline::{self, AnswerHead, Arrival, Door, Received, RequestCtx, RequestId, Served};
+use crate::resilience::resume::{self, ResumeRequest};
 use crate::resilience::retry::{Answer, Forwarder, Outgoing, Plan};
 use crate::routing::{self, RouteInput, AUTO_MODEL};
+use crate::second_opinion::Rated;
 use crate::telemetry;
 use crate::traces::RequestTrace;
+use crate::upstream::body::Resumable;
 use crate::upstream::keepalive::KeepAlive;
 use crate::upstream::{is_event_stream, sse, Reading, TimeLimits, UpstreamBody};
 
@@ -36,6 +39,7 @@ pub async fn endpoints(
         (&Method::POST, "/v1/chat/completions") => proxy(&app, req, Endpoint::Chat).await,
         (&Method::POST, "/v1/completions") => proxy(&app, req, Endpoint::Completions).await,
         (&Method::POST, "/v1/messages") => agents::create(&app, req, AgentApi::Messages).await,
+        (&Method::POST, "/v1/messages/count_tokens") => agents::count_tokens(&app, req).await,
         (&Method::POST, "/v1/responses") => agents::create(&app, req, AgentApi::Responses).await,
         (&Method::GET | &Method::DELETE, path) if agents::stored_id(path).is_some() => {
             agents::stored(&app, req).await
@@ -47,6 +51,7 @@ pub async fn endpoints(
             "/v1/chat/completions"
             | "/v1/completions"
             | "/v1/messages"
+            | "/v1/messages/count_tokens"
             | "/v1/responses"
             | "/v1/models"
             | "/v1/route",
@@ -105,6 +110,7 @@ async fn forward(app: &App, ctx: &RequestCtx) -> Result<Answer, ApiError> {
     let headers = pipeline::upstream_headers(ctx.headers(), &id);
     // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
     let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
+    Translation::report(translation.as_ref(), &ctx.received.parts.extensions);
     let native_only = translation.as_ref().is_some_and(Translation::native_only);
     let plan = Plan {
         snapshot,
@@ -124,7 +130,7 @@ async fn forward(app: &App, ctx: &RequestCtx) -> Result<Answer, ApiError> {
         let model_json = &snapshot.runtime[profile].model_json;
         let chat = translation
             .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json));
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, ctx.edits(profile)));
         match chat {
             Some(body) => Outgoing {
                 path: Endpoint::Chat.path(),
@@ -132,7 +138,7 @@ async fn forward(app: &App, ctx: &RequestCtx) -> Result<Answer, ApiError> {
             },
             None => Outgoing {
                 path: endpoint.path(),
-                body: ctx.upstream_body(model_json),
+                body: ctx.upstream_body(profile),
             },
         }
     };
@@ -149,6 +155,7 @@ fn respond(app: &App, ctx: &mut RequestCtx, answer: Answer) -> Response<Upstream
         attempts: answer.attempts,
         fallback: answer.fallback,
     };
+    let resumable = resumable(app, ctx, &answer);
     let Answer {
         response,
         held,
@@ -174,12 +181,46 @@ fn respond(app: &App, ctx: &mut RequestCtx, answer: Answer) -> Response<Upstream
         strip_usage: ctx.shape.rewrite.adds_usage(),
     };
     let copy = ledger.wants_answer();
-    let body = UpstreamBody::new(incoming, held, limits, reading).on_end(Box::new(ledger));
+    let body = UpstreamBody::new(incoming, held, limits, reading)
+        .on_end(Box::new(ledger))
+        .resuming(resumable);
     let body = match copy {
         true => body.copy_answer(calibration::MAX_ANSWER),
         false => body,
     };
     Response::from_parts(head, body)
+}
+
+/// A stream that goes on elsewhere when its upstream breaks (`policy.stream_resume`).
+fn resumable(app: &App, ctx: &RequestCtx, answer: &Answer) -> Option<Resumable> {
+    let (shape, received, routed) = (&ctx.shape, &ctx.received, &ctx.routed);
+    let set = &ctx.snapshot.set;
+    if !shape.stream || !resume::eligible(set, received.endpoint, shape.choices, answer) {
+        return None;
+    }
+    let id = ctx.request_id();
+    let request = ResumeRequest {
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(&ctx.snapshot),
+        decision: routed.decision.clone(),
+        pinned: routed.decision.reason == Reason::Pinned,
+        headers: pipeline::upstream_headers(ctx.headers(), &id),
+        started: received.started,
+        deadline: ctx.deadline,
+        trace: ctx.trace().cloned(),
+        request_id: id.to_str().unwrap_or_default().to_owned(),
+        priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
+        blocks: routed.placement.blocks.clone(),
+        body: received.body.clone(),
+        api: received.endpoint,
+        adds_usage: shape.rewrite.adds_usage(),
+        ceilings: (0..set.profiles.len())
+            .map(|p| shape.ceiling(ProfileIndex::new(p)))
+            .collect(),
+        cache_salt: routed.cache_salt.clone(),
+    };
+    Some(request.into_resumable(answer))
 }
 
 /// How often a stream waiting for a cold tier gets a keep-alive comment: well inside the
@@ -269,6 +310,16 @@ fn error_event(error: &ApiError, parts: &http::request::Parts, log_prompts: bool
     }
     let body = openai::error_body(&error.to_string(), kind, None, Some(code));
     sse::data_event(body.to_string().as_bytes())
+}
+
+/// The content type checked, then the body read within its limits.
+pub(super) async fn read_json_body(
+    app: &App,
+    body: Incoming,
+    headers: &HeaderMap,
+) -> Result<Bytes, ApiError> {
+    pipeline::check_content_type(headers)?;
+    read_body(app, body, content_length(headers)).await
 }
 
 const HOP_BY_HOP: [HeaderName; 6] = [
@@ -391,7 +442,13 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     let model = classifier.model.as_ref();
     let id = RequestId::of(&parts);
     let key = id.to_str().unwrap_or_default();
-    let rating = crate::second_opinion::consult(app, &snapshot, &parsed, &parts.headers).await;
+    let rated = Rated {
+        snapshot: &snapshot,
+        parsed: &parsed,
+        headers: &parts.headers,
+        tenant: tenant.as_deref(),
+    };
+    let rating = crate::second_opinion::consult(app, rated).await;
     let input = RouteInput {
         classifier: model,
         headers: &parts.headers,

@@ -128,7 +128,10 @@ where
     // An HTTP/1.1 request whose body an early rejection may leave unread.
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     // Anthropic's clients read errors in Anthropic's shape.
-    let endpoint = Endpoint::of_path(req.uri().path());
+    let endpoint = match req.uri().path() {
+        "/v1/messages/count_tokens" => Some(Endpoint::Messages),
+        path => Endpoint::of_path(path),
+    };
     let error = match next.oneshot(req).await {
         Ok(response) => return Ok(response),
         Err(error) => error,

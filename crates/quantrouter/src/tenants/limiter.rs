@@ -1,7 +1,8 @@
 //! Counting and enforcing tenant limits across every replica.
 //!
 //! The counters live in Redis, one key per tenant, kind and window under
-//! `<prefix>:tenants:usage:`. A request costs one round trip: [`ADMIT_SCRIPT`] reads the
+//! `<prefix>:tenants:usage:{<tenant>}:` (the hash tag keeps a tenant's keys in one Redis
+//! Cluster slot, so every script touches one slot). A request costs one round trip: [`ADMIT_SCRIPT`] reads the
 //! tenant's four counters, makes the same comparisons as
 //! [`quantrouter_policy::limits::exceeded`] and, when it admits, counts the request and
 //! reserves its worst case (tokens and spend), all atomically, so N replicas enforce one
@@ -14,7 +15,8 @@
 //! its share of what was left of each limit (the headroom over the cluster's counters as it
 //! last read them, at most a heartbeat old, divided by the replicas seen recently). The
 //! heartbeat task notices when Redis is back. If Redis lost the counters meanwhile (a
-//! restart without persistence: the epoch key [`epoch_key`] is new), each replica first
+//! restart without persistence), or holds older ones (a replica promoted by a failover of
+//! Sentinel or of a cluster shard), the epoch key [`epoch_key`] is new: each replica first
 //! raises them to what it last read, and requests go to Redis only once every replica has
 //! had a heartbeat to do so. Then what was counted locally is added, and requests go to
 //! Redis again. Without Redis at all, each replica enforces the whole limit.
@@ -29,10 +31,10 @@ use quantrouter_policy::limits::{
     WindowedCounters, Windows, MINUTE_MS,
 };
 use quantrouter_policy::MAX_COUNT_LIMIT;
-use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
 use super::ActiveTenant;
+use crate::redis_conn::{Conn, Link};
 
 /// Checks a request against the tenant's counters and counts it if admitted, atomically.
 /// Limits are -1 when absent; the comparisons and their order are those of
@@ -89,36 +91,88 @@ end
 return 1
 "#;
 
-/// Re-seeds counters a Redis lost with what the replicas last read of them: KEYS are pairs
-/// of a counter and its floor key, ARGV a value and an expiry time per pair. The floor key
-/// keeps the largest value any replica offered, and the counter grows by what that adds, so
-/// the counter ends at the largest last read plus whatever was added to it otherwise (the
-/// replicas' local counts), in whichever order the replicas come.
+/// Re-seeds counters after a new epoch with what the replicas last read of them: KEYS are
+/// pairs of a counter and its floor key for the epoch, ARGV a value and an expiry time per
+/// pair. The floor starts at what the counter held when the epoch's re-seeding first touched
+/// it (nothing after an empty restart; what a promoted replica had, after a failover) and
+/// keeps the largest value offered since; the counter grows by what the floor grows. So the
+/// counter ends at the larger of what it held and the largest last read, plus whatever was
+/// added meanwhile (the replicas' local counts, [`FLUSH_SCRIPT`]), in whichever order the
+/// replicas come.
 pub const RAISE_SCRIPT: &str = r#"
 for i = 1, #KEYS, 2 do
   local n = (i + 1) / 2
   local offered = tonumber(ARGV[2 * n - 1])
-  local floor = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+  local known = redis.call('GET', KEYS[i + 1])
+  local floor = tonumber(known or redis.call('GET', KEYS[i]) or '0')
   if offered > floor then
     redis.call('INCRBY', KEYS[i], offered - floor)
     redis.call('PEXPIREAT', KEYS[i], ARGV[2 * n])
-    redis.call('SET', KEYS[i + 1], offered, 'PXAT', ARGV[2 * n])
+    floor = offered
+    known = nil
+  end
+  if not known then
+    redis.call('SET', KEYS[i + 1], floor, 'PXAT', ARGV[2 * n])
   end
 end
 return 1
 "#;
 
-/// The counters' epoch: `<id>:<created, Unix ms>`, made by the first replica to find none.
-/// A new one means Redis lost its data (an empty restart). Returns it and Redis's clock.
+/// [`APPLY_SCRIPT`] while an epoch is being re-seeded: KEYS are pairs of a counter and its
+/// floor key for the epoch, ARGV a delta and an expiry time per pair. A counter whose floor
+/// is not set yet gets it first, from what the counter holds before this delta: a replica's
+/// local counts are never taken for what the counter held ([`RAISE_SCRIPT`]).
+pub const FLUSH_SCRIPT: &str = r#"
+for i = 1, #KEYS, 2 do
+  local n = (i + 1) / 2
+  local delta = tonumber(ARGV[2 * n - 1])
+  if delta ~= 0 then
+    if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+      local held = tonumber(redis.call('GET', KEYS[i]) or '0')
+      redis.call('SET', KEYS[i + 1], held, 'PXAT', ARGV[2 * n])
+    end
+    local value = redis.call('INCRBY', KEYS[i], delta)
+    if value < 0 then
+      redis.call('SET', KEYS[i], 0, 'KEEPTTL')
+    end
+    redis.call('PEXPIREAT', KEYS[i], ARGV[2 * n])
+  end
+end
+return 1
+"#;
+
+/// The counters' epoch: `<replication ids>|<id>:<created, Unix ms>`, made by the first
+/// replica to find none, or to find that a master it was made with is gone. ARGV[2] holds
+/// the replication ids of the masters now (space-separated): a master restarted empty, or a
+/// replica promoted with what it had, has a new one. A new epoch means the counters may have
+/// lost what was counted. Returns the epoch, Redis's clock, and 0 (the epoch stands), 1 (a
+/// new one) or 2 (a new one replacing an epoch of the key layout before hash tags, whose
+/// counters are to be carried over).
 pub const EPOCH_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local epoch = redis.call('GET', KEYS[1])
+local renewed = 0
 if not epoch then
-  epoch = ARGV[1] .. ':' .. now
+  renewed = 1
+else
+  local made_with = string.match(epoch, '^(.-)|')
+  if not made_with then
+    renewed = 2
+  else
+    local now_ids = ' ' .. ARGV[2] .. ' '
+    for id in string.gmatch(made_with, '%S+') do
+      if not string.find(now_ids, ' ' .. id .. ' ', 1, true) then
+        renewed = 1
+      end
+    end
+  end
+end
+if renewed > 0 then
+  epoch = ARGV[2] .. '|' .. ARGV[1] .. ':' .. now
   redis.call('SET', KEYS[1], epoch)
 end
-return {epoch, now}
+return {epoch, now, renewed}
 "#;
 
 /// Calls outside a request (heartbeat, flush) never wait longer than this.
@@ -128,7 +182,7 @@ const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct LimiterConfig {
     /// The shared counters' Redis and key prefix; `None`: each replica counts alone.
-    pub redis: Option<(redis::Client, String)>,
+    pub redis: Option<(crate::redis_conn::Redis, String)>,
     /// This replica's name among the replicas seen recently.
     pub replica_id: String,
     /// Longest a request waits for the admission script: a healthy Redis answers in well
@@ -233,9 +287,10 @@ pub type TenantList = Box<dyn Fn() -> Vec<Arc<str>> + Send + Sync>;
 
 #[derive(Debug)]
 struct RedisCounters {
-    client: redis::Client,
+    link: Link,
     prefix: String,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    /// The connection the scripts were last loaded on.
+    loaded: AtomicU64,
     /// Requests go to Redis only while this is set: cleared by any failure, set by the
     /// heartbeat once what was counted locally meanwhile is in Redis.
     up: AtomicBool,
@@ -244,6 +299,7 @@ struct RedisCounters {
     admit: redis::Script,
     apply: redis::Script,
     raise: redis::Script,
+    flush: redis::Script,
     epoch_script: redis::Script,
 }
 
@@ -252,6 +308,8 @@ struct EpochState {
     seen: Option<String>,
     /// Redis came back empty: requests stay local until the epoch is older than the grace.
     waiting: bool,
+    /// The counters of the former key layout are still to be carried over.
+    former: bool,
 }
 
 /// What this replica knows of one tenant.
@@ -341,7 +399,7 @@ impl Clock {
 
 impl LimiterConfig {
     /// Defaults for a replica named `replica_id` counting in `redis`, if any.
-    pub fn new(redis: Option<(redis::Client, String)>, replica_id: String) -> Self {
+    pub fn new(redis: Option<(crate::redis_conn::Redis, String)>, replica_id: String) -> Self {
         Self {
             redis,
             replica_id,
@@ -356,11 +414,19 @@ impl LimiterConfig {
 // === impl CounterKeys ===
 
 impl CounterKeys {
-    /// `<prefix>:tenants:usage:<tenant>:{requests,tokens}:<YYYYMMDDHHMM>` and
+    /// `<prefix>:tenants:usage:{<tenant>}:{requests,tokens}:<YYYYMMDDHHMM>` and
     /// `…:spend:<YYYYMMDD>` / `…:spend:<YYYYMM>`. Each expires a little after its window, so
     /// a replica whose clock is slightly behind still finds it.
     pub fn new(prefix: &str, tenant: &str, windows: Windows) -> Self {
-        let base = format!("{prefix}:tenants:usage:{tenant}");
+        Self::under(format!("{prefix}:tenants:usage:{{{tenant}}}"), windows)
+    }
+
+    /// The keys of the layout before hash tags (`…:usage:<tenant>:…`), carried over once.
+    pub fn former(prefix: &str, tenant: &str, windows: Windows) -> Self {
+        Self::under(format!("{prefix}:tenants:usage:{tenant}"), windows)
+    }
+
+    fn under(base: String, windows: Windows) -> Self {
         let minute = windows.minute_label();
         Self {
             requests: format!("{base}:requests:{minute}"),
@@ -400,15 +466,16 @@ impl Limiter {
     /// A limiter; with Redis it first tries to reach it (at most a second) so the first
     /// requests already count cluster-wide, then keeps a heartbeat running until dropped.
     pub async fn start(config: LimiterConfig) -> Self {
-        let redis = config.redis.map(|(client, prefix)| RedisCounters {
-            client,
+        let redis = config.redis.map(|(redis, prefix)| RedisCounters {
+            link: Link::new(redis),
             prefix,
-            conn: Mutex::new(None),
+            loaded: AtomicU64::new(0),
             up: AtomicBool::new(false),
             epoch: Mutex::new(EpochState::default()),
             admit: redis::Script::new(ADMIT_SCRIPT),
             apply: redis::Script::new(APPLY_SCRIPT),
             raise: redis::Script::new(RAISE_SCRIPT),
+            flush: redis::Script::new(FLUSH_SCRIPT),
             epoch_script: redis::Script::new(EPOCH_SCRIPT),
         });
         let shared = Arc::new(Shared {
@@ -824,57 +891,21 @@ impl Shared {
     }
 
     /// One heartbeat: say this replica is alive and count the replicas seen recently; if
-    /// Redis lost its counters, raise them to what this replica last read; hand Redis what
-    /// was counted locally; only then (and, after a loss, once every replica had the time
-    /// to do the same) do requests go to Redis again.
+    /// Redis lost its counters (or holds older ones), raise them to what this replica last
+    /// read; hand Redis what was counted locally; only then (and, after a loss, once every
+    /// replica had the time to do the same) do requests go to Redis again.
     async fn beat(&self) {
         let Some(redis) = self.redis.as_ref() else {
             return;
         };
         let now_ms = unix_ms(SystemTime::now());
-        let beat = async {
-            let mut conn = redis.connection().await?;
-            let key = replicas_key(&redis.prefix);
-            let ttl_ms = u64::try_from(self.replica_ttl.as_millis()).unwrap_or(u64::MAX);
-            let mut pipe = redis::pipe();
-            pipe.zadd(&key, &self.replica_id, now_ms)
-                .ignore()
-                .cmd("ZREMRANGEBYSCORE")
-                .arg(&key)
-                .arg("-inf")
-                .arg(now_ms.saturating_sub(ttl_ms))
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&key)
-                .arg(ttl_ms.saturating_mul(2))
-                .ignore()
-                .zcard(&key);
-            let (replicas,): (u64,) = pipe.query_async(&mut conn).await?;
-            let mut epoch = redis.epoch_script.key(epoch_key(&redis.prefix));
-            let (epoch, redis_now): (String, u64) = epoch
-                .arg(format!("{}-{now_ms}", self.replica_id))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok::<_, CounterError>((conn, replicas, epoch, redis_now))
-        };
-        let (conn, replicas, epoch, redis_now) =
-            match tokio::time::timeout(BACKGROUND_TIMEOUT, beat).await {
+        let (conn, replicas, epoch) =
+            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.announce(redis, now_ms)).await {
                 Ok(Ok(answer)) => answer,
                 Ok(Err(error)) => return redis.mark_down(&error),
                 Err(_) => return redis.mark_down(&CounterError::Timeout(BACKGROUND_TIMEOUT)),
             };
-        let (lost, waiting) = {
-            let mut state = redis.epoch.lock().unwrap_or_else(|e| e.into_inner());
-            let lost = state.seen.as_ref().is_some_and(|seen| *seen != epoch);
-            let created_ms = epoch
-                .rsplit(':')
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-            let grace = u64::try_from(self.reseed_grace.as_millis()).unwrap_or(u64::MAX);
-            state.waiting = (state.waiting || lost) && redis_now < created_ms.saturating_add(grace);
-            (lost, state.waiting)
-        };
+        let (lost, waiting, former) = self.observe_epoch(redis, &epoch);
         // While the others have not beaten since Redis came back empty, fewer replicas are
         // registered than exist: keep the larger count for the local shares until then.
         let known = self.replicas.load(Ordering::Relaxed);
@@ -883,103 +914,213 @@ impl Shared {
             false => replicas,
         };
         self.replicas.store(replicas.max(1), Ordering::Relaxed);
-        // A beat that was in flight through an outage answers on the connection it started
-        // with, which a failed request may have dropped meanwhile: requests need one too.
-        redis
-            .conn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| conn.clone());
         if lost {
             let floors = self.last_read(&redis.prefix);
-            let call = redis.raise_call(conn.clone(), &floors);
-            let raised = match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
-                Ok(result) => result,
-                Err(_) => Err(CounterError::Timeout(BACKGROUND_TIMEOUT)),
-            };
-            if let Err(error) = raised {
+            if let Err(error) = bounded(redis.raise_all(&conn, &floors, &epoch.tag)).await {
                 // Seen again as lost at the next beat: the epoch is not taken as known.
                 return redis.mark_down(&error);
             }
             tracing::warn!(
-                counters = floors.len(),
-                "redis lost the tenant counters; re-seeded them from what this replica last read"
+                tenants = floors.len(),
+                "redis lost or rolled back the tenant counters; re-seeded them from what this replica last read"
             );
         }
-        redis.epoch.lock().unwrap_or_else(|e| e.into_inner()).seen = Some(epoch);
-        let pending = self.take_unsynced(now_ms.max(self.clock.now_ms()));
-        if !pending.is_empty() {
-            let updates: Vec<(String, Pending)> = pending
-                .iter()
-                .map(|(_, key, p)| (key.clone(), *p))
-                .collect();
-            let call = redis.apply_call(conn.clone(), &updates);
-            let flushed = match tokio::time::timeout(BACKGROUND_TIMEOUT, call).await {
-                Ok(result) => result,
-                Err(_) => Err(CounterError::Timeout(BACKGROUND_TIMEOUT)),
-            };
-            if let Err(error) = flushed {
-                self.return_unsynced(pending);
-                return redis.mark_down(&error);
+        if former {
+            match bounded(self.carry_former(redis, &conn)).await {
+                Ok(carried) => redis.lock_epoch().former = !carried,
+                Err(error) => return redis.mark_down(&error),
             }
-            tracing::info!(
-                counters = updates.len(),
-                "tenant usage counted during the redis outage is in redis"
-            );
+        }
+        redis.lock_epoch().seen = Some(epoch.value);
+        let reseeding = waiting.then_some(epoch.tag.as_str());
+        if let Err(error) = self.flush(redis, &conn, now_ms, reseeding).await {
+            return redis.mark_down(&error);
         }
         if waiting {
             return;
         }
         self.refresh_seen(redis, conn, self.clock.now_ms()).await;
+        // A failed request may have dropped the connection this beat used: requests need one.
+        if let Err(error) = bounded(redis.connection()).await {
+            return redis.mark_down(&error);
+        }
         if !redis.up.swap(true, Ordering::AcqRel) {
             tracing::info!(replicas, "tenant limits counted in redis");
         }
         crate::telemetry::tenant_limits_local(false);
     }
 
-    /// The cluster's counters as this replica last read them, in the windows it read them
-    /// in, as floors for a Redis that lost them.
-    fn last_read(&self, prefix: &str) -> Vec<(String, Pending)> {
-        let states = self.lock_tenants();
-        let mut floors = Vec::new();
-        for (tenant, state) in states.iter() {
-            let Some(WindowedCounters {
-                windows,
-                counters: seen,
-            }) = state.seen
-            else {
-                continue;
+    /// Says this replica is alive, counts the replicas seen recently, and reads (or makes)
+    /// the counters' epoch.
+    async fn announce(
+        &self,
+        redis: &RedisCounters,
+        now_ms: u64,
+    ) -> Result<(Conn, u64, Epoch), CounterError> {
+        let mut conn = redis.connection().await?;
+        let key = replicas_key(&redis.prefix);
+        let ttl_ms = u64::try_from(self.replica_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut pipe = redis::pipe();
+        pipe.zadd(&key, &self.replica_id, now_ms)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(now_ms.saturating_sub(ttl_ms))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl_ms.saturating_mul(2))
+            .ignore()
+            .zcard(&key);
+        let (replicas,): (u64,) = pipe.query_async(&mut conn).await?;
+        let masters = match conn.replication_ids().await {
+            Ok(ids) => ids.join(" "),
+            // A user that may not run INFO (an ACL without it): failovers then go unseen,
+            // as before replication ids were compared, and an empty restart still is seen.
+            Err(error) if !(error.is_io_error() || error.is_unrecoverable_error()) => {
+                tracing::debug!(%error, "replication ids unreadable; only an emptied redis renews the counters' epoch");
+                String::new()
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let mut epoch = redis.epoch_script.key(epoch_key(&redis.prefix));
+        let (value, redis_now_ms, renewed): (String, u64, u8) = epoch
+            .arg(format!("{}-{now_ms}", self.replica_id))
+            .arg(masters)
+            .invoke_async(&mut conn)
+            .await?;
+        let created_ms = value
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        let epoch = Epoch {
+            value,
+            tag: created_ms.to_string(),
+            created_ms,
+            redis_now_ms,
+            former: renewed == 2,
+        };
+        Ok((conn, replicas, epoch))
+    }
+
+    /// Compares the epoch with the one last seen: whether the counters were lost, whether
+    /// requests wait out the re-seeding grace, and whether former-layout counters are still
+    /// to be carried over.
+    fn observe_epoch(&self, redis: &RedisCounters, epoch: &Epoch) -> (bool, bool, bool) {
+        let mut state = redis.lock_epoch();
+        let lost = state.seen.as_ref().is_some_and(|seen| *seen != epoch.value);
+        let created_ms = epoch.created_ms;
+        let grace = u64::try_from(self.reseed_grace.as_millis()).unwrap_or(u64::MAX);
+        state.former |= epoch.former;
+        state.waiting = (state.waiting || lost || state.former)
+            && epoch.redis_now_ms < created_ms.saturating_add(grace);
+        (lost, state.waiting, state.former)
+    }
+
+    /// Raises the followed tenants' counters to what the key layout before hash tags holds
+    /// for the current windows, the way a lost Redis is re-seeded. Returns whether it could:
+    /// the tenants are known only once the tenant store follows them.
+    async fn carry_former(&self, redis: &RedisCounters, conn: &Conn) -> Result<bool, CounterError> {
+        let Some(tenants) = self.followed_tenants() else {
+            return Ok(false);
+        };
+        let windows = Windows::at(self.clock.now_ms());
+        let former: Vec<CounterKeys> = tenants
+            .iter()
+            .map(|tenant| CounterKeys::former(&redis.prefix, tenant, windows))
+            .collect();
+        let read = super::usage::read_keys(&mut conn.clone(), &former).await?;
+        let floors: Vec<Vec<(String, Pending)>> = tenants
+            .iter()
+            .zip(read)
+            .map(|(tenant, counters)| {
+                floors(&CounterKeys::new(&redis.prefix, tenant, windows), &counters)
+            })
+            .filter(|floors| !floors.is_empty())
+            .collect();
+        let tag = Windows::at(self.clock.now_ms()).minute_label();
+        redis
+            .raise_all(conn, &floors, &format!("former-{tag}"))
+            .await?;
+        if !floors.is_empty() {
+            tracing::info!(
+                tenants = floors.len(),
+                "tenant counters carried over from the key layout before hash tags"
+            );
+        }
+        Ok(true)
+    }
+
+    /// Hands Redis what was counted locally, one tenant (one cluster slot) at a time; what
+    /// could not be delivered waits for the next beat. While the epoch `reseeding` is
+    /// re-seeded, the counts go in beside its floors ([`FLUSH_SCRIPT`]).
+    async fn flush(
+        &self,
+        redis: &RedisCounters,
+        conn: &Conn,
+        now_ms: u64,
+        reseeding: Option<&str>,
+    ) -> Result<(), CounterError> {
+        let pending = self.take_unsynced(now_ms.max(self.clock.now_ms()));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut by_tenant: HashMap<Arc<str>, Vec<(String, Pending)>> = HashMap::new();
+        for (tenant, key, p) in pending {
+            by_tenant.entry(tenant).or_default().push((key, p));
+        }
+        let counters: usize = by_tenant.values().map(Vec::len).sum();
+        let mut tenants = by_tenant.into_iter();
+        while let Some((tenant, updates)) = tenants.next() {
+            let delivered = match reseeding {
+                Some(tag) => bounded(redis.flush_call(conn.clone(), &updates, tag)).await,
+                None => bounded(redis.apply_call(conn.clone(), &updates)).await,
             };
-            let keys = CounterKeys::new(prefix, tenant, windows);
-            let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-            for (key, value, expire_at_ms) in [
-                (keys.requests, seen.requests, keys.minute_expiry_ms),
-                (keys.tokens, seen.tokens, keys.minute_expiry_ms),
-                (keys.spend_day, seen.spend_day, keys.day_expiry_ms),
-                (keys.spend_month, seen.spend_month, keys.month_expiry_ms),
-            ] {
-                if value > 0 {
-                    let floor = Pending {
-                        delta: signed(value),
-                        expire_at_ms,
-                    };
-                    floors.push((key, floor));
-                }
+            if let Err(error) = delivered {
+                let undelivered = std::iter::once((tenant, updates)).chain(tenants);
+                self.return_unsynced(undelivered.flat_map(|(tenant, updates)| {
+                    updates
+                        .into_iter()
+                        .map(move |(key, p)| (Arc::clone(&tenant), key, p))
+                }));
+                return Err(error);
             }
         }
-        floors
+        tracing::info!(
+            counters,
+            "tenant usage counted during the redis outage is in redis"
+        );
+        Ok(())
+    }
+
+    fn followed_tenants(&self) -> Option<Vec<Arc<str>>> {
+        self.followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|list| list())
+    }
+
+    /// The cluster's counters as this replica last read them, in the windows it read them
+    /// in, as floors for a Redis that lost them: one list per tenant.
+    fn last_read(&self, prefix: &str) -> Vec<Vec<(String, Pending)>> {
+        let states = self.lock_tenants();
+        states
+            .iter()
+            .filter_map(|(tenant, state)| {
+                let WindowedCounters { windows, counters } = state.seen?;
+                let floors = floors(&CounterKeys::new(prefix, tenant, windows), &counters);
+                (!floors.is_empty()).then_some(floors)
+            })
+            .collect()
     }
 
     /// Reads the followed tenants' counters into this replica's last read of them.
-    async fn refresh_seen(
-        &self,
-        redis: &RedisCounters,
-        mut conn: MultiplexedConnection,
-        now_ms: u64,
-    ) {
-        let tenants = match &*self.followed.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(list) => list(),
-            None => return,
+    async fn refresh_seen(&self, redis: &RedisCounters, mut conn: Conn, now_ms: u64) {
+        let Some(tenants) = self.followed_tenants() else {
+            return;
         };
         if tenants.is_empty() {
             return;
@@ -1026,13 +1167,59 @@ impl Shared {
     }
 
     /// Puts back amounts a flush could not deliver, for the next one.
-    fn return_unsynced(&self, pending: Vec<(Arc<str>, String, Pending)>) {
+    fn return_unsynced(&self, pending: impl IntoIterator<Item = (Arc<str>, String, Pending)>) {
         let mut states = self.lock_tenants();
         for (tenant, key, p) in pending {
             let state = states.entry(tenant).or_default();
             add_pending(&mut state.unsynced, key, p.delta, p.expire_at_ms);
         }
     }
+}
+
+/// The counters' epoch as a heartbeat read it.
+#[derive(Debug)]
+struct Epoch {
+    value: String,
+    /// Names its floor keys (`<counter>:floor:<tag>`): the time it was made.
+    tag: String,
+    created_ms: u64,
+    redis_now_ms: u64,
+    /// It replaced an epoch of the key layout before hash tags.
+    former: bool,
+}
+
+/// `counters` as floors of `keys`' counters, with each one's expiry (zeros left out).
+fn floors(keys: &CounterKeys, counters: &Counters) -> Vec<(String, Pending)> {
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    [
+        (&keys.requests, counters.requests, keys.minute_expiry_ms),
+        (&keys.tokens, counters.tokens, keys.minute_expiry_ms),
+        (&keys.spend_day, counters.spend_day, keys.day_expiry_ms),
+        (
+            &keys.spend_month,
+            counters.spend_month,
+            keys.month_expiry_ms,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, value, _)| *value > 0)
+    .map(|(key, value, expire_at_ms)| {
+        let floor = Pending {
+            delta: signed(value),
+            expire_at_ms,
+        };
+        (key.clone(), floor)
+    })
+    .collect()
+}
+
+/// A background call within [`BACKGROUND_TIMEOUT`].
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, CounterError>>,
+) -> Result<T, CounterError> {
+    tokio::time::timeout(BACKGROUND_TIMEOUT, call)
+        .await
+        .unwrap_or(Err(CounterError::Timeout(BACKGROUND_TIMEOUT)))
 }
 
 fn add_pending(
@@ -1051,41 +1238,63 @@ fn add_pending(
 // === impl RedisCounters ===
 
 impl RedisCounters {
-    fn connection_if_up(&self) -> Option<MultiplexedConnection> {
+    fn connection_if_up(&self) -> Option<Conn> {
         if !self.up.load(Ordering::Acquire) {
             return None;
         }
-        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.link.current()
     }
 
-    /// The open connection, or a new one.
-    async fn connection(&self) -> Result<MultiplexedConnection, CounterError> {
-        let open = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(conn) = open {
-            return Ok(conn);
-        }
-        let mut conn = self.client.get_multiplexed_async_connection().await?;
+    /// The open connection, or a new one (with Sentinel, to the master of the moment).
+    async fn connection(&self) -> Result<Conn, CounterError> {
+        let mut conn = self.link.get().await?;
         // Loaded now, a script costs requests one round trip even right after a restart of
         // Redis (otherwise the first call finds it missing and loads it on the way).
-        for script in [&self.admit, &self.apply, &self.raise, &self.epoch_script] {
-            script.load_async(&mut conn).await?;
+        if self.loaded.load(Ordering::Relaxed) != conn.id() {
+            let scripts = [
+                &self.admit,
+                &self.apply,
+                &self.raise,
+                &self.flush,
+                &self.epoch_script,
+            ];
+            for script in scripts {
+                script.load_async(&mut conn).await?;
+            }
+            self.loaded.store(conn.id(), Ordering::Relaxed);
         }
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
+    }
+
+    fn lock_epoch(&self) -> std::sync::MutexGuard<'_, EpochState> {
+        self.epoch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends requests local until the heartbeat has Redis back.
     fn mark_down(&self, error: &CounterError) {
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.link.reset();
         crate::telemetry::tenant_limits_local(true);
         if self.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(%error, "tenant counters in redis out of reach; deciding on local shares of the limits");
         }
     }
 
+    /// Raises counters to floors, one tenant (one cluster slot) per script.
+    async fn raise_all(
+        &self,
+        conn: &Conn,
+        floors: &[Vec<(String, Pending)>],
+        tag: &str,
+    ) -> Result<(), CounterError> {
+        for tenant in floors {
+            self.raise_call(conn.clone(), tenant, tag).await?;
+        }
+        Ok(())
+    }
+
     async fn admit_call(
         &self,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         tenant: &ActiveTenant,
         reserved: Reservation,
         now_ms: u64,
@@ -1119,19 +1328,41 @@ impl RedisCounters {
 
     async fn raise_call(
         &self,
-        mut conn: MultiplexedConnection,
+        conn: Conn,
         floors: &[(String, Pending)],
+        tag: &str,
     ) -> Result<(), CounterError> {
-        if floors.is_empty() {
+        self.with_floors(&self.raise, conn, floors, tag).await
+    }
+
+    async fn flush_call(
+        &self,
+        conn: Conn,
+        updates: &[(String, Pending)],
+        tag: &str,
+    ) -> Result<(), CounterError> {
+        self.with_floors(&self.flush, conn, updates, tag).await
+    }
+
+    /// `script` on each counter and its floor key of the epoch `tag`, with the counter's
+    /// amount and expiry.
+    async fn with_floors(
+        &self,
+        script: &redis::Script,
+        mut conn: Conn,
+        counters: &[(String, Pending)],
+        tag: &str,
+    ) -> Result<(), CounterError> {
+        if counters.is_empty() {
             return Ok(());
         }
-        let mut invocation = self.raise.prepare_invoke();
-        for (key, floor) in floors {
+        let mut invocation = script.prepare_invoke();
+        for (key, amount) in counters {
             invocation
                 .key(key)
-                .key(format!("{key}:floor"))
-                .arg(floor.delta)
-                .arg(floor.expire_at_ms);
+                .key(format!("{key}:floor:{tag}"))
+                .arg(amount.delta)
+                .arg(amount.expire_at_ms);
         }
         let _: i64 = invocation.invoke_async(&mut conn).await?;
         Ok(())
@@ -1139,7 +1370,7 @@ impl RedisCounters {
 
     async fn apply_call(
         &self,
-        mut conn: MultiplexedConnection,
+        mut conn: Conn,
         updates: &[(String, Pending)],
     ) -> Result<(), CounterError> {
         if updates.is_empty() {

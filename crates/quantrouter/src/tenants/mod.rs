@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime};
 
 use quantrouter_policy::limits::Quota;
 use quantrouter_policy::{
-    is_valid_api_key, parse_key_hash, Downgrade, Overrides, TenantDocument, TenantLimits,
+    is_valid_api_key, parse_key_hash, Downgrade, Overrides, PrefixCache, TenantDocument,
+    TenantKeys, TenantLimits,
 };
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
@@ -66,6 +67,9 @@ pub struct ActiveTenant {
     pub priority: i32,
     /// The first [`HASH_PREFIX_CHARS`] hex characters of each key's hash.
     pub key_prefixes: Vec<String>,
+    /// What the tenant's sessions, prefix tables and ratings are keyed by, and its
+    /// `cache_salt` when its `prefix_cache` is `isolated`.
+    pub keys: TenantKeys,
     /// The `tenant` label of its metrics: its id, or `other` outside the top N
     /// ([`labels::assign`]).
     pub label: Arc<str>,
@@ -113,7 +117,7 @@ pub struct TenantsConfig {
     pub file: Option<PathBuf>,
     /// How often the file is checked for edits.
     pub file_interval: Duration,
-    pub redis: Option<(redis::Client, String)>,
+    pub redis: Option<(crate::redis_conn::Redis, String)>,
     /// Re-read interval of the Redis key, the safety net for missed update messages.
     pub redis_poll: Duration,
     /// `--api-keys-file`'s keys.
@@ -156,9 +160,17 @@ impl ActiveTenant {
             risk_tolerance: None,
             priority: 0,
             key_prefixes: Vec::new(),
+            keys: TenantKeys::derive(id, &[], PrefixCache::Shared),
             label: Arc::from(id),
             metrics: TenantTelemetry::new(id),
         }
+    }
+
+    /// Whether the tenant may use the profile with this id (`allowed_profiles`).
+    pub fn allows(&self, profile: &str) -> bool {
+        self.allowed_profiles
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|p| p == profile))
     }
 
     /// The routing overrides of this tenant's request: its quality floor, allowed profiles
@@ -188,26 +200,32 @@ impl TenantSnapshot {
     ) -> Self {
         let mut tenants = Vec::new();
         let mut keys = KeyIndex::default();
+        // Each tenant's key digests and `prefix_cache`, for its derived keys.
+        let mut secrets = Vec::new();
         for tenant in doc.map_or(&[][..], |d| &d.tenants[..]) {
             let mut active = ActiveTenant::new(&tenant.id, tenant.limits);
             active.min_quality = tenant.min_quality;
             active.allowed_profiles = tenant.allowed_profiles.clone();
             active.risk_tolerance = tenant.risk_tolerance;
             active.priority = tenant.priority;
+            let mut digests = Vec::new();
             for hash in &tenant.key_sha256 {
                 // The document was validated: every hash parses.
                 if let Some(digest) = parse_key_hash(hash) {
                     keys.insert(digest, tenants.len());
                     active.key_prefixes.push(prefix_of(hash));
+                    digests.push(digest);
                 }
             }
             tenants.push(active);
+            secrets.push((digests, tenant.prefix_cache));
         }
         if let Some(implicit) = implicit.filter(|i| !i.digests.is_empty()) {
             let at = match tenants.iter().position(|t| &*t.id == IMPLICIT_TENANT) {
                 Some(at) => at,
                 None => {
                     tenants.push(ActiveTenant::new(IMPLICIT_TENANT, TenantLimits::default()));
+                    secrets.push((Vec::new(), PrefixCache::Shared));
                     tenants.len() - 1
                 }
             };
@@ -215,10 +233,14 @@ impl TenantSnapshot {
             for digest in &implicit.digests {
                 index.insert(*digest, at);
                 tenants[at].key_prefixes.push(prefix_of(&hex(digest)));
+                secrets[at].0.push(*digest);
             }
             // The document's entries go last: for a key in both, its tenant wins.
             index.extend(keys);
             keys = index;
+        }
+        for (tenant, (digests, prefix_cache)) in tenants.iter_mut().zip(&secrets) {
+            tenant.keys = TenantKeys::derive(&tenant.id, digests, *prefix_cache);
         }
         labels::assign(&mut tenants, metrics_top);
         for tenant in &mut tenants {

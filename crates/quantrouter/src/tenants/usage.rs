@@ -6,11 +6,11 @@ use quantrouter_policy::limits::{
     admit, from_micros, reset_value, used_share, Counters, Outcome, Windows,
 };
 use quantrouter_policy::TenantLimits;
-use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
 use super::limiter::{CounterKeys, CounterSource, Limiter};
 use super::{TenantSnapshot, TenantSource};
+use crate::redis_conn::Conn;
 
 /// Every tenant's usage, as `/admin/tenants` answers.
 #[derive(Debug, Clone, Serialize)]
@@ -68,25 +68,31 @@ pub struct UsageNumbers {
     pub spend_this_month: f64,
 }
 
-/// The counters of `tenants` in the windows of `now_ms`, in one round trip (MGET); a missing
-/// or unreadable counter is 0.
+/// The counters of `tenants` in the windows of `now_ms`, in one round trip (MGET; a cluster
+/// asks each master for its slots' keys); a missing or unreadable counter is 0.
 pub async fn read_counters(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     prefix: &str,
     tenants: &[&str],
     now_ms: u64,
 ) -> Result<Vec<Counters>, redis::RedisError> {
-    if tenants.is_empty() {
+    let windows = Windows::at(now_ms);
+    let keys: Vec<CounterKeys> = tenants
+        .iter()
+        .map(|id| CounterKeys::new(prefix, id, windows))
+        .collect();
+    read_keys(conn, &keys).await
+}
+
+/// The counters under each of `keys`, in their order.
+pub async fn read_keys(
+    conn: &mut Conn,
+    keys: &[CounterKeys],
+) -> Result<Vec<Counters>, redis::RedisError> {
+    if keys.is_empty() {
         return Ok(Vec::new());
     }
-    let windows = Windows::at(now_ms);
-    let keys: Vec<String> = tenants
-        .iter()
-        .flat_map(|id| {
-            let keys = CounterKeys::new(prefix, id, windows);
-            keys.all().map(str::to_owned)
-        })
-        .collect();
+    let keys: Vec<&str> = keys.iter().flat_map(CounterKeys::all).collect();
     let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
     let number = |v: &Option<String>| v.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
     Ok(values

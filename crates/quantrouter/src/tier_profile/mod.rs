@@ -104,15 +104,24 @@ pub struct ProfileTierArgs {
     /// the active set with profile --id updated.
     #[arg(long, requires_all = ["id", "redis_url"])]
     pub push: bool,
-    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    /// `redis://[user:password@]host:port[/db]`,
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/db]` or
+    /// `redis+cluster://[user:password@]host:port[,host:port...]`; `rediss…` for TLS.
     #[arg(long, env = "QUANTROUTER_REDIS_URL")]
     pub redis_url: Option<String>,
     /// Key prefix.
     #[arg(long, env = "QUANTROUTER_REDIS_PREFIX", default_value = "quantrouter")]
     pub redis_prefix: String,
-    /// PEM CA certificate to verify a `rediss://` server with (default: system roots).
+    /// PEM CA certificate to verify a TLS (`rediss…`) Redis with (default: system roots).
     #[arg(long, env = "QUANTROUTER_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
+    /// The sentinels' own password; the URL's password is the master's.
+    #[arg(
+        long,
+        env = "QUANTROUTER_REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_sentinel_password: Option<String>,
 }
 
 /// Checked arguments, ready to run.
@@ -404,6 +413,7 @@ impl Setup {
                 redis_url: url.clone(),
                 redis_prefix: args.redis_prefix.clone(),
                 redis_ca_file: args.redis_ca_file.clone(),
+                redis_sentinel_password: args.redis_sentinel_password.clone(),
             }),
             _ => None,
         };

@@ -7,6 +7,7 @@
 pub mod body;
 mod client;
 pub mod context;
+pub mod continuation;
 pub mod credential;
 mod error;
 pub mod keepalive;

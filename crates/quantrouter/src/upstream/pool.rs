@@ -576,6 +576,12 @@ impl Endpoint {
         })
     }
 
+    /// The endpoint failed after its answer started (a stream broke): its breaker counts
+    /// it like a failed request.
+    pub fn failed_mid_answer(&self) {
+        self.lock_breaker().on_failure(Instant::now(), false);
+    }
+
     pub fn circuit(&self, now: Instant) -> CircuitState {
         self.lock_breaker().state(now)
     }

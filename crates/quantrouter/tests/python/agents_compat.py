@@ -2,11 +2,14 @@
 /v1/messages and `openai` on /v1/responses.
 
     python agents_compat.py ROUTER_URL [--stateful] [--translated]
+    python agents_compat.py ROUTER_URL --truncated
 
 ROUTER_URL is like http://127.0.0.1:8080 (no /v1). Prints "ok <check>" per check and exits
 non-zero with a message on the first failed check. With --stateful the upstreams store
 responses, and a follow-up by `previous_response_id` must work; with --translated they serve
-only chat, and a field with no chat form must be refused in Anthropic's error shape.
+only chat, and a field with no chat form must be refused in Anthropic's error shape. With
+--truncated every upstream stream ends cleanly before its answer finished: both clients must
+see an error, never a finished answer.
 """
 
 import sys
@@ -144,15 +147,42 @@ def run_responses(url, stateful):
         check("responses unknown previous_response_id", e.status_code == 404, e)
 
 
+def run_truncated(url):
+    """The upstream cuts off every stream whose prompt says "cut me off" (`edge_upstream` in
+    agent_apis.rs): the clients must raise or see an error event."""
+    ask = [{"role": "user", "content": "Tell me a long story (cut me off)."}]
+    client = anthropic.Anthropic(base_url=url, api_key="test-key", max_retries=0, timeout=30)
+    try:
+        with client.messages.stream(model="auto", max_tokens=400, messages=ask) as stream:
+            final = stream.get_final_message()
+        raise CheckFailed(f"messages: a cut stream was taken as finished: {final}")
+    except anthropic.APIStatusError as e:
+        check("messages cut stream raises", e.body["type"] == "error", e.body)
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="test-key", max_retries=0, timeout=30)
+    types = [e.type for e in client.responses.create(model="auto", input="Tell me a long story (cut me off).", stream=True)]
+    check("responses cut stream ends with error", types[-1] == "error", types)
+    check("responses cut stream never completes", "response.completed" not in types, types)
+    try:
+        with client.responses.stream(model="auto", input="Tell me a long story (cut me off).") as stream:
+            final = stream.get_final_response()
+        raise CheckFailed(f"responses: a cut stream was taken as finished: {final}")
+    except (openai.APIError, RuntimeError) as e:
+        check("responses.stream cut stream raises", True, e)
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     flags = [a for a in sys.argv[1:] if a.startswith("--")]
-    if len(args) != 1 or [f for f in flags if f not in ("--stateful", "--translated")]:
-        print(f"usage: {sys.argv[0]} ROUTER_URL [--stateful] [--translated]", file=sys.stderr)
+    if len(args) != 1 or [f for f in flags if f not in ("--stateful", "--translated", "--truncated")]:
+        print(f"usage: {sys.argv[0]} ROUTER_URL [--stateful] [--translated] | --truncated", file=sys.stderr)
         sys.exit(2)
     try:
-        run_messages(args[0], "--translated" in flags)
-        run_responses(args[0], "--stateful" in flags)
+        if "--truncated" in flags:
+            run_truncated(args[0])
+        else:
+            run_messages(args[0], "--translated" in flags)
+            run_responses(args[0], "--stateful" in flags)
     except CheckFailed as e:
         print(f"FAILED {e}", flush=True)
         sys.exit(1)

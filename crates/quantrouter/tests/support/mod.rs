@@ -5,17 +5,21 @@
 
 pub mod envoy;
 pub mod kube_api;
+pub mod llama;
 pub mod redis_server;
+pub mod sim_process;
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -292,6 +296,53 @@ impl Tiers {
     }
 }
 
+/// Tenants from `doc`, written to a file in `dir`, counted by this replica alone on a clock
+/// fixed in one minute (no window resets between a test's requests).
+pub async fn file_tenants(
+    dir: &std::path::Path,
+    doc: &serde_json::Value,
+) -> Arc<quantrouter::tenants::Tenants> {
+    use quantrouter::tenants::limiter::LimiterConfig;
+    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+    let file = dir.join("tenants.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(1),
+        redis: None,
+        redis_poll: Duration::from_secs(1),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let clock = Clock::manual(4_102_444_800_000);
+    Arc::new(Tenants::start(config, limiter, clock).await.unwrap())
+}
+
+/// Three tiers whose sims serve the agent APIs natively (and say so in `upstream.apis`), or
+/// only chat; the router with `tweak`.
+pub async fn agent_tiers(native: bool, tweak: impl FnOnce(&mut ServerConfig)) -> Tiers {
+    Tiers::start(
+        [1, 1, 1],
+        |_| SimConfig {
+            chat_only: !native,
+            ..SimConfig::default()
+        },
+        |set| {
+            for profile in &mut set.profiles {
+                if let (true, Upstream::Static(upstream)) = (native, &mut profile.upstream) {
+                    upstream.apis.extend([
+                        quantrouter_policy::UpstreamApi::Messages,
+                        quantrouter_policy::UpstreamApi::Responses,
+                    ]);
+                }
+            }
+        },
+        tweak,
+    )
+    .await
+}
+
 pub async fn start_router(set: ProfileSet, tweak: impl FnOnce(&mut ServerConfig)) -> Server {
     let store = Arc::new(ProfileStore::new(set, SourceKind::Embedded));
     let mut config = ServerConfig {
@@ -331,6 +382,85 @@ pub async fn send(
         headers: parts.headers,
         body,
     }
+}
+
+/// An upstream that answers every completion with `answer(request body)`: a status, a
+/// content type and a body it sends whole (a stream's last byte ends it cleanly); `GET`s
+/// (health, metrics) get 200. Returns its URL and a count of completions.
+pub async fn scripted_upstream<F>(answer: F) -> (String, Arc<AtomicU64>)
+where
+    F: Fn(&serde_json::Value) -> (StatusCode, &'static str, String) + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answer = Arc::new(answer);
+    let count = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&count);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (answer, counted) = (Arc::clone(&answer), Arc::clone(&counted));
+                    async move {
+                        let post = req.method() == http::Method::POST;
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let (status, kind, text) = match post {
+                            true => {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                                answer(&serde_json::from_slice(&body).unwrap())
+                            }
+                            false => (StatusCode::OK, "text/plain", String::new()),
+                        };
+                        let mut response = Response::new(Full::new(Bytes::from(text)));
+                        *response.status_mut() = status;
+                        response.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static(kind),
+                        );
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, count)
+}
+
+/// What a child process announces on `output`: the rest of the first line that holds
+/// `marker`, within `deadline`. The output is read on afterwards, so the child never
+/// blocks on a full pipe.
+pub async fn announced(
+    output: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    marker: &str,
+    deadline: Duration,
+) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(output).lines();
+    let found = tokio::time::timeout(deadline, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, rest)) = line.split_once(marker) {
+                return rest.trim().to_owned();
+            }
+        }
+        panic!("the process ended before it said {marker:?}");
+    })
+    .await;
+    let found = found.unwrap_or_else(|_| panic!("no {marker:?} within {deadline:?}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    found
+}
+
+/// Noon (and 30 s) two days from now, UTC: a limit window in the future, whose counters do
+/// not expire under the real clock while a test runs.
+pub fn future_noon() -> u64 {
+    use quantrouter_policy::limits::DAY_MS;
+    let today = quantrouter::tenants::limiter::unix_ms(std::time::SystemTime::now()) / DAY_MS;
+    (today + 2) * DAY_MS + 12 * 3_600_000 + 30_000
 }
 
 /// Polls `check` until it holds or `deadline` passes.
@@ -536,6 +666,27 @@ pub async fn capture_upstream() -> (String, Captured) {
         }
     });
     (url, seen)
+}
+
+/// Runs `tests/python/<script>` with `args` in the Python of the official clients, and
+/// returns its output once it exited 0 having said "checks passed".
+pub async fn python_checks(script: &str, args: &[String]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let output = tokio::process::Command::new(python())
+        .arg(path)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("checks passed"),
+        "{script}:\n{stdout}\n{stderr}"
+    );
+    stdout
 }
 
 /// The Python with the official clients in it (`QUANTROUTER_PYTHON`, else the repository's

@@ -66,18 +66,83 @@ fn a_conversation_with_tools_becomes_chat_messages() {
 }
 
 #[test]
+fn claude_codes_request_becomes_chat_with_its_hints_left_out() {
+    // The fields Claude Code sends, as it sends them.
+    let request = json!({
+    "model": "auto", "max_tokens": 32000, "stream": true,
+    "metadata": {"user_id": "{\"device_id\":\"d\"}"},
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+    "system": [{"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [
+        {"name": "Read", "description": "read", "input_schema": {"type": "object"}},
+        {"name": "Later", "description": "l", "input_schema": {"type": "object"}, "defer_loading": true},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+    ],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": "sig"},
+            {"type": "text", "text": "Hello"}]},
+    ]});
+    let chat = to_chat(&request).unwrap();
+    let messages = chat["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[2],
+        json!({"role": "system", "content": "# Environment"})
+    );
+    assert_eq!(
+        messages[3],
+        json!({"role": "assistant", "content": "Hello"})
+    );
+    assert_eq!(chat.get("reasoning_effort"), None, "adaptive asks nothing");
+    let names: Vec<&str> = chat["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Read", "Later"]);
+    assert_eq!(dropped_tools(&request), ["web_search"]);
+    for key in [
+        "context_management",
+        "output_config",
+        "metadata",
+        "thinking",
+    ] {
+        assert_eq!(chat.get(key), None, "{key}");
+    }
+}
+
+#[test]
+fn thinking_becomes_a_reasoning_effort_and_a_schema_a_response_format() {
+    let base =
+        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+    for (budget, effort) in [(1024, "low"), (8000, "medium"), (20000, "high")] {
+        let mut thinking = base.clone();
+        thinking["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+        assert_eq!(to_chat(&thinking).unwrap()["reasoning_effort"], effort);
+    }
+    let mut format = base;
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+    format["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
+    let chat = to_chat(&format).unwrap();
+    assert_eq!(chat["response_format"]["type"], "json_schema");
+    assert_eq!(chat["response_format"]["json_schema"]["schema"], schema);
+}
+
+#[test]
 fn what_chat_cannot_carry_is_refused_by_name() {
     let base =
         json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
-    let mut thinking = base.clone();
-    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    assert!(to_chat(&thinking).unwrap_err().0.contains("thinking"));
     let mut server_tool = base.clone();
-    server_tool["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
+    server_tool["tools"] = json!([{"type": "bash_20250124", "name": "bash"}]);
     assert!(to_chat(&server_tool)
         .unwrap_err()
         .0
-        .contains("web_search_20250305"));
+        .contains("bash_20250124"));
     let mut unknown = base.clone();
     unknown["mcp_servers"] = json!([]);
     assert!(to_chat(&unknown).unwrap_err().0.contains("mcp_servers"));
@@ -184,4 +249,38 @@ fn an_error_mid_stream_is_anthropics_error_event() {
     let before = out.len();
     stream.end(&mut out);
     assert_eq!(out.len(), before);
+}
+
+#[test]
+fn a_chat_upstreams_reasoning_becomes_thinking_whole_and_streamed() {
+    let chat = json!({"id": "chatcmpl-r", "model": "m", "choices": [{"message": {
+        "role": "assistant", "reasoning_content": "2+2 is 4", "content": "4"},
+        "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}});
+    let message = from_chat(&chat);
+    assert_eq!(
+        message["content"],
+        json!([{"type": "thinking", "thinking": "2+2 is 4", "signature": ""},
+            {"type": "text", "text": "4"}])
+    );
+
+    let mut stream = MessagesStream::default();
+    let mut out = Vec::new();
+    for chunk in [
+        json!({"id": "chatcmpl-r", "model": "m", "choices": [{"delta": {"role": "assistant"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0}}),
+        json!({"choices": [{"delta": {"reasoning": "2+2"}}]}),
+        json!({"choices": [{"delta": {"content": "4"}, "finish_reason": "stop"}]}),
+    ] {
+        stream.chunk(&chunk, &mut out);
+    }
+    stream.end(&mut out);
+    let events = events(&out);
+    // The prompt's tokens from the first chunk (`continuous_usage_stats`).
+    assert_eq!(events[0].1["message"]["usage"]["input_tokens"], 3);
+    assert_eq!(events[1].1["content_block"]["type"], "thinking");
+    assert_eq!(
+        events[2].1["delta"],
+        json!({"type": "thinking_delta", "thinking": "2+2"})
+    );
+    assert_eq!(events[4].1["content_block"]["type"], "text");
 }

@@ -54,11 +54,54 @@ fn input_items_with_calls_and_results_become_chat_messages() {
 }
 
 #[test]
+fn codexs_request_becomes_chat_with_its_hints_and_hosted_tools_left_out() {
+    // The fields Codex sends, as it sends them.
+    let request = json!({
+    "model": "auto", "stream": true, "store": false, "parallel_tool_calls": true,
+    "tool_choice": "auto", "reasoning": {"effort": "low", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+    "client_metadata": {"turn_id": "t"}, "text": {"verbosity": "low"},
+    "tools": [
+        {"type": "function", "name": "exec_command", "strict": false,
+         "description": "run", "parameters": {"type": "object"}},
+        {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+         "tools": [{"type": "function", "name": "spawn_agent", "parameters": {}}]},
+        {"type": "web_search", "external_web_access": false},
+    ],
+    "input": [
+        {"type": "message", "id": "msg_1", "role": "developer",
+         "content": [{"type": "input_text", "text": "be useful"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"},
+        {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]});
+    let chat = to_chat(&request).unwrap();
+    assert_eq!(chat["reasoning_effort"], "low");
+    assert_eq!(chat["tools"].as_array().unwrap().len(), 1);
+    assert_eq!(chat["tools"][0]["function"]["name"], "exec_command");
+    let roles: Vec<&str> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+    assert_eq!(dropped_tools(&request), ["multi_agent_v1", "web_search"]);
+    let echo = echo(&request);
+    assert_eq!(echo["tools"].as_array().unwrap().len(), 1);
+    assert_eq!(echo["tool_choice"], "auto");
+}
+
+#[test]
 fn built_in_tools_and_unknown_items_are_refused() {
-    let search = json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]});
-    assert!(to_chat(&search).unwrap_err().0.contains("web_search"));
-    let reasoning = json!({"model": "m", "input": [{"type": "reasoning", "summary": []}]});
-    assert!(to_chat(&reasoning).unwrap_err().0.contains("reasoning"));
+    let search = json!({"model": "m", "input": "x", "tools": [{"type": "file_search"}]});
+    assert!(to_chat(&search).unwrap_err().0.contains("file_search"));
+    let reference = json!({"model": "m", "input": [{"type": "item_reference", "id": "x"}]});
+    assert!(to_chat(&reference)
+        .unwrap_err()
+        .0
+        .contains("item_reference"));
     let background = json!({"model": "m", "input": "x", "background": true});
     assert!(to_chat(&background).unwrap_err().0.contains("background"));
     let follow_up = json!({"model": "m", "input": "x", "previous_response_id": "resp_1"});
@@ -74,8 +117,12 @@ fn a_chat_answer_becomes_an_unstored_response() {
         "message": {"role": "assistant", "content": "hi", "tool_calls": [{"id": "call_1",
             "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2}});
-    let response = from_chat(&chat);
+    let tools = json!([{"type": "function", "name": "f", "parameters": {}}]);
+    let response = from_chat(&chat, &json!({"tools": tools, "tool_choice": "required"}));
     assert_eq!(response["id"], "resp_abc");
+    // The tools the request offered, not `[]`.
+    assert_eq!(response["tools"], tools);
+    assert_eq!(response["tool_choice"], "required");
     assert_eq!(response["status"], "completed");
     assert_eq!(response["store"], false);
     assert_eq!(
@@ -86,7 +133,7 @@ fn a_chat_answer_becomes_an_unstored_response() {
     assert_eq!(response["output"][1]["call_id"], "call_1");
     assert_eq!(response["usage"]["total_tokens"], 6);
     let cut = json!({"choices": [{"message": {"content": "a"}, "finish_reason": "length"}]});
-    let cut = from_chat(&cut);
+    let cut = from_chat(&cut, &Value::Null);
     assert_eq!(
         (
             cut["status"].as_str(),
@@ -164,4 +211,44 @@ fn a_streamed_tool_call_is_a_function_call_item() {
         events.last().unwrap().1["response"]["output"][0]["arguments"],
         "{\"a\":1}"
     );
+}
+
+#[test]
+fn a_chat_upstreams_reasoning_becomes_a_reasoning_item_whole_and_streamed() {
+    let chat = json!({"id": "chatcmpl-r", "model": "m", "choices": [{"message": {
+        "role": "assistant", "reasoning": "2+2 is 4", "content": "4"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5,
+            "completion_tokens_details": {"reasoning_tokens": 4}}});
+    let response = from_chat(&chat, &Value::Null);
+    assert_eq!(response["output"][0]["type"], "reasoning");
+    assert_eq!(response["output"][0]["content"][0]["text"], "2+2 is 4");
+    assert_eq!(response["output"][1]["type"], "message");
+    assert_eq!(
+        response["usage"]["output_tokens_details"]["reasoning_tokens"],
+        4
+    );
+
+    let mut stream = ResponsesStream::default();
+    let mut out = Vec::new();
+    for chunk in [
+        json!({"id": "chatcmpl-r", "model": "m", "choices": [{"delta": {"reasoning_content": "2+2"}}]}),
+        json!({"choices": [{"delta": {"content": "4"}, "finish_reason": "stop"}]}),
+    ] {
+        stream.chunk(&chunk, &mut out);
+    }
+    stream.end(&mut out);
+    let events = events(&out);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[2..6],
+        [
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done"
+        ]
+    );
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(done["output"][0]["content"][0]["text"], "2+2");
+    assert_eq!(done["output"][1]["content"][0]["text"], "4");
 }

@@ -16,11 +16,19 @@ fn counter_keys_name_the_tenant_and_window_and_outlive_it_briefly() {
     let keys = CounterKeys::new("qr", "team-a", Windows::at(NOON));
     assert_eq!(
         keys.requests,
+        "qr:tenants:usage:{team-a}:requests:202603151200"
+    );
+    assert_eq!(keys.tokens, "qr:tenants:usage:{team-a}:tokens:202603151200");
+    assert_eq!(keys.spend_day, "qr:tenants:usage:{team-a}:spend:20260315");
+    assert_eq!(keys.spend_month, "qr:tenants:usage:{team-a}:spend:202603");
+    // One hash tag: a cluster keeps the tenant's keys, and so every script, in one slot.
+    let tag = |key: &str| key[key.find('{').unwrap()..=key.find('}').unwrap()].to_owned();
+    assert!(keys.all().iter().all(|k| tag(k) == "{team-a}"));
+    let former = CounterKeys::former("qr", "team-a", Windows::at(NOON));
+    assert_eq!(
+        former.requests,
         "qr:tenants:usage:team-a:requests:202603151200"
     );
-    assert_eq!(keys.tokens, "qr:tenants:usage:team-a:tokens:202603151200");
-    assert_eq!(keys.spend_day, "qr:tenants:usage:team-a:spend:20260315");
-    assert_eq!(keys.spend_month, "qr:tenants:usage:team-a:spend:202603");
     let w = Windows::at(NOON);
     assert_eq!(keys.minute_expiry_ms, w.minute_end_ms() + 60_000);
     assert_eq!(keys.day_expiry_ms, w.day_end_ms() + 3_600_000);

@@ -21,6 +21,10 @@ pub enum BodyError {
     FirstOutput,
     #[error("the request deadline passed")]
     Deadline,
+    #[error("the upstream ended the stream before its answer finished")]
+    Incomplete,
+    #[error("the upstream sent an error event mid-stream")]
+    ErrorEvent,
 }
 
 /// Limits on a response body in flight.
@@ -170,13 +174,15 @@ impl BodyError {
             Self::Idle(_) => "idle_timeout",
             Self::FirstOutput => "header_timeout",
             Self::Deadline => "deadline",
+            Self::Incomplete => "incomplete",
+            Self::ErrorEvent => "error_event",
         }
     }
 
     /// The `code` of the error event a stream that failed ends with.
     pub(super) fn code(self) -> &'static str {
         match self {
-            BodyError::Upstream => "upstream_error",
+            BodyError::Upstream | BodyError::Incomplete | BodyError::ErrorEvent => "upstream_error",
             BodyError::Idle(_) | BodyError::FirstOutput | BodyError::Deadline => "timeout",
         }
     }

@@ -3,16 +3,19 @@
 //!
 //! 1. [`TimeLimited`]: the header timeout until the first output, then the idle timeout
 //!    between frames, and the request deadline throughout;
-//! 2. [`Reader`]: what the router reads as the body passes — an SSE stream's events (the
+//! 2. [`Guarded`]: the in-flight count and the admission slot, held until the body ends;
+//! 3. [`Resuming`]: a stream that may be resumed (`policy.stream_resume`) goes on with
+//!    another upstream's continuation when its upstream breaks; others pass untouched;
+//! 4. [`Reader`]: what the router reads as the body passes — an SSE stream's events (the
 //!    first output, usage events cut out, events delivered) or a whole answer's usage, and a
 //!    copy of a whole answer for calibration;
-//! 3. [`Guarded`]: the in-flight count and the admission slot, held until the body ends;
-//! 4. [`UpstreamBody`]: tells the request's [`OnEnd`] hook how the body ended, once, and
+//! 5. [`UpstreamBody`]: tells the request's [`OnEnd`] hook how the body ended, once, and
 //!    turns a failure after the head into an SSE error event (a stream) or an aborted body.
 
 mod guard;
 mod limits;
 mod reader;
+mod resume;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -25,6 +28,7 @@ use tokio::time::Instant;
 pub use guard::{Guarded, Held};
 pub use limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
 pub use reader::Reader;
+pub use resume::{Asked, Broken, Continuation, Resumable, Resume, Resuming, Served};
 
 use super::UpstreamIncoming;
 use crate::openai::Usage;
@@ -75,7 +79,7 @@ pub struct Reading {
     pub strip_usage: bool,
 }
 
-type Layers = Guarded<Reader<TimeLimited<UpstreamIncoming>>>;
+type Layers = Reader<Resuming>;
 
 pin_project_lite::pin_project! {
     /// The upstream response body on its way to the client, frame by frame (see the
@@ -97,7 +101,7 @@ pin_project_lite::pin_project! {
                     completed: false,
                     failure: None,
                     usage: None,
-                    data_events: this.inner.inner_ref().data_events(),
+                    data_events: this.inner.data_events(),
                     elapsed: this.started.elapsed(),
                 };
                 hook.on_end(Outcome { end, answer: None });
@@ -134,10 +138,10 @@ impl UpstreamBody {
         limits: TimeLimits,
         reading: Reading,
     ) -> Self {
-        let limited = TimeLimited::new(incoming, limits);
-        let read = Reader::new(limited, reading.sse, reading.strip_usage);
+        let part = Guarded::new(TimeLimited::new(incoming, limits), held);
+        let read = Reader::new(Resuming::new(part), reading.sse, reading.strip_usage);
         Self {
-            inner: Guarded::new(read, held),
+            inner: read,
             hook: None,
             started: reading.started,
             done: false,
@@ -154,13 +158,22 @@ impl UpstreamBody {
     /// [`Outcome::answer`]; a longer answer, one that fails or one the client leaves is not
     /// handed over.
     pub fn copy_answer(mut self, limit: usize) -> Self {
-        self.inner.inner_mut().copy_answer(limit);
+        self.inner.copy_answer(limit);
+        self
+    }
+
+    /// Continues the stream elsewhere when its upstream breaks after the head
+    /// (`policy.stream_resume`); `None` leaves it as it is.
+    pub fn resuming(mut self, resumable: Option<Resumable>) -> Self {
+        if let Some(resumable) = resumable {
+            self.inner.inner_mut().resumable(resumable);
+        }
         self
     }
 
     /// The request's deadline, which the body holds to.
     pub fn deadline(&self) -> Instant {
-        self.inner.inner_ref().inner_ref().deadline()
+        self.inner.inner_ref().deadline()
     }
 
     fn finish(self: Pin<&mut Self>, failure: Option<BodyError>) {
@@ -170,10 +183,10 @@ impl UpstreamBody {
             return;
         };
         let answer = match failure {
-            None => this.inner.as_mut().inner_pin().take_copy(),
+            None => this.inner.as_mut().take_copy(),
             Some(_) => None,
         };
-        let reader = this.inner.inner_ref();
+        let reader = &*this.inner;
         let end = BodyEnd {
             completed: failure.is_none(),
             failure,
@@ -198,7 +211,7 @@ impl Body for UpstreamBody {
         }
         let mut this = self.as_mut().project();
         let polled = this.inner.as_mut().poll_frame(cx);
-        if this.inner.as_mut().inner_pin().take_first_output() {
+        if this.inner.as_mut().take_first_output() {
             if let Some(hook) = this.hook.as_mut() {
                 hook.first_output(this.started.elapsed());
             }
@@ -215,7 +228,7 @@ impl Body for UpstreamBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(failure))) => {
-                let sse = this.inner.inner_ref().sse();
+                let sse = this.inner.sse();
                 self.as_mut().finish(Some(failure));
                 match sse {
                     true => Poll::Ready(Some(Ok(Frame::data(sse_error_event(failure))))),

@@ -63,6 +63,10 @@ impl<B> Reader<B> {
         &self.inner
     }
 
+    pub fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
     /// Copies a non-streamed answer as it passes, up to `limit` bytes.
     pub fn copy_answer(&mut self, limit: usize) {
         if self.read.events.is_none() {

@@ -1,0 +1,659 @@
+//! Streams that outlive their upstream (`policy.stream_resume`), over real processes: a
+//! vllm-sim process killed mid-stream (SIGKILL), and simulators whose streams end without a
+//! finish, stall past the idle timeout or send an error event. The official `openai` client
+//! reads one well-formed stream to its full length, the continuing endpoint's request holds
+//! the delivered text, and the tenant, the tokens and the resume metric count the answer
+//! once. With `max_resumes: 0` the stream ends with the error event it always did.
+//!
+//! Every simulator serves one model with one seed, so the healthy one's answer, asked
+//! directly, is the uninterrupted answer the resumed stream must equal. llama.cpp's
+//! `llama-server`, greedy on a tiny model whose next token depends on the last one alone,
+//! continues through its assistant prefill to the very answer it gives uninterrupted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quantrouter::profiles::SourceKind;
+use quantrouter::server::Server;
+use quantrouter::tenants::limiter::LimiterConfig;
+use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
+use serde_json::{json, Value};
+use support::llama::LlamaServer;
+use support::sim_process::{serve_when_spawned, SimProcess};
+use support::{client, eventually, loopback, send, start_router, SIMPLE};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::TcpStream;
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use vllm_sim::{Faults, SimConfig, SimServer, StreamBreak};
+
+const KEY: &str = "sk-resume-7Qm2";
+const MODEL: &str = "shared-model";
+
+/// A router over `set` for the tenant `team` (key [`KEY`], counted locally in a fixed
+/// minute), with an idle timeout of a second, so a stalled stream breaks quickly.
+async fn router(set: ProfileSet) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    let doc = json!({"version": 1, "tenants": [{"id": "team",
+        "key_sha256": [quantrouter_policy::hash_key(KEY)],
+        "limits": {"tokens_per_minute": 1_000_000}}]});
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(60),
+        redis: None,
+        redis_poll: Duration::from_secs(60),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let tenants = Tenants::start(config, limiter, Clock::manual(4_102_444_800_000));
+    let tenants = Arc::new(tenants.await.unwrap());
+    let router = start_router(set, |c| {
+        c.tenants = Some(tenants);
+        c.resilience.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    (router, dir)
+}
+
+/// The default profile set with every profile serving [`MODEL`] at `urls`, by profile id,
+/// each id prefixed with `test` (tests share one process's metrics).
+fn profile_set(test: &str, urls: &[(&str, Vec<String>)]) -> ProfileSet {
+    let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+    for profile in &mut set.profiles {
+        profile.model = MODEL.to_owned();
+        let (_, at) = urls.iter().find(|(id, _)| *id == profile.id).unwrap();
+        profile.upstream = Upstream::Static(StaticUpstream::new(at.clone()));
+        profile.id = format!("{test}-{}", profile.id);
+    }
+    set.default_profile = format!("{test}-{}", set.default_profile);
+    set
+}
+
+/// The official `openai` client, reading streams one request line at a time.
+struct OpenAiClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl OpenAiClient {
+    fn start(router: &Server) -> Self {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/stream_resume.py");
+        let mut child = tokio::process::Command::new(support::python())
+            .arg(script)
+            .arg(format!("http://{}/v1", router.public_addr()))
+            .env("OPENAI_API_KEY", KEY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    async fn send(&mut self, api: &str, body: &Value) {
+        let line = format!("{}\n", json!({"api": api, "body": body}));
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+    }
+
+    /// What the client saw of the stream sent last.
+    async fn seen(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line());
+        match line
+            .await
+            .expect("the client answers within a minute")
+            .unwrap()
+        {
+            Some(line) => serde_json::from_str(&line).unwrap(),
+            None => panic!("the client exited: {:?}", self.child.wait().await),
+        }
+    }
+
+    async fn stream(&mut self, api: &str, body: &Value) -> Value {
+        self.send(api, body).await;
+        self.seen().await
+    }
+}
+
+/// A chat request of `max_tokens`, as the client sends it: the simulators generate exactly
+/// that many tokens (`ignore_eos`), so the answer's length is known.
+fn chat(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": SIMPLE}],
+        "stream_options": {"include_usage": true},
+        "extra_body": {"ignore_eos": true}})
+}
+
+/// The same request sent whole, straight to a simulator: the uninterrupted answer.
+async fn uninterrupted(url: &str, request: &Value) -> Value {
+    let mut body = request.clone();
+    let fields = body.as_object_mut().unwrap();
+    fields.remove("stream_options");
+    if let Some(Value::Object(extra)) = fields.remove("extra_body") {
+        fields.extend(extra);
+    }
+    body["model"] = json!(MODEL);
+    let path = match body.get("messages") {
+        Some(_) => "/v1/chat/completions",
+        None => "/v1/completions",
+    };
+    let headers = [("content-type", "application/json")];
+    let reply = send(
+        &client(),
+        "POST",
+        &format!("{url}{path}"),
+        &body.to_string(),
+        &headers,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    reply.json()
+}
+
+fn answer_text(answer: &Value) -> &str {
+    let choice = &answer["choices"][0];
+    choice["message"]["content"]
+        .as_str()
+        .or(choice["text"].as_str())
+        .unwrap()
+}
+
+/// The last request a simulator got (the continuation), as JSON.
+async fn last_request(url: &str) -> Value {
+    let reply = send(
+        &client(),
+        "GET",
+        &format!("{url}/sim/last-request"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    reply.json()
+}
+
+/// A sample of the router's `/metrics`, 0 when absent.
+async fn metric(router: &Server, name: &str, labels: &[&str]) -> f64 {
+    let url = format!("http://{}/metrics", router.admin_addr());
+    let page = send(&client(), "GET", &url, "", &[]).await;
+    String::from_utf8_lossy(&page.body)
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The tenant's tokens this minute.
+async fn tenant_tokens(router: &Server) -> u64 {
+    let url = format!("http://{}/admin/tenants", router.admin_addr());
+    let report = send(&client(), "GET", &url, "", &[]).await.json();
+    report["tenants"][0]["usage"]["tokens_this_minute"]
+        .as_u64()
+        .unwrap()
+}
+
+/// The client read one well-formed stream: `text`, one finish, one id, one choice.
+fn assert_whole(seen: &Value, text: &str, finish: &str) {
+    assert_eq!(seen["error"], Value::Null, "{seen}");
+    assert_eq!(seen["text"], text, "{seen}");
+    assert_eq!(seen["finish_reasons"], json!([finish]), "{seen}");
+    assert_eq!(seen["ids"].as_array().unwrap().len(), 1, "{seen}");
+    assert_eq!(seen["indexes"], json!([0]), "{seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_sim_process_is_killed_reaches_the_openai_client_whole() {
+    serve_when_spawned().await;
+    const TEST: &str = "a_stream_whose_sim_process_is_killed_reaches_the_openai_client_whole";
+    let itl = Duration::from_millis(20);
+    let mut sims = [
+        SimProcess::spawn(TEST, MODEL, itl).await,
+        SimProcess::spawn(TEST, MODEL, itl).await,
+    ];
+    let both: Vec<String> = sims.iter().map(|s| s.url().to_owned()).collect();
+    // fp8 is pinned: the stream goes on on its other endpoint.
+    let set = profile_set(
+        "kill",
+        &[
+            ("llama8b-fp16", both.clone()),
+            ("llama8b-fp8", both.clone()),
+            ("llama8b-awq", both.clone()),
+        ],
+    );
+    let (router, _dir) = router(set).await;
+    let mut openai = OpenAiClient::start(&router);
+    let request = chat("kill-llama8b-fp8", 120);
+    openai.send("chat", &request).await;
+
+    // Whichever simulator took the stream dies once some 30 tokens went out.
+    let serving = serving_sim(&sims, 30.0).await;
+    sims[serving].kill().await;
+    let seen = openai.seen().await;
+
+    let survivor = sims[1 - serving].url().to_owned();
+    let continued = last_request(&survivor).await;
+    let whole = uninterrupted(&survivor, &request).await;
+    let full = answer_text(&whole);
+    assert_eq!(full.split(' ').count(), 120);
+    assert_whole(&seen, full, "length");
+    let usage = &whole["usage"];
+    assert_eq!(
+        seen["usage"]["prompt_tokens"], usage["prompt_tokens"],
+        "{seen}"
+    );
+    assert_eq!(seen["usage"]["completion_tokens"], 120, "{seen}");
+
+    // The survivor was asked to go on from what the client had.
+    let messages = continued["messages"].as_array().unwrap();
+    let delivered = messages.last().unwrap()["content"].as_str().unwrap();
+    assert_eq!(messages.last().unwrap()["role"], "assistant");
+    let words = delivered.split(' ').count() as u64;
+    assert!(words >= 25 && full.starts_with(delivered), "{delivered:?}");
+    assert_eq!(continued["continue_final_message"], true);
+    assert_eq!(continued["add_generation_prompt"], false);
+    assert_eq!(continued["max_tokens"], 120 - words);
+
+    // Booked once: the tenant's tokens are the uninterrupted answer's.
+    let total = usage["total_tokens"].as_u64().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            tenant_tokens(&router).await == total
+        })
+        .await,
+        "the tenant is charged {total} tokens, not {}",
+        tenant_tokens(&router).await
+    );
+    let profile = "profile=\"kill-llama8b-fp8\"";
+    let resumes = "quantrouter_stream_resumes_total";
+    assert_eq!(
+        metric(&router, resumes, &[profile, "result=\"resumed\""]).await,
+        1.0
+    );
+    let errors = "quantrouter_upstream_errors_total";
+    assert_eq!(
+        metric(&router, errors, &[profile, "kind=\"mid_stream\""]).await,
+        1.0
+    );
+    let output = ["quantrouter_tokens_total", profile, "direction=\"output\""];
+    assert_eq!(metric(&router, output[0], &output[1..]).await, 120.0);
+}
+
+/// The simulator that has generated `tokens`, waited for within 30 s.
+async fn serving_sim(sims: &[SimProcess], tokens: f64) -> usize {
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
+    while tokio::time::Instant::now() < until {
+        poll.tick().await;
+        for (i, sim) in sims.iter().enumerate() {
+            if sim.metric("vllm:generation_tokens_total").await >= tokens {
+                return i;
+            }
+        }
+    }
+    panic!("no simulator generated {tokens} tokens within 30 s");
+}
+
+/// Breaks the streams of `sim` after ten events (a chat's role and nine tokens), `how`.
+fn break_after_ten(sim: &SimServer, how: StreamBreak) {
+    sim.set_faults(Faults {
+        reset_after_chunks: Some(10),
+        stream_break: how,
+        ..Faults::default()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_end_stall_or_send_an_error_go_on_from_the_next_profile() {
+    // The int4 profile, which the router picks, has the breaking simulator; the others
+    // share the healthy one. Both serve chat only: agent APIs are translated.
+    let config = SimConfig {
+        model: MODEL.to_owned(),
+        chat_only: true,
+        ..SimConfig::default()
+    };
+    let breaking = SimServer::bind(loopback(), config.clone()).await.unwrap();
+    let healthy = SimServer::bind(loopback(), config).await.unwrap();
+    let mut set = profile_set(
+        "break",
+        &[
+            ("llama8b-fp16", vec![healthy.url()]),
+            ("llama8b-fp8", vec![healthy.url()]),
+            ("llama8b-awq", vec![breaking.url()]),
+        ],
+    );
+    let (router, _dir) = router(set.clone()).await;
+    let mut openai = OpenAiClient::start(&router);
+    let request = chat("auto", 40);
+    let whole = uninterrupted(&healthy.url(), &request).await;
+    let full = answer_text(&whole);
+    let nine: Vec<&str> = full.split(' ').take(9).collect();
+    let nine = nine.join(" ");
+
+    for how in [
+        StreamBreak::End,
+        StreamBreak::Stall,
+        StreamBreak::ErrorEvent,
+    ] {
+        break_after_ten(&breaking, how);
+        let seen = openai.stream("chat", &request).await;
+        assert_whole(&seen, full, "length");
+        assert_eq!(seen["usage"]["completion_tokens"], 40, "{how:?}: {seen}");
+        assert_eq!(
+            seen["usage"]["prompt_tokens"],
+            whole["usage"]["prompt_tokens"]
+        );
+        let continued = last_request(&healthy.url()).await;
+        assert_eq!(
+            continued["messages"][1],
+            json!({"role": "assistant", "content": nine}),
+            "{how:?}"
+        );
+        assert_eq!(continued["max_tokens"], 31);
+    }
+
+    // Completions: the prompt with the delivered text appended.
+    break_after_ten(&breaking, StreamBreak::End);
+    let completion = json!({"model": "auto", "prompt": SIMPLE, "max_tokens": 40,
+        "stream_options": {"include_usage": true}, "extra_body": {"ignore_eos": true}});
+    let seen = openai.stream("completions", &completion).await;
+    let continued = last_request(&healthy.url()).await;
+    let delivered = continued["prompt"]
+        .as_str()
+        .unwrap()
+        .strip_prefix(SIMPLE)
+        .unwrap();
+    // A completion stream has no role event: ten tokens.
+    assert_eq!(delivered.split(' ').filter(|w| !w.is_empty()).count(), 10);
+    let mut rest = continued.clone();
+    rest["stream"] = json!(false);
+    rest.as_object_mut().unwrap().remove("stream_options");
+    let rest = send(
+        &client(),
+        "POST",
+        &format!("{}/v1/completions", healthy.url()),
+        &rest.to_string(),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_whole(
+        &seen,
+        &format!("{delivered}{}", answer_text(&rest.json())),
+        "length",
+    );
+    assert_eq!(seen["usage"]["completion_tokens"], 40, "{seen}");
+
+    // Translated agent APIs resume the same way, to the answer's natural end.
+    let mut natural = request.clone();
+    natural.as_object_mut().unwrap().remove("extra_body");
+    let natural = uninterrupted(&healthy.url(), &natural).await;
+    let full = answer_text(&natural);
+    assert!(
+        full.split(' ').count() > 10,
+        "the break comes first: {full:?}"
+    );
+    break_after_ten(&breaking, StreamBreak::End);
+    let messages = agent_stream(
+        &router,
+        "/v1/messages",
+        json!({"model": "auto",
+        "max_tokens": 40, "stream": true, "messages": [{"role": "user", "content": SIMPLE}]}),
+    )
+    .await;
+    assert_eq!(
+        agent_text(&messages, "content_block_delta", "/delta/text"),
+        full
+    );
+    assert_eq!(
+        messages
+            .iter()
+            .filter(|e| e["type"] == "message_stop")
+            .count(),
+        1
+    );
+    break_after_ten(&breaking, StreamBreak::End);
+    let responses = agent_stream(
+        &router,
+        "/v1/responses",
+        json!({"model": "auto",
+        "max_output_tokens": 40, "stream": true, "input": SIMPLE}),
+    )
+    .await;
+    assert_eq!(
+        agent_text(&responses, "response.output_text.delta", "/delta"),
+        full
+    );
+    assert_eq!(
+        responses
+            .iter()
+            .filter(|e| e["type"] == "response.completed")
+            .count(),
+        1
+    );
+
+    let int4 = "profile=\"break-llama8b-awq\"";
+    let resumes = "quantrouter_stream_resumes_total";
+    let resumed = [int4, "result=\"resumed\""];
+    assert_eq!(metric(&router, resumes, &resumed).await, 6.0);
+    let errors = "quantrouter_upstream_errors_total";
+    for (kind, count) in [
+        ("incomplete", 4.0),
+        ("idle_timeout", 1.0),
+        ("error_event", 1.0),
+    ] {
+        let labels = [int4, &format!("kind=\"{kind}\"")];
+        assert_eq!(metric(&router, errors, &labels).await, count, "{kind}");
+    }
+
+    // Resumption off: a reset ends the stream with the error event, as it always did.
+    set.version += 1;
+    set.policy.stream_resume.max_resumes = 0;
+    router
+        .app
+        .store
+        .apply(set, SourceKind::Embedded, false)
+        .unwrap();
+    break_after_ten(&breaking, StreamBreak::Reset);
+    let seen = openai.stream("chat", &request).await;
+    assert_eq!(seen["text"], nine, "{seen}");
+    assert_eq!(seen["finish_reasons"], json!([]), "{seen}");
+    let error = seen["error"].as_str().unwrap_or_default();
+    assert!(error.contains("mid-response"), "{seen}");
+    assert_eq!(metric(&router, resumes, &resumed).await, 6.0);
+    assert_eq!(
+        metric(&router, resumes, &[int4, "result=\"not_resumable\""]).await,
+        0.0
+    );
+}
+
+/// An agent-API stream through the router, as its events' JSON.
+async fn agent_stream(router: &Server, path: &str, body: Value) -> Vec<Value> {
+    let url = format!("http://{}{path}", router.public_addr());
+    let auth = format!("Bearer {KEY}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+    ];
+    let reply = send(&client(), "POST", &url, &body.to_string(), &headers).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect();
+    let failed =
+        |e: &&Value| ["error", "response.failed"].contains(&e["type"].as_str().unwrap_or_default());
+    assert!(!events.iter().any(|e| failed(&e)), "{text}");
+    events
+}
+
+/// The text of an agent-API stream: its events of `kind`, each's text at `pointer`.
+fn agent_text(events: &[Value], kind: &str, pointer: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .filter_map(|e| e.pointer(pointer)?.as_str())
+        .collect()
+}
+
+/// llama.cpp's server, real and greedy: the router's continuation of a stream it broke
+/// goes on through its assistant prefill exactly where the uninterrupted answer would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_continues_a_broken_stream_through_its_assistant_prefill() {
+    let llama = LlamaServer::start().await;
+    // The int4 profile reaches it through a relay that cuts the stream after its role and
+    // eleven tokens; the others through one that records the requests.
+    let cutting = Relay::start(llama.addr(), Some(12)).await;
+    let recording = Relay::start(llama.addr(), None).await;
+    let set = profile_set(
+        "llama",
+        &[
+            ("llama8b-fp16", vec![recording.url()]),
+            ("llama8b-fp8", vec![recording.url()]),
+            ("llama8b-awq", vec![cutting.url()]),
+        ],
+    );
+    let (router, _dir) = router(set).await;
+    let mut openai = OpenAiClient::start(&router);
+    let request = json!({"model": "auto", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": SIMPLE}],
+        "stream_options": {"include_usage": true}});
+    let seen = openai.stream("chat", &request).await;
+    let whole = uninterrupted(&llama.url(), &request).await;
+    let full = answer_text(&whole);
+    assert_eq!(full.len(), 60, "one token per character: {full:?}");
+    assert_whole(&seen, full, "length");
+    assert_eq!(
+        seen["usage"]["prompt_tokens"],
+        whole["usage"]["prompt_tokens"]
+    );
+    assert_eq!(seen["usage"]["completion_tokens"], 60, "{seen}");
+
+    // The relay cuts after the read that brought the twelfth event: at least eleven
+    // tokens (one character each) reached the client, and the server went on from them.
+    let continued = recording.last_request();
+    let message = &continued["messages"][1];
+    let delivered = message["content"].as_str().unwrap();
+    assert_eq!(message["role"], "assistant", "{continued}");
+    assert!(
+        delivered.len() >= 11 && full.starts_with(delivered),
+        "{continued}"
+    );
+    assert_eq!(continued["continue_final_message"], true);
+    assert_eq!(continued["add_generation_prompt"], false);
+    assert_eq!(continued["max_tokens"], 60 - delivered.len());
+}
+
+/// A TCP relay to `upstream` that records the bodies of the requests it passes and, with
+/// `cut_after`, closes both connections once that many `data:` events went back.
+struct Relay {
+    addr: SocketAddr,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Relay {
+    async fn start(upstream: SocketAddr, cut_after: Option<usize>) -> Self {
+        let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&bodies);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let bodies = Arc::clone(&kept);
+                tokio::spawn(relay(client, upstream, cut_after, bodies));
+            }
+        });
+        Self { addr, bodies }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The body of the last request relayed, as JSON.
+    fn last_request(&self) -> Value {
+        let bodies = self.bodies.lock().unwrap();
+        serde_json::from_slice(bodies.last().expect("a request was relayed")).unwrap()
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    cut_after: Option<usize>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let ((mut from_client, mut to_client), (mut from_server, mut to_server)) =
+        (client.into_split(), server.into_split());
+    let requests = async {
+        let (mut buf, mut seen) = (vec![0u8; 16 * 1024], Vec::new());
+        while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+            seen.extend_from_slice(&buf[..n]);
+            take_bodies(&mut seen, &bodies);
+            if to_server.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let answers = async {
+        let (mut buf, mut events) = (vec![0u8; 16 * 1024], 0);
+        while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+            events += buf[..n].windows(6).filter(|w| w == b"data: ").count();
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            if cut_after.is_some_and(|cut| events >= cut) {
+                return;
+            }
+        }
+    };
+    // Either side ending ends both: a cut closes the client's connection mid-stream.
+    tokio::select! {
+        () = requests => {}
+        () = answers => {}
+    }
+}
+
+/// Moves the bodies of the whole requests at the start of `seen` to `bodies`.
+fn take_bodies(seen: &mut Vec<u8>, bodies: &Mutex<Vec<Vec<u8>>>) {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut request = httparse::Request::new(&mut headers);
+        let Ok(httparse::Status::Complete(head)) = request.parse(seen) else {
+            return;
+        };
+        let length = request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+            .map_or(0, |h| {
+                std::str::from_utf8(h.value).unwrap().parse().unwrap()
+            });
+        if seen.len() < head + length {
+            return;
+        }
+        let body = seen[head..head + length].to_vec();
+        seen.drain(..head + length);
+        if !body.is_empty() {
+            bodies.lock().unwrap().push(body);
+        }
+    }
+}
