@@ -186,8 +186,8 @@ pub(crate) fn refusal(app: &App, error: ApiError, endpoint: Option<Api>) -> Resp
     let code = error.kind().1;
     telemetry::router_error(code);
     match error.quotes_request() && !app.config.log_prompts {
-        true => tracing::debug!(code, "request refused"),
-        false => tracing::debug!(%error, code, "request refused"),
+        true => tracing::debug!(code, "request rejected"),
+        false => tracing::debug!(%error, code, "request rejected"),
     }
     match endpoint == Some(Api::Messages) {
         true => crate::apis::anthropic_error_response(error),

@@ -243,7 +243,11 @@ async fn a_conversation_stays_on_one_endpoint(world: &mut World) {
 /// other door goes to the profile that stored it, whatever its own prompt would get.
 async fn a_follow_up_is_pinned_through_either_door(world: &mut World) {
     let follow_up = "Thanks!";
-    let unpinned = world.policy_pick(follow_up).await;
+    let unpinned = world
+        .policy_pick(
+            &json!({"model": "auto", "messages": [{"role": "user", "content": follow_up}]}),
+        )
+        .await;
     for (first, then) in [(Door::Http, Door::Gateway), (Door::Gateway, Door::Http)] {
         let created = world.ask(first, Ask::responses(CODE, None)).await;
         assert_eq!(created["status"], 200, "{first:?}: {created}");
@@ -332,7 +336,8 @@ async fn a_client_cannot_choose_the_endpoint(world: &mut World) {
     let capture = world.capture_address();
     let body = json!({"model": "auto", "max_tokens": 8,
         "messages": [{"role": "user", "content": SIMPLE}]});
-    let expected = world.policy_pick(SIMPLE).await;
+    // The policy's choice for this very body: `max_tokens` is part of the decision.
+    let expected = world.policy_pick(&body).await;
     for door in DOORS {
         world.captured.lock().unwrap().clear();
         let url = format!("{}/v1/chat/completions", world.base(door));
@@ -459,10 +464,9 @@ impl World {
         }
     }
 
-    /// The profile the HTTP port's dry run picks for a chat of `prompt`.
-    async fn policy_pick(&self, prompt: &str) -> String {
+    /// The profile `/v1/route` gives a chat `body`.
+    async fn policy_pick(&self, body: &Value) -> String {
         let url = format!("{}/v1/route", self.base(Door::Http));
-        let body = json!({"model": "auto", "messages": [{"role": "user", "content": prompt}]});
         let bearer = format!("Bearer {KEY}");
         let reply = send(
             &client(),
