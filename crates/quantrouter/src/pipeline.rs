@@ -195,6 +195,24 @@ pub(crate) fn refusal(app: &App, error: ApiError, endpoint: Option<Api>) -> Resp
     }
 }
 
+/// `POST /v1/messages/count_tokens` at either door: the router's own estimate of the
+/// prompt's tokens (text and tool definitions, at the default profile's characters per
+/// token), the one its context checks use; no upstream is asked. `body` is the request's,
+/// read once its key was accepted.
+pub(crate) fn count_tokens(app: &App, body: &[u8]) -> Result<Bytes, ApiError> {
+    let parsed = ParsedRequest::parse_to_count(body)?;
+    let snapshot = app.store.load();
+    let set = &snapshot.set;
+    let (features, _) = quantrouter_policy::score(&parsed.prompt(), &set.policy.complexity, None);
+    let profile = set.default_index();
+    let per_token = crate::routing::chars_per_token(&snapshot, profile);
+    let tools = crate::routing::tool_tokens(&snapshot, profile, parsed.tools_bytes);
+    let tokens = features.estimated_input_tokens(per_token) + tools;
+    Ok(Bytes::from(
+        serde_json::json!({"input_tokens": tokens}).to_string(),
+    ))
+}
+
 /// The time left until `deadline`.
 fn until(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())

@@ -117,6 +117,16 @@ const CASES: &[Case] = &[
         status: 200,
     },
     Case {
+        name: "Anthropic's client counts a prompt's tokens",
+        ask: || Ask::messages(KEY, CODE).kind("count_tokens"),
+        status: 200,
+    },
+    Case {
+        name: "an unknown key counts no tokens",
+        ask: || Ask::messages("sk-nobody", CODE).kind("count_tokens"),
+        status: 401,
+    },
+    Case {
         name: "a 2 MB chat body goes through",
         ask: || Ask::chat(KEY, &"Summarise the log below.\n".repeat(90_000)),
         status: 200,
@@ -441,8 +451,8 @@ impl World {
         self.clients.ask(&request).await
     }
 
-    /// One case through both doors: the same status, and the same profile (an answer) or
-    /// the same error body in the API's shape (a refusal).
+    /// One case through both doors: the same status, and the same profile (an answer), the
+    /// same count (a token count) or the same error body in the API's shape (a refusal).
     async fn both_doors(&mut self, case: &Case) -> Result<(), String> {
         let http = self.ask(Door::Http, (case.ask)()).await;
         let gateway = self.ask(Door::Gateway, (case.ask)()).await;
@@ -452,6 +462,12 @@ impl World {
             }
         }
         let same = match case.status {
+            200 if (case.ask)().kind == "count_tokens" => {
+                http["text"]
+                    .as_str()
+                    .is_some_and(|n| n.parse::<u64>().is_ok_and(|n| n > 0))
+                    && http["text"] == gateway["text"]
+            }
             200 => {
                 let profile = &http["headers"]["x-quantrouter-profile"];
                 profile.is_string() && profile == &gateway["headers"]["x-quantrouter-profile"]

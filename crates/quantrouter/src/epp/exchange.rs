@@ -56,6 +56,9 @@ pub const LB_NAMESPACE: &str = "envoy.lb";
 /// The metadata namespace of the subset hint.
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 
+/// Anthropic's token count, which the picker answers itself.
+const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
+
 /// Envoy's attribute with the address of the upstream that answered.
 const UPSTREAM_ADDRESS: &str = "upstream.address";
 
@@ -180,7 +183,11 @@ impl Envoy {
             return None;
         };
         let (parts, endpoint) = match request_head(app, head.headers) {
-            Ok(head) => head,
+            Ok((parts, Some(endpoint))) => (parts, endpoint),
+            Ok((parts, None)) => {
+                self.count_tokens(app, &parts, head.end_of_stream).await;
+                return None;
+            }
             Err((error, endpoint)) => {
                 self.refuse(app, error, endpoint);
                 return None;
@@ -393,16 +400,59 @@ impl Envoy {
             .and_then(Result::ok)
             .map(|c| c.to_bytes())
             .unwrap_or_default();
+        self.answer(
+            head.status,
+            &head.headers,
+            body,
+            format!("quantrouter_{code}"),
+        );
+    }
+
+    /// `POST /v1/messages/count_tokens`, answered here as the HTTP port answers it: the
+    /// pipeline's estimate, or a refusal in Anthropic's shape.
+    async fn count_tokens(&mut self, app: &App, parts: &http::request::Parts, none: bool) {
+        let read = BodyRead {
+            limit: app.config.body_limit,
+            declared: content_length(&parts.headers),
+            none,
+            reads_answer: false,
+        };
+        let counted = match app
+            .authenticate(&parts.headers)
+            .and_then(|_| pipeline::check_content_type(&parts.headers))
+        {
+            Ok(()) => match self.body(read).await {
+                Ok(body) => pipeline::count_tokens(app, &body),
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        match counted {
+            Ok(json) => {
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                let details = "quantrouter_count_tokens".to_owned();
+                self.answer(StatusCode::OK, &headers, json, details);
+            }
+            Err(error) => self.refuse(app, error, Some(Endpoint::Messages)),
+        }
+    }
+
+    /// Answers the request here, in place of a model server.
+    fn answer(&self, status: StatusCode, headers: &HeaderMap, body: Bytes, details: String) {
         self.send(reply(Out::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {
-                code: i32::from(head.status.as_u16()),
+                code: i32::from(status.as_u16()),
             }),
             headers: Some(HeaderMutation {
-                set_headers: to_options(&head.headers),
+                set_headers: to_options(headers),
                 remove_headers: Vec::new(),
             }),
             body,
-            details: format!("quantrouter_{code}"),
+            details,
         })));
     }
 }
@@ -667,19 +717,24 @@ fn served(ctx: &RequestCtx, picked: &Picked, answered_by: Option<&str>) -> Serve
     }
 }
 
-/// A generation request's head from Envoy's headers: the endpoint it is for, or why not
-/// (with the endpoint, when the path names one, for the refusal's shape).
+/// A request's head from Envoy's headers: the generation endpoint it is for (`None`: a
+/// count of Messages tokens), or why not (with the endpoint, when the path names one, for
+/// the refusal's shape).
 fn request_head(
     app: &App,
     headers: Option<ProtoHeaders>,
-) -> Result<(http::request::Parts, Endpoint), (ApiError, Option<Endpoint>)> {
+) -> Result<(http::request::Parts, Option<Endpoint>), (ApiError, Option<Endpoint>)> {
     let (pseudo, headers) = split_headers(headers);
     let (method, target) = (pseudo.method.as_str(), pseudo.path.as_str());
     let path = target.split('?').next().unwrap_or_default();
-    let endpoint = match (method, Endpoint::of_path(path)) {
-        ("POST", Some(endpoint)) => endpoint,
-        (_, Some(endpoint)) => return Err((ApiError::MethodNotAllowed, Some(endpoint))),
-        (_, None) => return Err((ApiError::RouteNotFound(path.to_owned()), None)),
+    let endpoint = match (method, path, Endpoint::of_path(path)) {
+        ("POST", _, Some(endpoint)) => Some(endpoint),
+        ("POST", COUNT_TOKENS, None) => None,
+        (_, COUNT_TOKENS, None) => {
+            return Err((ApiError::MethodNotAllowed, Some(Endpoint::Messages)))
+        }
+        (_, _, Some(endpoint)) => return Err((ApiError::MethodNotAllowed, Some(endpoint))),
+        (_, _, None) => return Err((ApiError::RouteNotFound(path.to_owned()), None)),
     };
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = http::Method::POST;

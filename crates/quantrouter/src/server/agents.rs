@@ -17,9 +17,9 @@ use super::proxy::{proxy, read_json_body};
 use super::{App, ResponseBody};
 use crate::apis::relay::relay;
 use crate::apis::{AgentApi, RequestSlot, DROPPED_TOOLS_HEADER};
-use crate::openai::{ApiError, ParsedRequest};
+use crate::openai::ApiError;
 use crate::pipeline::{self, RequestId, REQUEST_ID};
-use crate::routing::{self, PROFILE_HEADER};
+use crate::routing::PROFILE_HEADER;
 use crate::tenants::gate::{insert_rate_headers, Charge};
 use crate::tenants::ActiveTenant;
 
@@ -72,9 +72,7 @@ fn report_dropped_tools(
     }
 }
 
-/// `POST /v1/messages/count_tokens`: the router's own estimate of the prompt's tokens (text
-/// and tool definitions, at the default profile's characters per token), the one its
-/// context checks use; no upstream is asked.
+/// `POST /v1/messages/count_tokens`: [`pipeline::count_tokens`].
 pub(super) async fn count_tokens(
     app: &Arc<App>,
     req: Request<Incoming>,
@@ -82,16 +80,8 @@ pub(super) async fn count_tokens(
     let (parts, body) = req.into_parts();
     app.authenticate(&parts.headers)?;
     let body = read_json_body(app, body, &parts.headers).await?;
-    let parsed = ParsedRequest::parse_to_count(&body)?;
-    let snapshot = app.store.load();
-    let set = &snapshot.set;
-    let (features, _) = quantrouter_policy::score(&parsed.prompt(), &set.policy.complexity, None);
-    let profile = set.default_index();
-    let per_token = routing::chars_per_token(&snapshot, profile);
-    let tools = routing::tool_tokens(&snapshot, profile, parsed.tools_bytes);
-    let tokens = features.estimated_input_tokens(per_token) + tools;
-    let body = serde_json::json!({"input_tokens": tokens}).to_string();
-    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    let counted = pipeline::count_tokens(app, &body)?;
+    let mut response = Response::new(Either::Left(Full::new(counted)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

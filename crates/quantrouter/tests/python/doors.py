@@ -5,9 +5,9 @@ standard input, and prints what the client saw, one JSON line each (for tests/do
 
 Each request: {"base_url", "api_key" (sent as `x-api-key` by the anthropic client, a bearer
 token by the openai one), "client": "openai" | "anthropic", "kind": "chat" |
-"stream" | "completion" | "responses" | "messages", "headers": {...}, "body": {...}}; `body`
+"stream" | "completion" | "responses" | "messages" | "count_tokens", "headers": {...}, "body": {...}}; `body`
 holds the create call's arguments. Prints {"status", "headers" (x-quantrouter-* and
-x-ratelimit-*), "text", "id"} for an answer, {"status", "headers", "error"} (the error body
+x-ratelimit-*), "text", "id"} for an answer (a token count: "text" is the count), {"status", "headers", "error"} (the error body
 the client parsed) for a refusal. Exits non-zero on anything else the client raises.
 """
 
@@ -46,6 +46,10 @@ def send(request):
             max_retries=0,
             timeout=60,
         )
+        if kind == "count_tokens":
+            body = {k: v for k, v in body.items() if k != "max_tokens"}
+            raw = client.messages.with_raw_response.count_tokens(**body, extra_headers=headers)
+            return seen(raw, str(raw.parse().input_tokens), None)
         raw = client.messages.with_raw_response.create(**body, extra_headers=headers)
         message = raw.parse()
         text = "".join(block.text for block in message.content if block.type == "text")
