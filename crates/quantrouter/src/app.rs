@@ -39,6 +39,10 @@ pub struct ServerConfig {
     pub scaler_listen: Option<SocketAddr>,
     /// The endpoint picker for a Gateway (Envoy ext_proc, gRPC); `None` serves none.
     pub epp_listen: Option<SocketAddr>,
+    /// The picker reads every answer's body for its usage (tokens, cost and savings
+    /// metrics), not only those whose books need it; off, as each answer read costs the
+    /// Gateway a round trip per chunk.
+    pub epp_reads_answers: bool,
     /// Largest accepted request body; 4 MiB holds ~1M tokens of text, beyond any context.
     pub body_limit: usize,
     /// Accepted bearer keys, the implicit tenant's when `tenants` is `None`; with neither,
@@ -171,6 +175,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             scaler_listen: None,
             epp_listen: None,
+            epp_reads_answers: false,
             body_limit: 4 * 1024 * 1024,
             api_keys: None,
             tenants: None,

@@ -60,6 +60,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
         admin_listen: args.admin_listen,
         scaler_listen: args.keda_scaler_listen.0,
         epp_listen: args.epp_listen.0,
+        epp_reads_answers: args.epp_usage == crate::cli::serve::EppUsage::Always,
         body_limit: usize::try_from(args.body_limit_bytes).unwrap_or(usize::MAX),
         api_keys: None,
         tenants,

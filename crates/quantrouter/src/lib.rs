@@ -18,6 +18,7 @@ pub mod documents;
 pub mod epp;
 pub mod keda;
 pub mod openai;
+pub mod pipeline;
 pub mod probes;
 pub mod profiles;
 pub mod redis_conn;

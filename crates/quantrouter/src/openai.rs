@@ -515,13 +515,48 @@ impl<'a> ParsedRequest<'a> {
         chat_api && self.stream && !self.has_stream_options
     }
 
+    /// The body for upstream: see [`BodyRewrite::apply`].
+    pub fn upstream_body(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
+        self.rewrite().apply(body, model_json, edits)
+    }
+
+    /// What [`Self::upstream_body`] changes in the body, owned: for the phases after routing,
+    /// which keep the body but not its parse.
+    pub fn rewrite(&self) -> BodyRewrite {
+        BodyRewrite {
+            model_span: self.model_span.clone(),
+            add_usage: self.adds_usage(),
+            cache_salt_span: self.cache_salt.as_ref().map(|(_, span)| span.clone()),
+            max_tokens: self.max_tokens,
+            max_tokens_span: self.max_tokens_span.clone(),
+        }
+    }
+}
+
+/// Where a parsed body's `model`, `cache_salt` and output limit are, and whether a usage
+/// chunk is asked for: all it takes to write the body a profile is sent.
+#[derive(Debug, Clone)]
+pub struct BodyRewrite {
+    /// Byte range of the `model` value (including quotes) in the body.
+    model_span: Range<usize>,
+    /// `"stream_options":{"include_usage":true}` goes in ([`ParsedRequest::adds_usage`]).
+    add_usage: bool,
+    /// Byte range of the client's `cache_salt` value, if it sent one.
+    cache_salt_span: Option<Range<usize>>,
+    /// The client's output limit, and the byte range of its value.
+    max_tokens: Option<u32>,
+    max_tokens_span: Option<Range<usize>>,
+}
+
+impl BodyRewrite {
     /// The body for upstream, with the few edits routing makes and every other byte
     /// unchanged (no copy when nothing changes): `model` set to `model_json` (an already
     /// JSON-encoded string); for a stream without `stream_options`,
     /// `"stream_options":{"include_usage":true}` added first, so token counts arrive; the
     /// output limit lowered to `edits.ceiling` when it is above (an upstream refuses a limit
-    /// its context cannot hold); and `edits.cache_salt` set, replacing the client's.
-    pub fn upstream_body(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
+    /// its context cannot hold); and `edits.cache_salt` set, replacing the client's. `body`
+    /// is the one this rewrite was parsed from.
+    pub fn apply(&self, body: &Bytes, model_json: &str, edits: BodyEdits<'_>) -> Bytes {
         const USAGE: &[u8] = br#""stream_options":{"include_usage":true},"#;
         // Parsing succeeded, so the first non-space byte is the object's `{`.
         let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
@@ -529,7 +564,7 @@ impl<'a> ParsedRequest<'a> {
         // the model.
         let mut splices: [(Range<usize>, &[u8]); 4] = Default::default();
         let mut count = 0;
-        if self.adds_usage() {
+        if self.add_usage {
             splices[count] = (open..open, USAGE);
             count += 1;
         }
@@ -537,8 +572,8 @@ impl<'a> ParsedRequest<'a> {
             .cache_salt
             .map(|salt| serde_json::Value::from(salt).to_string());
         let salt_field;
-        match (&salt_json, &self.cache_salt) {
-            (Some(json), Some((_, span))) => {
+        match (&salt_json, &self.cache_salt_span) {
+            (Some(json), Some(span)) => {
                 splices[count] = (span.clone(), json.as_bytes());
                 count += 1;
             }
@@ -580,6 +615,27 @@ impl<'a> ParsedRequest<'a> {
         }
         out.extend_from_slice(&body[from..]);
         out.freeze()
+    }
+
+    /// Whether a usage chunk the client did not ask for is added (and must be cut from the
+    /// stream on its way back).
+    pub fn adds_usage(&self) -> bool {
+        self.add_usage
+    }
+
+    /// Asks for no usage chunk: for a door that cannot cut it from the stream.
+    pub fn without_usage(self) -> Self {
+        Self {
+            add_usage: false,
+            ..self
+        }
+    }
+
+    /// The `model` the client named, decoded from `body` (the one this was parsed from).
+    pub fn model(&self, body: &[u8]) -> String {
+        body.get(self.model_span.clone())
+            .and_then(|raw| serde_json::from_slice(raw).ok())
+            .unwrap_or_default()
     }
 }
 

@@ -13,10 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::HeaderName;
 use http::Request;
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -38,17 +35,14 @@ use crate::upstream::UpstreamClient;
 pub use crate::app::{App, ServerConfig};
 
 mod agents;
-pub(crate) mod bookkeeping;
 mod connections;
-mod context;
 pub(crate) mod delivery;
 pub(crate) mod proxy;
 mod stack;
 
 use connections::{Conn, Connections, Limits};
 
-/// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
-pub type ResponseBody = Either<Full<Bytes>, delivery::Relayed>;
+pub use delivery::ResponseBody;
 
 /// A port that could not be bound, with the flag that sets its address: two routers in one
 /// network namespace collide on the fixed default ports, and the operator must see which.
@@ -76,9 +70,6 @@ pub struct Server {
     upkeep: JoinHandle<()>,
     publisher: Option<Publisher>,
 }
-
-/// The request id header, taken from clients and sent to upstreams and back.
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 // === impl Server ===
 
@@ -403,12 +394,20 @@ where
     });
     Box::pin(async move {
         let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            // A request body Envoy buffered comes in one message: room for the largest
+            // without flow-control round trips, and for many streams' messages at once.
+            .initial_stream_window_size(GRPC_STREAM_WINDOW)
+            .initial_connection_window_size(4 * GRPC_STREAM_WINDOW)
             .serve_connection(TokioIo::new(conn.track(stream)), service);
         if let Some(Err(error)) = conn.serve(watcher.watch(served)).await {
             tracing::debug!(%error, "gRPC connection ended with an error");
         }
     })
 }
+
+/// The HTTP/2 stream window of the gRPC ports: the default body limit and its message's
+/// framing.
+const GRPC_STREAM_WINDOW: u32 = 5 * 1024 * 1024;
 
 /// The digests of `api_keys` that can match a request; one that never could (whitespace,
 /// non-ASCII, too long) is left out (`serve` refuses such a file before this).

@@ -852,3 +852,107 @@ async fn refusals_say_whether_to_retry_and_count_tokens_is_served() {
         "nothing was sent"
     );
 }
+
+/// An upstream that answers every `POST` with `events`, an SSE stream, and then keeps the
+/// body open, as a server does between its last event and the end of its body; `GET`s
+/// (probes) get an empty 200.
+async fn lingering_upstream(events: &'static str) -> String {
+    use http_body_util::{BodyExt as _, Full, StreamBody};
+    let listener = tokio::net::TcpListener::bind(support::loopback())
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |req: http::Request<_>| async move {
+                type Frames = std::convert::Infallible;
+                let body = match req.method() == http::Method::POST {
+                    true => {
+                        let first = hyper::body::Frame::data(bytes::Bytes::from(events));
+                        let frames = futures_util::stream::iter([Ok::<_, Frames>(first)]);
+                        let open =
+                            futures_util::StreamExt::chain(frames, futures_util::stream::pending());
+                        StreamBody::new(open).boxed()
+                    }
+                    false => Full::new(bytes::Bytes::new()).boxed(),
+                };
+                let mut response = http::Response::new(body);
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/event-stream"),
+                );
+                Ok::<_, Frames>(response)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_left_after_its_last_event_is_charged_the_upstreams_count() {
+    use http_body_util::BodyExt as _;
+    // Counts no estimate could reach from a two-word prompt.
+    const EVENTS: &str = concat!(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"response\":",
+        "{\"id\":\"resp_linger\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n",
+        "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",",
+        "\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n",
+        "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":",
+        "{\"id\":\"resp_linger\",\"status\":\"completed\",\"store\":false,\"output\":[],",
+        "\"usage\":{\"input_tokens\":1234,\"output_tokens\":56,\"total_tokens\":1290}}}\n\n",
+    );
+    let url = lingering_upstream(EVENTS).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = "sk-lingering-3Qe7";
+    let doc = json!({"version": 1, "tenants": [{"id": "team", "key_sha256": [quantrouter_policy::hash_key(key)],
+        "limits": {"tokens_per_minute": 1_000_000}}]});
+    let tenants = support::file_tenants(dir.path(), &doc).await;
+    let t = Tiers::start(
+        [0, 0, 0],
+        |_| SimConfig::default(),
+        move |set| {
+            for profile in &mut set.profiles {
+                profile.upstream =
+                    serde_json::from_value(json!({"urls": [url], "apis": ["chat", "responses"]}))
+                        .unwrap();
+            }
+        },
+        |c| c.tenants = Some(tenants),
+    )
+    .await;
+    let request = http::Request::post(format!("http://{}/v1/responses", t.router.public_addr()))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            response("Say hi", true).to_string(),
+        )))
+        .unwrap();
+    let mut answer = client().request(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    // Read up to the last event, then leave: the body never ended.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"response.completed\"") {
+        let frame = answer.body_mut().frame().await.unwrap().unwrap();
+        seen.extend_from_slice(&frame.into_data().unwrap());
+    }
+    drop(answer);
+    let admin = format!("http://{}/admin/tenants", t.router.admin_addr());
+    let charged = || async {
+        let report = send(&client(), "GET", &admin, "", &[]).await.json();
+        report["tenants"][0]["usage"]["tokens_this_minute"].as_u64()
+    };
+    let exact = eventually(Duration::from_secs(10), || async {
+        charged().await == Some(1234 + 56)
+    })
+    .await;
+    assert!(
+        exact,
+        "charged {:?}, not the upstream's 1290",
+        charged().await
+    );
+}

@@ -5,15 +5,17 @@
 //!
 //! Each case is a table of requests — the tenant whose key a request carries, its method,
 //! path, headers and body, and what it must get (status, serving profile, error code,
-//! headers) — run through a [`Door`]: the router's HTTP port here. The same tables are meant
-//! to run through the endpoint picker behind Envoy once it shares the pipeline. What a table
-//! cannot see (what reached an upstream) is asserted after it.
+//! headers) — run through both front doors ([`Door`]): the router's HTTP port, and a real
+//! Envoy with the router as its endpoint picker, each in a world of its own (sims, router,
+//! Redis). What a table cannot see (what reached an upstream) is asserted after it, for
+//! each door.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +27,9 @@ use quantrouter_policy::{
     hash_key, ProfileSet, SecondOpinion, StaticUpstream, Upstream, UpstreamApi, DEFAULT_PROFILE_SET,
 };
 use serde_json::{json, Value};
+use support::envoy::Envoy;
 use support::redis_server::RedisServer;
-use support::{client, send, start_router, Reply, Tiers, SIMPLE};
+use support::{client, loopback, send, start_router, Reply, Tiers, SIMPLE};
 use vllm_sim::{Faults, SimConfig, SimServer, WrongWhen};
 
 const FP16: &str = "llama8b-fp16";
@@ -211,33 +214,75 @@ impl Row {
     }
 }
 
-/// A way into the router.
-trait Door {
-    /// Sends `row`'s request with `saved` substituted; the tenant's key as a bearer token.
-    async fn send(&self, row: &Row, saved: &Saved) -> Reply;
+/// A front door of the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    /// Its own HTTP port.
+    Port,
+    /// A real Envoy (`manifests/envoy/envoy.yaml`) with the router as its endpoint picker.
+    Gateway,
 }
 
-/// The router's HTTP port, on one or more replicas.
-struct Port {
-    replicas: Vec<SocketAddr>,
+/// Runs `case` through each door at once, each with a world of its own: nothing one door's
+/// run leaves behind can make the other's pass.
+async fn both_doors<F, Fut>(case: F)
+where
+    F: Fn(Door) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    tokio::join!(case(Door::Port), case(Door::Gateway));
 }
 
-impl Port {
-    fn of(routers: &[&Server]) -> Self {
-        Self {
-            replicas: routers.iter().map(|r| r.public_addr()).collect(),
-        }
+/// Opens both doors of a router: the HTTP port, and the picker on a free port.
+fn picker(c: &mut ServerConfig) {
+    c.epp_listen = Some(loopback());
+}
+
+/// The way in through one door, on one or more replicas.
+struct Entrance {
+    door: Door,
+    replicas: Vec<Replica>,
+}
+
+struct Replica {
+    port: SocketAddr,
+    /// In front of the replica's picker, through the Gateway.
+    envoy: Option<Envoy>,
+}
+
+impl Entrance {
+    /// `door` of each router (an Envoy each, started together, through the Gateway).
+    async fn open(door: Door, routers: &[&Server]) -> Self {
+        let replicas = routers.iter().map(|router| async move {
+            let envoy = match door {
+                Door::Port => None,
+                Door::Gateway => {
+                    let picker = router.epp_addr().expect("the router's picker is open");
+                    Some(Envoy::start(picker).await)
+                }
+            };
+            Replica {
+                port: router.public_addr(),
+                envoy,
+            }
+        });
+        let replicas = futures_util::future::join_all(replicas).await;
+        Self { door, replicas }
     }
-}
 
-impl Door for Port {
+    /// Sends `row`'s request with `saved` substituted; the tenant's key as a bearer token.
+    /// Through the Gateway, a generation request goes to Envoy; reading or deleting a stored
+    /// response goes to the replica's HTTP port, as a deployment routes those paths.
     async fn send(&self, row: &Row, saved: &Saved) -> Reply {
         let fill = |text: &str| {
             saved.iter().fold(text.to_owned(), |text, (name, value)| {
                 text.replace(&format!("${name}"), value)
             })
         };
-        let url = format!("http://{}{}", self.replicas[row.via], fill(row.path));
+        let replica = &self.replicas[row.via];
+        let envoy = replica.envoy.as_ref().filter(|_| row.method == "POST");
+        let address = envoy.map_or(replica.port, |envoy| envoy.listener);
+        let url = format!("http://{address}{}", fill(row.path));
         let auth = row.tenant.map(|t| format!("Bearer {}", key_of(t)));
         let mut headers = vec![("content-type", "application/json")];
         headers.extend(auth.as_deref().map(|a| ("authorization", a)));
@@ -246,27 +291,37 @@ impl Door for Port {
             Value::Null => String::new(),
             body => fill(&body.to_string()),
         };
-        send(&client(), row.method, &url, &body, &headers).await
+        let reply = send(&client(), row.method, &url, &body, &headers).await;
+        // Envoy names itself in every answer it relays or makes: the row went through it.
+        if envoy.is_some() {
+            assert_eq!(
+                reply.header("server"),
+                "envoy",
+                "{}: not through Envoy",
+                row.what
+            );
+        }
+        reply
     }
 }
 
 /// What rows saved, by name.
 type Saved = HashMap<&'static str, String>;
 
-/// Runs a table through a door, row by row, adding what its rows save to `saved`.
-async fn run(door: &impl Door, table: &[Row], saved: &mut Saved) {
+/// Runs a table through an entrance, row by row, adding what its rows save to `saved`.
+async fn run(entrance: &Entrance, table: &[Row], saved: &mut Saved) {
     for (n, row) in table.iter().enumerate() {
         // A row sent `until` it matches is polled, within a deadline.
         let until = tokio::time::Instant::now() + Duration::from_secs(5);
         let mut poll = tokio::time::interval(Duration::from_millis(10));
         let reply = loop {
             poll.tick().await;
-            let reply = door.send(row, saved).await;
+            let reply = entrance.send(row, saved).await;
             let mismatch = row.mismatch(&reply);
             match mismatch {
                 None => break reply,
                 Some(_) if row.until && tokio::time::Instant::now() < until => continue,
-                Some(why) => panic!("row {n} ({}): {why}", row.what),
+                Some(why) => panic!("{:?}: row {n} ({}): {why}", entrance.door, row.what),
             }
         };
         if let Some(name) = row.saves {
@@ -311,8 +366,12 @@ async fn tenants(specs: &[(&str, Value)]) -> (Arc<Tenants>, tempfile::TempDir) {
     (Arc::new(tenants), dir)
 }
 
+/// Both doors open, and `tenants`.
 fn with_tenants(tenants: &Arc<Tenants>) -> impl Fn(&mut ServerConfig) + '_ {
-    move |c| c.tenants = Some(Arc::clone(tenants))
+    move |c| {
+        picker(c);
+        c.tenants = Some(Arc::clone(tenants));
+    }
 }
 
 fn chat(model: &str, content: &str) -> Value {
@@ -366,6 +425,12 @@ async fn cache_hits(sim: &SimServer) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
+    both_doors(stored_responses).await;
+}
+
+/// Through the Gateway the responses are stored through the picker and read, or deleted,
+/// on the replica's HTTP port: a response the picker stored is placed with its tenant.
+async fn stored_responses(door: Door) {
     let redis = RedisServer::start(None);
     let limited = json!({"limits": {"requests_per_minute": 2}});
     let (tenants, _dir) = tenants(&[
@@ -376,6 +441,7 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
     ])
     .await;
     let shared = |c: &mut ServerConfig| {
+        picker(c);
         c.stored_responses.redis = Some((redis.handle(), "qr".into()));
         c.tenants = Some(Arc::clone(&tenants));
     };
@@ -423,9 +489,9 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
         Row::get("A still reads it", a, own),
         Row::get("A still reads it there", a, own).via(1),
     ];
-    let port = Port::of(&[&t.router, &other]);
+    let entrance = Entrance::open(door, &[&t.router, &other]).await;
     let mut saved = Saved::new();
-    run(&port, &table, &mut saved).await;
+    run(&entrance, &table, &mut saved).await;
     // The shared record names the tenant.
     let key = format!("qr:responses:{}", saved["a"]);
     let mut conn = redis
@@ -435,7 +501,11 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
         .unwrap();
     let record: String = redis::AsyncCommands::get(&mut conn, &key).await.unwrap();
     let record: Value = serde_json::from_str(&record).unwrap();
-    assert_eq!(record, json!({"profile": INT4, "tenant": "team-a"}));
+    assert_eq!(
+        record,
+        json!({"profile": INT4, "tenant": "team-a"}),
+        "{door:?}"
+    );
 
     let table = [
         Row::post("A continues it, on its profile", a, "/v1/responses", follow).profile(INT4),
@@ -444,7 +514,7 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
             .status(404)
             .code("response_not_found"),
     ];
-    run(&port, &table, &mut saved).await;
+    run(&entrance, &table, &mut saved).await;
 
     // Reads count against the tenant's request limit: a store, a read, then a 429.
     let reads = [
@@ -469,21 +539,27 @@ async fn another_tenants_stored_response_does_not_exist_on_any_replica() {
             .status(429)
             .code("rate_limit_exceeded"),
     ];
-    run(&Port::of(&[&t.router]), &reads, &mut Saved::new()).await;
+    run(&entrance, &reads, &mut Saved::new()).await;
 
-    // The same through the official client.
-    let url = format!("http://{}", t.router.public_addr());
-    let keys = ["team-a", "team-b", "reader-py"].map(key_of);
-    support::python_checks("tenant_boundary.py", &[&[url][..], &keys[..]].concat()).await;
+    // The same through the official client, on the HTTP port.
+    if door == Door::Port {
+        let url = format!("http://{}", t.router.public_addr());
+        let keys = ["team-a", "team-b", "reader-py"].map(key_of);
+        support::python_checks("tenant_boundary.py", &[&[url][..], &keys[..]].concat()).await;
+    }
 }
 
 // === sessions ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_turn_or_a_pinned_one_chooses_no_tier_for_later_turns() {
-    // The demo's finding, on a router without tenants: one request pinned to fp16, then the
-    // same single-turn prompt routed by the router itself.
-    let t = Tiers::start([1, 1, 1], cached_sims, |_| {}, |_| {}).await;
+    both_doors(first_and_pinned_turns).await;
+}
+
+async fn first_and_pinned_turns(door: Door) {
+    // The demo's finding, on a router without tenants: one request pinned to fp16, then
+    // the same single-turn prompt routed by the router itself.
+    let t = Tiers::start([1, 1, 1], cached_sims, |_| {}, picker).await;
     let spain = "What is the capital of Spain?";
     let strict = ("x-quantrouter-min-quality", "0.96");
     let table = [
@@ -525,11 +601,16 @@ async fn a_first_turn_or_a_pinned_one_chooses_no_tier_for_later_turns() {
         .profile(INT4)
         .affinity("none"),
     ];
-    run(&Port::of(&[&t.router]), &table, &mut Saved::new()).await;
+    let entrance = Entrance::open(door, &[&t.router]).await;
+    run(&entrance, &table, &mut Saved::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_follows_only_its_own_tenants_turns() {
+    both_doors(conversations_by_tenant).await;
+}
+
+async fn conversations_by_tenant(door: Door) {
     let (tenants, _dir) = tenants(&[("team-a", json!({})), ("team-b", json!({}))]).await;
     let t = Tiers::start([1, 1, 1], cached_sims, |_| {}, with_tenants(&tenants)).await;
     let (a, b) = (Some("team-a"), Some("team-b"));
@@ -577,7 +658,8 @@ async fn a_conversation_follows_only_its_own_tenants_turns() {
             .profile(FP16)
             .affinity("session"),
     ];
-    run(&Port::of(&[&t.router]), &table, &mut Saved::new()).await;
+    let entrance = Entrance::open(door, &[&t.router]).await;
+    run(&entrance, &table, &mut Saved::new()).await;
 }
 
 // === prefix tables and the KV cache ===
@@ -591,6 +673,10 @@ fn long_prompt(model: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_affinity_header_reports_only_the_tenants_own_traffic() {
+    both_doors(affinity_by_tenant).await;
+}
+
+async fn affinity_by_tenant(door: Door) {
     let (tenants, _dir) = tenants(&[("team-a", json!({})), ("team-b", json!({}))]).await;
     // Two endpoints for int4: the prompt's cached prefix picks one.
     let t = Tiers::start([1, 1, 2], cached_sims, |_| {}, with_tenants(&tenants)).await;
@@ -601,7 +687,8 @@ async fn the_affinity_header_reports_only_the_tenants_own_traffic() {
         Row::chat("B sends the same", b, long_prompt(INT4)).affinity("none"),
         Row::chat("B sends it again", b, long_prompt(INT4)).affinity("prefix"),
     ];
-    run(&Port::of(&[&t.router]), &table, &mut Saved::new()).await;
+    let entrance = Entrance::open(door, &[&t.router]).await;
+    run(&entrance, &table, &mut Saved::new()).await;
 }
 
 /// Two tenants with the default `prefix_cache` and two isolated ones.
@@ -618,9 +705,13 @@ async fn shared_and_isolated() -> (Arc<Tenants>, tempfile::TempDir) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_tenant_shares_no_kv_cache_block() {
+    both_doors(isolated_kv_cache).await;
+}
+
+async fn isolated_kv_cache(door: Door) {
     let (tenants, _dir) = shared_and_isolated().await;
     let t = Tiers::start([1, 1, 2], cached_sims, |_| {}, with_tenants(&tenants)).await;
-    let port = Port::of(&[&t.router]);
+    let entrance = Entrance::open(door, &[&t.router]).await;
     // The router's table: an isolated tenant's prompt is placed under its salt.
     let table = [
         Row::chat("A sends a long prompt", Some("team-a"), long_prompt(INT4)).affinity("none"),
@@ -632,16 +723,16 @@ async fn an_isolated_tenant_shares_no_kv_cache_block() {
         .affinity("none"),
         Row::chat("and again", Some("iso-a"), long_prompt(INT4)).affinity("prefix"),
     ];
-    run(&port, &table, &mut Saved::new()).await;
+    run(&entrance, &table, &mut Saved::new()).await;
 
     // The model server's cache (fp8 has one endpoint): shared tenants share it, an
     // isolated one shares it with no one but itself.
     let sim = &t.sims[1][0];
     let fp8 = |what, tenant| [Row::chat(what, Some(tenant), long_prompt(FP8)).profile(FP8)];
-    run(&port, &fp8("A warms fp8", "team-a"), &mut Saved::new()).await;
+    run(&entrance, &fp8("A warms fp8", "team-a"), &mut Saved::new()).await;
     let cold = cache_hits(sim).await;
     run(
-        &port,
+        &entrance,
         &fp8("B hits A's blocks", "team-b"),
         &mut Saved::new(),
     )
@@ -649,27 +740,46 @@ async fn an_isolated_tenant_shares_no_kv_cache_block() {
     let shared = cache_hits(sim).await;
     assert!(
         shared > cold,
-        "shared tenants share the cache: {cold} -> {shared}"
+        "{door:?}: shared tenants share the cache: {cold} -> {shared}"
     );
     for tenant in ["iso-a", "iso-b"] {
-        run(&port, &fp8("an isolated tenant", tenant), &mut Saved::new()).await;
+        run(
+            &entrance,
+            &fp8("an isolated tenant", tenant),
+            &mut Saved::new(),
+        )
+        .await;
         assert_eq!(
             cache_hits(sim).await,
             shared,
-            "{tenant} hit someone's blocks"
+            "{door:?}: {tenant} hit someone's blocks"
         );
     }
-    run(&port, &fp8("iso-a again", "iso-a"), &mut Saved::new()).await;
-    assert!(cache_hits(sim).await > shared, "iso-a hits its own blocks");
+    run(&entrance, &fp8("iso-a again", "iso-a"), &mut Saved::new()).await;
+    assert!(
+        cache_hits(sim).await > shared,
+        "{door:?}: iso-a hits its own blocks"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_tenants_requests_carry_its_cache_salt_upstream() {
+    both_doors(cache_salts_upstream).await;
+}
+
+/// Messages go to the one profile that serves them natively (fp16) through the Gateway,
+/// which cannot translate, and to the cheapest, translated to chat, on the HTTP port: the
+/// salt is in both bodies.
+async fn cache_salts_upstream(door: Door) {
     let (tenants, _dir) = shared_and_isolated().await;
     let (url, seen) = support::capture_upstream().await;
     let mut set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     for profile in &mut set.profiles {
-        profile.upstream = Upstream::Static(StaticUpstream::new(vec![url.clone()]));
+        let mut upstream = StaticUpstream::new(vec![url.clone()]);
+        if profile.id == FP16 {
+            upstream.apis.push(UpstreamApi::Messages);
+        }
+        profile.upstream = Upstream::Static(upstream);
     }
     let router = start_router(set, with_tenants(&tenants)).await;
     let mut own_salt = chat("auto", SIMPLE);
@@ -693,14 +803,10 @@ async fn an_isolated_tenants_requests_carry_its_cache_salt_upstream() {
             chat("auto", SIMPLE),
         ),
         Row::chat("a stream", Some("iso-a"), streamed),
-        Row::post(
-            "Messages, translated to chat",
-            Some("iso-a"),
-            "/v1/messages",
-            message,
-        ),
+        Row::post("Messages", Some("iso-a"), "/v1/messages", message),
     ];
-    run(&Port::of(&[&router]), &table, &mut Saved::new()).await;
+    let entrance = Entrance::open(door, &[&router]).await;
+    run(&entrance, &table, &mut Saved::new()).await;
     let salts: Vec<Option<String>> = seen
         .lock()
         .unwrap()
@@ -711,27 +817,34 @@ async fn an_isolated_tenants_requests_carry_its_cache_salt_upstream() {
         })
         .collect();
     let [shared, shared_own, iso_a, iso_a_user, iso_b, stream, messages] = &salts[..] else {
-        panic!("{salts:?}");
+        panic!("{door:?}: {salts:?}");
     };
-    assert_eq!(shared, &None, "a shared tenant's body goes as sent");
-    assert_eq!(shared_own.as_deref(), Some("user-1"));
+    assert_eq!(
+        shared, &None,
+        "{door:?}: a shared tenant's body goes as sent"
+    );
+    assert_eq!(shared_own.as_deref(), Some("user-1"), "{door:?}");
     let iso_a = iso_a.as_deref().unwrap();
     assert!(
         iso_a.len() == 64 && iso_a.bytes().all(|c| c.is_ascii_hexdigit()),
-        "{iso_a}"
+        "{door:?}: {iso_a}"
     );
     let iso_a_user = iso_a_user.as_deref().unwrap();
     assert!(
         iso_a_user != iso_a && iso_a_user != "user-1",
-        "{iso_a_user}"
+        "{door:?}: {iso_a_user}"
     );
-    assert_ne!(iso_b.as_deref().unwrap(), iso_a);
-    assert_eq!(stream.as_deref(), Some(iso_a));
-    assert_eq!(messages.as_deref(), Some(iso_a));
+    assert_ne!(iso_b.as_deref().unwrap(), iso_a, "{door:?}");
+    assert_eq!(stream.as_deref(), Some(iso_a), "{door:?}");
+    assert_eq!(messages.as_deref(), Some(iso_a), "{door:?}");
     // Nothing but the salt changed: the body is the client's, model aside.
     let (_, body) = seen.lock().unwrap()[2].clone();
     let body: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(body["messages"], chat("auto", SIMPLE)["messages"]);
+    assert_eq!(
+        body["messages"],
+        chat("auto", SIMPLE)["messages"],
+        "{door:?}"
+    );
 }
 
 // === the second opinion ===
@@ -743,6 +856,10 @@ const HARD: &str = "Ana brings 12 shells. Bo brings 7 shells. Chen brings 30 she
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_second_opinion_asks_only_a_profile_the_tenant_may_use() {
+    both_doors(second_opinion).await;
+}
+
+async fn second_opinion(door: Door) {
     let (tenants, _dir) = tenants(&[
         ("rated-a", json!({})),
         ("rated-b", json!({})),
@@ -787,8 +904,9 @@ async fn the_second_opinion_asks_only_a_profile_the_tenant_may_use() {
         .profile(FP16)
         .has("x-quantrouter-second-opinion", rated),
     ];
-    run(&Port::of(&[&router]), &table, &mut Saved::new()).await;
+    let entrance = Entrance::open(door, &[&router]).await;
+    run(&entrance, &table, &mut Saved::new()).await;
     // Asked once per allowed tenant (every answer came from fp16): a rating cached for one
     // tenant is no other's.
-    assert_eq!(rater.stats().requests, 2);
+    assert_eq!(rater.stats().requests, 2, "{door:?}");
 }

@@ -1,6 +1,7 @@
 //! `gateway`: quantrouter as the endpoint picker of a real Envoy (ext_proc, the repository's
-//! `manifests/envoy/envoy.yaml`) against quantrouter as the proxy and a plain Envoy relay,
-//! all in one run, in front of one zero-latency simulator.
+//! `manifests/envoy/envoy.yaml`) — without tenants, and with a tenant whose limits are
+//! counted in Redis — against quantrouter as the proxy and a plain Envoy relay, all in one
+//! run, in front of one zero-latency simulator.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,7 +12,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::overhead::CpuUse;
+use super::overhead::{CpuUse, TENANTS, TENANT_KEY};
 use super::process::{free_port, which, Proc};
 use super::services::{single_profile, Server};
 use super::{write_json, write_section, Load, Suite, Target};
@@ -23,8 +24,17 @@ use crate::scenario::Scenario;
 /// The Envoy configuration the picker is measured with: the one users start from.
 const EXAMPLE: &str = "manifests/envoy/envoy.yaml";
 
-/// The targets, in table order: name, and whether its requests name `auto`.
-const TARGETS: [&str; 4] = ["direct", "quantrouter", "envoy", "envoy+quantrouter-epp"];
+/// The targets, in table order.
+const TARGETS: [&str; 5] = [
+    "direct",
+    "quantrouter",
+    "envoy",
+    "envoy+quantrouter-epp",
+    "envoy+quantrouter-epp-tenants",
+];
+
+/// The plain relay every picker run is held against.
+const RELAY: &str = "envoy";
 
 /// The facts besides the run files.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -129,19 +139,54 @@ impl Suite {
     }
 }
 
-/// CPU of `procs` together while `run` goes on, from the end of its warm-up.
+/// A router serving the endpoint picker (`--epp-listen`, with `args`), and an Envoy with the
+/// example configuration in front of it.
+async fn start_picker(
+    suite: &Suite,
+    envoy: &Path,
+    profiles: &Path,
+    args: &[&str],
+) -> anyhow::Result<(Server, Server)> {
+    let tenants = !args.is_empty();
+    let epp_port = free_port()?;
+    let epp_listen = format!("127.0.0.1:{epp_port}");
+    let mut all = vec!["--epp-listen", epp_listen.as_str()];
+    all.extend_from_slice(args);
+    let name = if tenants {
+        "quantrouter-epp-tenants"
+    } else {
+        "quantrouter-epp"
+    };
+    let picker = suite.start_router(name, profiles, &all, &[]).await?;
+    let (port, admin) = (free_port()?, free_port()?);
+    let config = picker_config(port, admin, epp_port)?;
+    let name = if tenants {
+        "envoy-epp-tenants"
+    } else {
+        "envoy-epp"
+    };
+    let gateway = suite.start_envoy(name, envoy, &config, port, admin).await?;
+    Ok((picker, gateway))
+}
+
+/// CPU of each of `procs` while `run` goes on, from the end of its warm-up.
 async fn with_cpu<F: std::future::Future<Output = anyhow::Result<RunReport>>>(
     run: F,
     warmup: Duration,
     procs: &[&Proc],
-) -> anyhow::Result<(RunReport, f64)> {
-    let total = |procs: &[&Proc]| procs.iter().map(|p| p.cpu().seconds).sum::<f64>();
+) -> anyhow::Result<(RunReport, Vec<f64>)> {
+    let each = |procs: &[&Proc]| procs.iter().map(|p| p.cpu().seconds).collect::<Vec<_>>();
     let start = async {
         tokio::time::sleep(warmup).await;
-        total(procs)
+        each(procs)
     };
     let (report, start) = tokio::join!(run, start);
-    Ok((report?, total(procs) - start))
+    let used = each(procs)
+        .into_iter()
+        .zip(start)
+        .map(|(end, start)| end - start)
+        .collect();
+    Ok((report?, used))
 }
 
 /// Runs the scenario and returns its section.
@@ -163,16 +208,14 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     let router = suite
         .start_router("quantrouter", &profiles, &[], &[])
         .await?;
-    let epp_port = free_port()?;
-    let epp_listen = format!("127.0.0.1:{epp_port}");
-    let picker = suite
-        .start_router(
-            "quantrouter-epp",
-            &profiles,
-            &["--epp-listen", &epp_listen],
-            &[],
-        )
+    let (picker, gateway) = start_picker(suite, &envoy, &profiles, &[]).await?;
+    // The same with a tenant whose limits are counted in Redis: every answer's body then
+    // streams through the picker, for the usage its limits count.
+    let (redis, redis_url) = suite
+        .redis_with_tenants("gateway-tenants.json", TENANTS)
         .await?;
+    let (picker_tenants, gateway_tenants) =
+        start_picker(suite, &envoy, &profiles, &["--redis-url", &redis_url]).await?;
     let (relay_port, relay_admin) = (free_port()?, free_port()?);
     let relay = suite
         .start_envoy(
@@ -181,16 +224,6 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
             &relay_config(relay_port, relay_admin, sim.port),
             relay_port,
             relay_admin,
-        )
-        .await?;
-    let (gateway_port, gateway_admin) = (free_port()?, free_port()?);
-    let gateway = suite
-        .start_envoy(
-            "envoy-epp",
-            &envoy,
-            &picker_config(gateway_port, gateway_admin, epp_port)?,
-            gateway_port,
-            gateway_admin,
         )
         .await?;
     let version = tokio::process::Command::new(&envoy)
@@ -222,6 +255,10 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
             Target::new(TARGETS[3], &gateway.url, "auto"),
             vec![&gateway.proc, &picker.proc],
         ),
+        (
+            Target::new(TARGETS[4], &gateway_tenants.url, "auto").with_api_key(TENANT_KEY),
+            vec![&gateway_tenants.proc, &picker_tenants.proc],
+        ),
     ];
     let common = |mode: LoadMode| {
         Load::new(Scenario::Overhead, mode, suite.duration())
@@ -243,13 +280,28 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
             )
             .await?;
             if !procs.is_empty() {
-                facts.cpu.entry(prefix.to_owned()).or_default().insert(
+                let by_target = facts.cpu.entry(prefix.to_owned()).or_default();
+                let answered = report.ok;
+                let total = seconds.iter().sum();
+                by_target.insert(
                     target.name.clone(),
                     CpuUse {
-                        seconds,
-                        answered: report.ok,
+                        seconds: total,
+                        answered,
                     },
                 );
+                // A picker run's Envoy on its own: what ext_proc costs Envoy, whatever the
+                // picker does.
+                if let [envoy, _picker] = seconds[..] {
+                    let key = format!("{}/envoy", target.name);
+                    by_target.insert(
+                        key,
+                        CpuUse {
+                            seconds: envoy,
+                            answered,
+                        },
+                    );
+                }
             }
         }
     }
@@ -272,9 +324,17 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
     }
     write_json(&dir.join("facts.json"), &facts)?;
     drop(targets);
-    for server in [gateway, relay, picker, router] {
+    for server in [
+        gateway,
+        gateway_tenants,
+        relay,
+        picker,
+        picker_tenants,
+        router,
+    ] {
         server.proc.kill().await;
     }
+    redis.kill().await;
     sim.proc.kill().await;
     write_section(&dir, render(suite, &dir, &facts)?)
 }
@@ -296,6 +356,46 @@ fn paired_medians(dir: &Path, name: &str, rounds: u32) -> anyhow::Result<Option<
     Ok(median(&p50).zip(median(&p99)))
 }
 
+/// Each picker run against the plain relay of the same run: CPU per request and throughput
+/// at 32 clients as ratios, and the added p50 at 200 req/s as a difference.
+fn against_relay(dir: &Path, facts: &GatewayFacts) -> anyhow::Result<String> {
+    let cpu = |name: &str| {
+        let c = facts.cpu.get("c32")?.get(name)?;
+        (c.answered > 0).then(|| c.seconds / c.answered as f64)
+    };
+    let throughput = |name: &str| -> anyhow::Result<f64> {
+        Ok(RunReport::read_json(&dir.join(format!("c32-{name}.json")))?.throughput_rps)
+    };
+    let p50 = |name: &str| -> anyhow::Result<Option<i64>> {
+        Ok(paired_medians(dir, name, facts.paired_rounds)?.map(|(p50, _)| p50))
+    };
+    let mut out = String::from(
+        "\n**Envoy plus the picker against Envoy alone, same run** (the second column: the\n\
+         picker run's Envoy process alone)\n\n\
+         | run | CPU per request, 32 clients | of which Envoy's | throughput, 32 clients | added p50 at 200 req/s |\n\
+         |---|---|---|---|---|\n",
+    );
+    let (relay_cpu, relay_rps, relay_p50) = (cpu(RELAY), throughput(RELAY)?, p50(RELAY)?);
+    for name in &TARGETS[3..] {
+        let ratio = |a: Option<f64>, b: Option<f64>| match a.zip(b) {
+            Some((a, b)) if b > 0.0 => format!("{:.2}×", a / b),
+            _ => "n/a".to_owned(),
+        };
+        let more = match p50(name)?.zip(relay_p50) {
+            Some((p50, relay)) => signed_ms(p50 - relay),
+            None => "n/a".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {more} |",
+            ratio(cpu(name), relay_cpu),
+            ratio(cpu(&format!("{name}/envoy")), relay_cpu),
+            ratio(Some(throughput(name)?), Some(relay_rps))
+        );
+    }
+    Ok(out)
+}
+
 fn render(suite: &Suite, dir: &Path, facts: &GatewayFacts) -> anyhow::Result<String> {
     let mut out = suite.command("gateway");
     out.push_str(&suite.machine());
@@ -303,8 +403,11 @@ fn render(suite: &Suite, dir: &Path, facts: &GatewayFacts) -> anyhow::Result<Str
         out,
         "Envoy: {}. Zero-latency vllm-sim, max_tokens 16, non-streamed. `envoy` is a plain\n\
          relay (router filter, one static cluster); `envoy+quantrouter-epp` is Envoy with\n\
-         `{EXAMPLE}` (ext_proc in FULL_DUPLEX_STREAMED for both bodies, ORIGINAL_DST on\n\
-         the picker's header) and `quantrouter serve --epp-listen`; its CPU is both processes'.",
+         `{EXAMPLE}` (the request body buffered, the answer's head only unless its books\n\
+         need its body, ORIGINAL_DST on the picker's header) and `quantrouter serve\n\
+         --epp-listen`; `-tenants` is the same with a tenant whose limits are counted in Redis\n\
+         (every answer's body then streams through the picker). A picker run's CPU is Envoy's\n\
+         and the router's together (not Redis').",
         facts.envoy
     );
     let mut summary = String::from(
@@ -341,6 +444,7 @@ fn render(suite: &Suite, dir: &Path, facts: &GatewayFacts) -> anyhow::Result<Str
          saturation throughput and CPU per answered request**\n{summary}",
         facts.paired_rounds
     );
+    out.push_str(&against_relay(dir, facts)?);
     for (prefix, heading) in [
         ("rate200", "**200 req/s, open loop**"),
         ("c32", "**32 concurrent clients, closed loop (saturation)**"),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::process::{free_port, Proc};
+use super::process::Proc;
 use super::services::{single_profile, Server};
 use super::{mib, write_json, write_section, Load, Suite, Target};
 use crate::markdown::{runs_table, signed_ms};
@@ -33,12 +33,12 @@ const PROBE_LIMIT: u32 = 6;
 const PROBE_FLOOR_RPS: u64 = 200;
 
 /// The key of the tenant the `quantrouter-tenants` target sends.
-const TENANT_KEY: &str = "sk-overhead-tenant-1";
+pub(super) const TENANT_KEY: &str = "sk-overhead-tenant-1";
 
 /// One tenant with every kind of limit, all far above what a run sends, and no downgrade:
 /// each request costs the admission script and its answer the settle script, and routing is
 /// the same as without tenants. Pushed in the push format (`keys`), hashed by the CLI.
-const TENANTS: &str = r#"{"version": 1, "tenants": [{"id": "overhead", "keys": ["sk-overhead-tenant-1"],
+pub(super) const TENANTS: &str = r#"{"version": 1, "tenants": [{"id": "overhead", "keys": ["sk-overhead-tenant-1"],
   "limits": {"requests_per_minute": 1000000000000, "tokens_per_minute": 1000000000000,
              "budget_per_day": 1000000000.0, "budget_per_month": 1000000000.0, "soft_limit": 1.0}}]}"#;
 
@@ -101,15 +101,9 @@ pub async fn run(suite: &Suite) -> anyhow::Result<String> {
         .start_router("quantrouter", &profiles, &[], &[])
         .await?;
     // The same router with a tenant whose limits are checked in Redis: tenants on vs off.
-    let redis_port = free_port()?;
-    let redis = suite.start_redis(redis_port).await?;
-    let redis_url = format!("redis://127.0.0.1:{redis_port}");
-    let tenants = suite.work().join("overhead-tenants.json");
-    std::fs::write(&tenants, TENANTS)?;
-    anyhow::ensure!(
-        suite.push_tenants(&tenants, &redis_url).await,
-        "cannot push the overhead tenant to {redis_url}"
-    );
+    let (redis, redis_url) = suite
+        .redis_with_tenants("overhead-tenants.json", TENANTS)
+        .await?;
     let router_tenants = suite
         .start_router(
             "quantrouter-tenants",

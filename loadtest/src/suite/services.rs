@@ -404,6 +404,25 @@ impl Suite {
         self.push_document("profiles", file, redis_url).await
     }
 
+    /// A Redis on a free port holding the tenant document `tenants` (written as `name`), and
+    /// its URL.
+    pub(super) async fn redis_with_tenants(
+        &self,
+        name: &str,
+        tenants: &str,
+    ) -> anyhow::Result<(Proc, String)> {
+        let port = free_port()?;
+        let redis = self.start_redis(port).await?;
+        let url = format!("redis://127.0.0.1:{port}");
+        let file = self.work().join(name);
+        std::fs::write(&file, tenants)?;
+        anyhow::ensure!(
+            self.push_tenants(&file, &url).await,
+            "cannot push the tenants of {name} to {url}"
+        );
+        Ok((redis, url))
+    }
+
     /// `quantrouter tenants push FILE --redis-url URL`; whether it succeeded.
     pub(super) async fn push_tenants(&self, file: &Path, redis_url: &str) -> bool {
         self.push_document("tenants", file, redis_url).await

@@ -12,6 +12,7 @@ pub mod messages;
 pub mod relay;
 pub mod responses;
 pub mod stored;
+mod wire;
 
 use std::sync::{Arc, OnceLock};
 
@@ -24,6 +25,10 @@ use serde_json::{json, Value};
 use crate::openai::{ApiError, BodyEdits, Endpoint};
 
 pub use relay::AgentBody;
+pub use wire::Untranslatable;
+pub(crate) use wire::{
+    anthropic_error, chat_functions, check_keys, hosted_tools, joined_text, reasoning_of,
+};
 
 /// An agent API the router serves on its public port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,11 +68,6 @@ pub struct RequestSlot(pub Arc<OnceLock<Arc<TranslatedRequest>>>);
 /// Response header: the tools a translated request left out, comma-separated.
 pub const DROPPED_TOOLS_HEADER: http::HeaderName =
     http::HeaderName::from_static("x-quantrouter-dropped-tools");
-
-/// A request that has no faithful Chat Completions form; the message names what.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0} cannot be translated to Chat Completions for an upstream without this API")]
-pub struct Untranslatable(pub String);
 
 // === impl AgentApi ===
 
@@ -242,11 +242,6 @@ impl Translation {
 
 /// Anthropic's error `type` for a status (its documented list); the OpenAI `type` decides
 /// where the status does not.
-/// Anthropic's error object: the one place it is built.
-pub(crate) fn anthropic_error(kind: &str, message: &str) -> Value {
-    json!({"type": "error", "error": {"type": kind, "message": message}})
-}
-
 fn anthropic_error_type(status: StatusCode, kind: &str) -> &'static str {
     match status.as_u16() {
         400 | 405 | 415 | 422 => "invalid_request_error",
@@ -277,63 +272,6 @@ pub fn anthropic_error_response(error: ApiError) -> Response<Full<Bytes>> {
     response
 }
 
-/// Text of chat `content` or of blocks with `text` (tool results, system prompts).
-pub(crate) fn joined_text(content: &Value) -> Option<String> {
-    match content {
-        Value::String(text) => Some(text.clone()),
-        Value::Array(blocks) => {
-            let mut joined = String::new();
-            for block in blocks {
-                joined.push_str(block.get("text").and_then(Value::as_str)?);
-            }
-            Some(joined)
-        }
-        Value::Null => Some(String::new()),
-        _ => None,
-    }
-}
-
-/// The model's reasoning in a chat message or delta: vLLM's `reasoning_content` (older) or
-/// `reasoning` (newer).
-pub(crate) fn reasoning_of(message: &Value) -> Option<&str> {
-    [&message["reasoning_content"], &message["reasoning"]]
-        .into_iter()
-        .find_map(Value::as_str)
-        .filter(|r| !r.is_empty())
-}
-
-/// The tools of `request` that are `hosted` (no chat upstream can run them, so the
-/// translation leaves them out), by name, or by type when unnamed.
-pub(crate) fn hosted_tools(request: &Value, hosted: fn(&Value) -> bool) -> Vec<String> {
-    let tools = request.get("tools").and_then(Value::as_array);
-    let name = |t: &Value| t["name"].as_str().or(t["type"].as_str()).map(str::to_owned);
-    let hosted = tools.into_iter().flatten().filter(|t| hosted(t));
-    hosted.filter_map(name).collect()
-}
-
-/// The chat functions of `request`'s tools but the `hosted` ones, each converted by `function`.
-pub(crate) fn chat_functions(
-    request: &Value,
-    hosted: fn(&Value) -> bool,
-    function: fn(&Value) -> Result<Value, Untranslatable>,
-) -> Option<Result<Value, Untranslatable>> {
-    let tools = request.get("tools").and_then(Value::as_array)?;
-    let functions: Result<Vec<Value>, _> =
-        tools.iter().filter(|t| !hosted(t)).map(function).collect();
-    Some(functions.map(Value::Array))
-}
-
-/// The keys of `request` outside `known`: what the translation would otherwise drop.
-pub(crate) fn check_keys(request: &Value, known: &[&str]) -> Result<(), Untranslatable> {
-    let Some(object) = request.as_object() else {
-        return Err(Untranslatable("a body that is not a JSON object".into()));
-    };
-    match object.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(key) => Err(Untranslatable(format!("`{key}`"))),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,12 +291,5 @@ mod tests {
         let unknown = ApiError::RouteNotFound("/v1/nothing".into());
         let response = anthropic_error_response(unknown);
         assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    }
-
-    #[test]
-    fn unknown_keys_are_refused_by_name() {
-        let request = json!({"model": "m", "container": "c"});
-        let error = check_keys(&request, &["model"]).unwrap_err();
-        assert_eq!(error, Untranslatable("`container`".into()));
     }
 }

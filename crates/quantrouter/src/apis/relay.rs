@@ -27,7 +27,7 @@ use crate::upstream::{is_event_stream, BodyError};
 pub type OnStored = Box<dyn FnOnce(String) + Send + Sync>;
 
 /// A whole answer larger than this is passed on untranslated: far above any completion.
-const MAX_WHOLE: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_WHOLE: usize = 16 * 1024 * 1024;
 
 /// An answer relayed in the client's agent API.
 pub struct AgentBody {
@@ -55,6 +55,15 @@ pub struct AgentBody {
 enum Translator {
     Messages(MessagesStream),
     Responses(ResponsesStream),
+}
+
+/// The id of a native Responses answer (the `response` of a `response.completed` event, or
+/// a whole answer), when its upstream stored it: unless it was told not to (`store: false`).
+pub fn stored_id(response: &Value) -> Option<&str> {
+    match response["store"] == Value::Bool(false) {
+        true => None,
+        false => response["id"].as_str(),
+    }
 }
 
 /// Wraps a generation answer to an agent-API request, whose translation (if any) reports
@@ -257,10 +266,7 @@ impl AgentBody {
 
     /// A native Responses answer: the upstream stored it unless told not to.
     fn stored(&mut self, response: &Value) {
-        if response["store"] == Value::Bool(false) {
-            return;
-        }
-        if let (Some(on_stored), Some(id)) = (self.on_stored.take(), response["id"].as_str()) {
+        if let (Some(id), Some(on_stored)) = (stored_id(response), self.on_stored.take()) {
             on_stored(id.to_owned());
         }
     }

@@ -48,6 +48,17 @@ pub struct ServeArgs {
         value_parser = parse_optional_listen
     )]
     pub epp_listen: OptionalListen,
+    /// Which answers the endpoint picker reads for their usage: `when-needed` (a tenant with
+    /// limits or budgets, a calibration sample, a stored Responses answer) or `always`
+    /// (tokens, cost and savings metrics for every request through the Gateway).
+    // Reading an answer's body is most of what the picker costs; few answers need it.
+    #[arg(
+        long,
+        env = "QUANTROUTER_EPP_USAGE",
+        value_enum,
+        default_value_t = EppUsage::WhenNeeded
+    )]
+    pub epp_usage: EppUsage,
     /// This replica's name in the tier numbers shared through Redis (default: $HOSTNAME,
     /// the pod name in Kubernetes; else a random id).
     #[arg(long, env = "QUANTROUTER_REPLICA_ID")]
@@ -253,6 +264,15 @@ pub enum DiscoveryMode {
     Kubernetes,
 }
 
+/// Which answers the endpoint picker reads ([`ServeArgs::epp_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EppUsage {
+    /// Those whose books need their body.
+    WhenNeeded,
+    /// Every one.
+    Always,
+}
+
 /// A listen address that can be switched off (`off`, or empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -374,7 +394,7 @@ macro_rules! serde_by_flag_name {
     )*};
 }
 
-serde_by_flag_name!(DiscoveryMode, LogFormat);
+serde_by_flag_name!(DiscoveryMode, EppUsage, LogFormat);
 
 /// The smallest request and idle timeouts, in milliseconds.
 const MIN_TIMEOUT_MS: u64 = 1000;

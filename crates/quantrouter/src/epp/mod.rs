@@ -2,14 +2,14 @@
 //! processing service (`envoy.service.ext_proc.v3.ExternalProcessor`, gRPC), served on its
 //! own port (`--epp-listen`).
 //!
-//! A Gateway (Envoy) sends each request's headers and body here; the picker routes it with
-//! the same snapshot, classifier, breakers and tenants as the HTTP port, rewrites `model` in
-//! the body, and answers with the chosen endpoint in the `x-gateway-destination-endpoint`
-//! header and in the `envoy.lb` dynamic metadata, the next tier's endpoints in
-//! `x-gateway-destination-endpoint-fallback`. Envoy then sends the request to that endpoint
-//! itself and streams the answer back through here, where usage, cost, tenant spend and
-//! metrics are counted as in proxy mode. What a picker cannot do that the proxy does is in
-//! `docs/operations.md` ("Endpoint picker").
+//! A Gateway (Envoy) sends each request's headers and body here; the picker runs them
+//! through the same request pipeline as the HTTP port ([`crate::pipeline`]), rewrites
+//! `model` in the body, and answers with the chosen endpoint in the
+//! `x-gateway-destination-endpoint` header and in the `envoy.lb` dynamic metadata, the next
+//! tier's endpoints in `x-gateway-destination-endpoint-fallback`. Envoy then sends the
+//! request to that endpoint itself and streams the answer back through here, where the
+//! pipeline books it. This module speaks Envoy's protocol and nothing else; what a picker
+//! cannot do that the HTTP port does is in `docs/operations.md` ("Endpoint picker").
 
 mod exchange;
 
@@ -71,7 +71,10 @@ pub mod proto {
         }
     }
     pub use envoy::config::core::v3 as core;
-    pub use envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+    pub use envoy::extensions::filters::http::ext_proc::v3::processing_mode::{
+        BodySendMode, HeaderSendMode,
+    };
+    pub use envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
     pub use envoy::service::ext_proc::v3 as ext_proc;
 }
 
@@ -90,7 +93,10 @@ impl Picker {
 
     /// The tonic service, ready to serve over HTTP/2.
     pub fn into_service(self) -> ExternalProcessorServer<Self> {
-        ExternalProcessorServer::new(self)
+        // A buffered request body comes in one message: the body limit, with room for the
+        // headers and metadata beside it.
+        let largest = self.app.config.body_limit.saturating_add(1024 * 1024);
+        ExternalProcessorServer::new(self).max_decoding_message_size(largest)
     }
 }
 
@@ -98,36 +104,22 @@ impl Picker {
 impl ExternalProcessor for Picker {
     type ProcessStream = Answers;
 
-    /// One gRPC stream is one HTTP request and its response: each message from Envoy gets
-    /// the answers it calls for, in order. The exchange's state (the endpoint's in-flight
-    /// count, the tier's slot, the tenant's grant) lives as long as the stream.
+    /// One gRPC stream is one HTTP request and its response, served in order by
+    /// [`exchange::serve`]; its answers go out as it makes them. The exchange's state (the
+    /// endpoint's in-flight count, the tier's slot, the tenant's grant) lives as long as the
+    /// stream.
     async fn process(
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = request.into_inner();
-        let exchange = exchange::Exchange::new(Arc::clone(&self.app));
-        let answers = futures_util::stream::unfold(
-            (inbound, exchange),
-            |(mut inbound, mut exchange)| async move {
-                match inbound.next().await {
-                    Some(Ok(message)) => {
-                        let answers = exchange.handle(message).await;
-                        Some((answers, (inbound, exchange)))
-                    }
-                    Some(Err(status)) => {
-                        tracing::debug!(%status, "ext_proc stream ended with an error");
-                        exchange.abandon();
-                        None
-                    }
-                    None => {
-                        exchange.abandon();
-                        None
-                    }
-                }
-            },
-        )
-        .flat_map(|answers| futures_util::stream::iter(answers.into_iter().map(Ok)));
-        Ok(Response::new(Box::pin(answers)))
+        let (out, mut answers) = tokio::sync::mpsc::unbounded_channel();
+        let exchange = exchange::serve(Arc::clone(&self.app), inbound, out);
+        // Driven by the response stream itself, beside the answers it sends: no task.
+        let exchange = futures_util::stream::once(exchange).filter_map(|()| async { None });
+        let answers = futures_util::stream::poll_fn(move |cx| answers.poll_recv(cx)).map(Ok);
+        Ok(Response::new(Box::pin(futures_util::stream::select(
+            answers, exchange,
+        ))))
     }
 }

@@ -36,7 +36,7 @@ use quantrouter_policy::{
 };
 use tokio::time::Instant;
 
-use super::{Overloaded, ResilienceConfig};
+use super::ResilienceConfig;
 use crate::openai::ApiError;
 use crate::profiles::Snapshot;
 use crate::telemetry::{self, ProfileTelemetry};
@@ -395,21 +395,7 @@ impl<'a> Forwarder<'a> {
             .admission
             .queue_timeout
             .min(self.plan.deadline.saturating_duration_since(Instant::now()));
-        pool.admission
-            .admit(self.plan.priority, queue_timeout)
-            .await
-            .map_err(|overloaded| {
-                telemetry::admission_rejected(id);
-                ApiError::Overloaded {
-                    profile: id.to_owned(),
-                    reason: match overloaded {
-                        Overloaded::QueueFull => "the wait queue is full".into(),
-                        Overloaded::Timeout => format!("no slot within {queue_timeout:?}"),
-                        Overloaded::Displaced => "a higher-priority request took its place".into(),
-                    },
-                    retry_after_s: 1,
-                }
-            })
+        crate::pipeline::admit_to(pool, id, self.plan.priority, queue_timeout).await
     }
 
     /// Before a retry: a token from the budget, then the backoff (at least `Retry-After`),

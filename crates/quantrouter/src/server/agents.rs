@@ -7,20 +7,19 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response};
+use http::{header, HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use quantrouter_policy::limits::{RateHeaders, Reservation};
 use tokio::time::Instant;
 
-use super::context::RequestId;
 use super::proxy::{proxy, read_json_body};
-use super::{App, ResponseBody, REQUEST_ID};
-use crate::apis::relay::{relay, OnStored};
-use crate::apis::stored::Stored;
+use super::{App, ResponseBody};
+use crate::apis::relay::relay;
 use crate::apis::{AgentApi, RequestSlot, DROPPED_TOOLS_HEADER};
-use crate::openai::{ApiError, ParsedRequest};
-use crate::routing::{self, PROFILE_HEADER};
+use crate::openai::ApiError;
+use crate::pipeline::{self, RequestId, REQUEST_ID};
+use crate::routing::PROFILE_HEADER;
 use crate::tenants::gate::{insert_rate_headers, Charge};
 use crate::tenants::ActiveTenant;
 
@@ -30,7 +29,6 @@ pub(super) async fn create(
     mut req: Request<Incoming>,
     api: AgentApi,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    anthropic_key(req.headers_mut());
     // The tenant a stored answer will belong to (`proxy` refuses a bad key the same way).
     let owner = match api {
         AgentApi::Responses => owner(app.authenticate(req.headers())?),
@@ -41,23 +39,10 @@ pub(super) async fn create(
     let mut response = proxy(app, req, api.endpoint()).await?;
     report_dropped_tools(app, &mut response, api, &slot);
     let on_stored = match api {
-        AgentApi::Responses => on_stored(app, response.headers(), owner),
+        AgentApi::Responses => pipeline::on_stored(app, response.headers(), owner),
         AgentApi::Messages => None,
     };
     Ok(relay(response, api, slot, on_stored))
-}
-
-/// Anthropic's clients send their key as `x-api-key`: taken as `Authorization: Bearer`.
-fn anthropic_key(headers: &mut HeaderMap) {
-    if headers.contains_key(header::AUTHORIZATION) {
-        return;
-    }
-    if let Some(key) = headers.get("x-api-key") {
-        let bearer = [b"Bearer ".as_slice(), key.as_bytes()].concat();
-        if let Ok(value) = HeaderValue::from_bytes(&bearer) {
-            headers.insert(header::AUTHORIZATION, value);
-        }
-    }
 }
 
 /// `x-quantrouter-dropped-tools`: the hosted tools a translating profile's request went
@@ -87,41 +72,21 @@ fn report_dropped_tools(
     }
 }
 
-/// `POST /v1/messages/count_tokens`: the router's own estimate of the prompt's tokens (text
-/// and tool definitions, at the default profile's characters per token), the one its
-/// context checks use; no upstream is asked.
+/// `POST /v1/messages/count_tokens`: [`pipeline::count_tokens`].
 pub(super) async fn count_tokens(
     app: &Arc<App>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    anthropic_key(req.headers_mut());
     let (parts, body) = req.into_parts();
     app.authenticate(&parts.headers)?;
     let body = read_json_body(app, body, &parts.headers).await?;
-    let parsed = ParsedRequest::parse_to_count(&body)?;
-    let snapshot = app.store.load();
-    let set = &snapshot.set;
-    let (features, _) = quantrouter_policy::score(&parsed.prompt(), &set.policy.complexity, None);
-    let profile = set.default_index();
-    let per_token = routing::chars_per_token(&snapshot, profile);
-    let tools = routing::tool_tokens(&snapshot, profile, parsed.tools_bytes);
-    let tokens = features.estimated_input_tokens(per_token) + tools;
-    let body = serde_json::json!({"input_tokens": tokens}).to_string();
-    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    let counted = pipeline::count_tokens(app, &body)?;
+    let mut response = Response::new(Either::Left(Full::new(counted)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     Ok(response)
-}
-
-/// Remembers which profile stored a native Responses answer, and for which tenant.
-fn on_stored(app: &Arc<App>, headers: &HeaderMap, tenant: Option<String>) -> Option<OnStored> {
-    let profile = headers.get(PROFILE_HEADER)?.to_str().ok()?.to_owned();
-    let store = Arc::clone(&app.responses);
-    Some(Box::new(move |id| {
-        store.remember(id, Stored { profile, tenant });
-    }))
 }
 
 /// The id of the tenant that owns what a request stores; `None` without tenants.
@@ -133,26 +98,6 @@ fn owner(tenant: Option<Arc<ActiveTenant>>) -> Option<String> {
 pub(super) fn stored_id(path: &str) -> Option<&str> {
     path.strip_prefix("/v1/responses/")
         .filter(|id| !id.is_empty() && !id.contains('/'))
-}
-
-/// A follow-up (`previous_response_id`) is pinned to the profile that stored the response
-/// it continues; one the router cannot place, or another tenant's (`tenant` is the caller's
-/// id), is refused, not sent where it would fail or read what is not the caller's.
-pub(super) async fn place_follow_up(
-    app: &App,
-    headers: &mut HeaderMap,
-    previous: &str,
-    tenant: Option<&str>,
-) -> Result<(), ApiError> {
-    let profile = app
-        .responses
-        .profile_of(previous, tenant)
-        .await
-        .ok_or_else(|| ApiError::ResponseNotFound(previous.to_owned()))?;
-    let value = HeaderValue::from_str(&profile)
-        .map_err(|_| ApiError::ResponseNotFound(previous.to_owned()))?;
-    headers.insert(PROFILE_HEADER, value);
-    Ok(())
 }
 
 /// `GET` or `DELETE /v1/responses/{id}`: asked of the profile that stored the response.

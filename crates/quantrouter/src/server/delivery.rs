@@ -37,11 +37,13 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connections::{Close, InFlight};
-use super::ResponseBody;
 use crate::upstream::keepalive::KeepAlive;
 use crate::upstream::{is_event_stream, BodyError, UpstreamBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Body of every response: the router's own (errors, JSON) or the upstream's, streamed.
+pub type ResponseBody = Either<Full<Bytes>, Relayed>;
 
 /// A response body as the public port sends it.
 #[derive(Debug)]

@@ -9,28 +9,22 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use opentelemetry::KeyValue;
-use quantrouter_policy::limits::Reservation;
-use quantrouter_policy::{ProfileIndex, Reason, RoutingDecision};
+use quantrouter_policy::{ProfileIndex, Reason};
 use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::agents;
-use super::bookkeeping::Ledger;
-use super::context::RequestId;
-use super::context::{Detached, Received, RequestCtx};
 use super::delivery::{ColdAnswer, Relayed};
-use super::{App, ResponseBody, REQUEST_ID};
+use super::{App, ResponseBody};
 use crate::apis::{AgentApi, Translation};
-use crate::calibration::{self, Sample};
-use crate::openai::{self, ApiError, BodyEdits, Endpoint, ParsedRequest};
-use crate::profiles::Snapshot;
+use crate::calibration;
+use crate::openai::{self, ApiError, Endpoint, ParsedRequest};
+use crate::pipeline::{self, AnswerHead, Arrival, Door, Received, RequestCtx, RequestId, Served};
 use crate::resilience::resume::{self, ResumeRequest};
-use crate::resilience::retry::{Answer, Fallback, FallbackReason, Forwarder, Outgoing, Plan};
-use crate::routing::{self, RouteInput, Routed, AUTO_MODEL};
+use crate::resilience::retry::{Answer, Forwarder, Outgoing, Plan};
+use crate::routing::{self, RouteInput, AUTO_MODEL};
 use crate::second_opinion::Rated;
-use crate::telemetry::{self, RequestLabels};
-use crate::tenants::{ActiveTenant, Grant};
+use crate::telemetry;
 use crate::traces::RequestTrace;
 use crate::upstream::body::Resumable;
 use crate::upstream::keepalive::KeepAlive;
@@ -66,7 +60,9 @@ pub async fn endpoints(
     }
 }
 
-/// A generation request, phase by phase.
+/// A generation request through the HTTP door: the pipeline from authentication to the
+/// routed request ([`pipeline::route`], which reads the body here only for a known key),
+/// then forward and respond.
 pub(super) async fn proxy(
     app: &Arc<App>,
     req: Request<Incoming>,
@@ -74,149 +70,44 @@ pub(super) async fn proxy(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    // Auth: only known keys spend upstream capacity.
-    let tenant = app.authenticate(&parts.headers)?;
-    // Body limit and parse: read what routing needs, refuse what no upstream would take.
-    let body = read_json_body(app, body, &parts.headers).await?;
-    let mut received = Received {
+    let declared = content_length(&parts.headers);
+    let arrival = Arrival {
         parts,
-        body,
         endpoint,
         started,
+        body: |_: Option<&_>| read_body(app, body, declared),
+        door: Door {
+            translates: true,
+            streams_while_cold: true,
+            subset: None,
+            strips_usage: true,
+        },
     };
-    let parsed = ParsedRequest::parse(&received.body, endpoint)?;
-    // A Responses follow-up goes where the response it continues is stored.
-    if let Some(previous) = &parsed.previous_response_id {
-        let owner = tenant.as_deref().map(|t| &*t.id);
-        agents::place_follow_up(app, &mut received.parts.headers, previous, owner).await?;
+    let mut ctx = pipeline::route(app, arrival).await?;
+    // A stream for a tier scaling from zero answers at once and waits in its body, with
+    // keep-alives.
+    if ctx.shape.stream && ctx.routed.wait_for.is_some() {
+        return Ok(cold_stream(app, ctx));
     }
-    let mut ctx = RequestCtx::new(&received, parsed, app.store.load());
-    // Tenant limits: refused at a hard limit, routed cheaper past a soft one.
-    ctx.grant = admit_tenant(app, tenant, &ctx.parsed, &ctx.snapshot).await?;
-    // Route: the policy's decision, with the request's and the tenant's overrides, and a
-    // cheap tier's rating when the risk is uncertain (`policy.second_opinion`).
-    let rated = Rated {
-        snapshot: &ctx.snapshot,
-        parsed: &ctx.parsed,
-        headers: ctx.headers(),
-        tenant: ctx.grant.as_ref().map(|g| &*g.tenant),
-    };
-    let rating = crate::second_opinion::consult(app, rated).await;
-    let routed = route(app, &mut ctx, rating)?;
-    // Cold wait: a tier scaling from zero gets its first endpoint, or the request fails. A
-    // stream answers at once and waits in its body, with keep-alives.
-    if ctx.parsed.stream && routed.wait_for.is_some() {
-        let detached = ctx.detach();
-        return Ok(cold_stream(app, received, detached, routed));
-    }
-    wait_for_cold_tier(&ctx, &routed).await?;
     // Forward, then respond: the router's headers and the answer's bookkeeping.
-    let answer = forward(app, &ctx, &routed).await?;
-    let response = respond(app, &mut ctx, &routed, answer);
+    let answer = forward(app, &ctx).await?;
+    let response = respond(app, &mut ctx, answer);
     Ok(response.map(|body| Either::Right(body.into())))
-}
-
-/// The tenant's limits, before routing: one counter round trip at most. The request
-/// reserves its worst case — the prompt's estimate (a quarter of its bytes) plus
-/// `max_tokens` for each of its `n` choices, at the dearest profile the tenant may be served
-/// by — settled to what it used when the answer ends.
-pub(crate) async fn admit_tenant(
-    app: &App,
-    tenant: Option<Arc<ActiveTenant>>,
-    parsed: &ParsedRequest<'_>,
-    snapshot: &Snapshot,
-) -> Result<Option<Grant>, ApiError> {
-    let (Some(tenants), Some(tenant)) = (&app.tenants, tenant) else {
-        return Ok(None);
-    };
-    let bytes: usize = parsed.prompt().segments.iter().map(|s| s.text.len()).sum();
-    let prompt = u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX);
-    // A tenant without limits reserves nothing: no need to price the request.
-    let reserved = match tenant.quota.is_limited() {
-        true => {
-            let allowed = tenant.allowed_profiles.as_deref();
-            let may_serve = snapshot
-                .set
-                .profiles
-                .iter()
-                .filter(|p| p.enabled && allowed.is_none_or(|ids| ids.contains(&p.id)));
-            let max_tokens = parsed.max_tokens.map(u64::from);
-            let choices = u64::from(parsed.choices);
-            Reservation::worst_case(prompt, max_tokens, choices, may_serve)
-        }
-        false => Reservation::default(),
-    };
-    Ok(Some(tenants.admit(tenant, prompt, reserved).await?))
-}
-
-/// The policy's decision for the request (with a second opinion's rating, if one was
-/// asked), and its deadline; KEDA hears of the tiers it wants.
-fn route(
-    app: &App,
-    ctx: &mut RequestCtx<'_>,
-    rating: Option<quantrouter_policy::Rating>,
-) -> Result<Routed, ApiError> {
-    let snapshot = &ctx.snapshot;
-    let headers = ctx.headers();
-    let id = ctx.request_id();
-    let classifier = app.config.classifier.load();
-    let input = RouteInput {
-        classifier: classifier.model.as_ref(),
-        headers,
-        aliases: &app.config.aliases,
-        request_key: id.to_str().unwrap_or_default(),
-        tenant: ctx.grant.as_ref().map(|g| (&*g.tenant, g.downgraded)),
-        among: None,
-        rating,
-    };
-    let mut routed = routing::route(snapshot, &ctx.parsed, input)?;
-    app.sessions.settle(snapshot, &mut routed, true);
-    app.keda.on_route(snapshot, routed.decision.profile);
-    if let Some(cold) = routed.cold_preferred {
-        app.keda.on_route(snapshot, cold);
-    }
-    let resilience = &app.config.resilience;
-    let timeout = routing::timeout(headers)?.unwrap_or(resilience.default_deadline);
-    ctx.deadline = ctx.received.started + timeout;
-    Ok(routed)
-}
-
-/// Scale from zero: waits (counted in the tier's queue depth, which activates KEDA) for the
-/// preferred tier's first endpoint, within the deadline.
-async fn wait_for_cold_tier(ctx: &RequestCtx<'_>, routed: &Routed) -> Result<(), ApiError> {
-    let Some((cold, timeout)) = routed.wait_for else {
-        return Ok(());
-    };
-    let timeout = timeout.min(ctx.deadline.saturating_duration_since(Instant::now()));
-    if ctx.snapshot.runtime[cold]
-        .pool
-        .wait_for_endpoints(timeout)
-        .await
-    {
-        return Ok(());
-    }
-    let id = &ctx.snapshot.set.profiles[cold].id;
-    Err(ApiError::Unavailable(format!(
-        "profile {id} is scaled to zero and got no endpoint within {timeout:?}"
-    )))
 }
 
 /// Forward: per-tier admission, attempts, retries and fallbacks ([`Forwarder`]), with each
 /// profile's body native or translated to chat.
-async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Answer, ApiError> {
-    let Received { body, endpoint, .. } = ctx.received;
-    let (snapshot, parsed) = (&*ctx.snapshot, &ctx.parsed);
+async fn forward(app: &App, ctx: &RequestCtx) -> Result<Answer, ApiError> {
+    let Received {
+        body,
+        endpoint,
+        started,
+        ..
+    } = &ctx.received;
+    let (snapshot, shape) = (&*ctx.snapshot, &ctx.shape);
     let id = ctx.request_id();
-    let trace = ctx.trace();
-    let decision = &routed.decision;
-    DecisionLog {
-        snapshot,
-        decision,
-        parsed,
-        request_id: id.to_str().unwrap_or_default(),
-    }
-    .record(app, trace);
-    let headers = upstream_headers(ctx.headers(), &id);
+    let decision = &ctx.routed.decision;
+    let headers = pipeline::upstream_headers(ctx.headers(), &id);
     // An agent API goes natively where the upstream serves it, translated to chat elsewhere.
     let translation = Translation::prepare(*endpoint, body, &snapshot.set, decision.profile)?;
     Translation::report(translation.as_ref(), &ctx.received.parts.extensions);
@@ -225,27 +116,21 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
         snapshot,
         decision,
         pinned: decision.reason == Reason::Pinned || native_only,
-        stream: parsed.stream,
-        wants_json: parsed.wants_json,
+        stream: shape.stream,
+        wants_json: shape.wants_json,
         headers: &headers,
-        started: ctx.received.started,
+        started: *started,
         deadline: ctx.deadline,
-        trace,
+        trace: ctx.trace(),
         request_id: id.to_str().unwrap_or_default(),
         priority: ctx.grant.as_ref().map_or(0, |g| g.tenant.priority),
-        placement: &routed.placement,
+        placement: &ctx.routed.placement,
     };
-    let salt = routed.cache_salt.as_deref();
     let body_for = |profile: ProfileIndex| {
         let model_json = &snapshot.runtime[profile].model_json;
-        // `policy.output_ceiling`: a limit the profile's context cannot hold is lowered.
-        let edits = BodyEdits {
-            ceiling: routing::output_ceiling(snapshot, decision, parsed, profile),
-            cache_salt: salt,
-        };
         let chat = translation
             .as_ref()
-            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, edits));
+            .and_then(|t| t.chat_body(&snapshot.set, profile, model_json, ctx.edits(profile)));
         match chat {
             Some(body) => Outgoing {
                 path: Endpoint::Chat.path(),
@@ -253,28 +138,24 @@ async fn forward(app: &App, ctx: &RequestCtx<'_>, routed: &Routed) -> Result<Ans
             },
             None => Outgoing {
                 path: endpoint.path(),
-                body: parsed.upstream_body(body, model_json, edits),
+                body: ctx.upstream_body(profile),
             },
         }
     };
-    telemetry::routed(decision.complexity, ctx.received.started.elapsed());
+    telemetry::routed(decision.complexity, started.elapsed());
     let forwarder = Forwarder::new(&app.client, &app.config.resilience, plan, &body_for);
     forwarder.forward().await
 }
 
 /// The upstream's response head, with the router's headers, and its body, which books the
-/// request ([`Ledger`]) when it ends: one path for streamed and whole answers.
-fn respond(
-    app: &App,
-    ctx: &mut RequestCtx<'_>,
-    routed: &Routed,
-    answer: Answer,
-) -> Response<UpstreamBody> {
-    let snapshot = &*ctx.snapshot;
-    let decision = &routed.decision;
-    let served = Served::of(&answer);
-    let labels = served.labels(snapshot, decision);
-    let resumable = resumable(app, ctx, routed, &answer);
+/// request ([`pipeline::Ledger`]) when it ends: one path for streamed and whole answers.
+fn respond(app: &App, ctx: &mut RequestCtx, answer: Answer) -> Response<UpstreamBody> {
+    let served = Served {
+        profile: answer.profile,
+        attempts: answer.attempts,
+        fallback: answer.fallback,
+    };
+    let resumable = resumable(app, ctx, &answer);
     let Answer {
         response,
         held,
@@ -282,36 +163,11 @@ fn respond(
         ..
     } = answer;
     let status = response.status();
-    telemetry::response_headers(&labels, status.as_u16());
     let (mut head, incoming) = response.into_parts();
     let sse = is_event_stream(&head.headers);
-    if !sse {
-        // Not a stream: the first token comes with the head (vLLM, and any server that
-        // answers whole). A stream reports its first output event through the ledger.
-        telemetry::first_token(&labels, ctx.received.started.elapsed());
-    }
-    finish_head(&mut head, snapshot, decision, &served);
-    if let Some(grant) = &ctx.grant {
-        crate::tenants::gate::insert_rate_headers(&mut head.headers, &grant.rate);
-    }
-    let affinity = routed.affinity_used();
-    head.headers
-        .insert(AFFINITY_HEADER, HeaderValue::from_static(affinity.as_str()));
-    let sample =
-        sample_for_calibration(app, ctx, routed, served.profile).filter(|_| status.is_success());
-    let attributes = match ctx.trace() {
-        Some(_) => span_attributes(snapshot, &served, status, &ctx.parsed),
-        None => Vec::new(),
-    };
-    let ledger = Ledger::new(snapshot, served.profile, labels, routed.prompt)
-        .traced(ctx.trace(), attributes)
-        .charging(
-            app.tenants.as_ref(),
-            ctx.grant.take(),
-            status.is_success(),
-            sse,
-        )
-        .sampled(sample);
+    remove_hop_by_hop(&mut head.headers);
+    pipeline::router_headers(&mut head.headers, ctx, &served);
+    let ledger = pipeline::ledger(app, ctx, &served, AnswerHead { status, sse });
     let limits = TimeLimits {
         idle: app.config.resilience.idle_timeout,
         deadline: ctx.deadline,
@@ -322,7 +178,7 @@ fn respond(
     let reading = Reading {
         started: ctx.received.started,
         sse,
-        strip_usage: ctx.parsed.adds_usage(),
+        strip_usage: ctx.shape.rewrite.adds_usage(),
     };
     let copy = ledger.wants_answer();
     let body = UpstreamBody::new(incoming, held, limits, reading)
@@ -336,15 +192,10 @@ fn respond(
 }
 
 /// A stream that goes on elsewhere when its upstream breaks (`policy.stream_resume`).
-fn resumable(
-    app: &App,
-    ctx: &RequestCtx<'_>,
-    routed: &Routed,
-    answer: &Answer,
-) -> Option<Resumable> {
-    let (parsed, received) = (&ctx.parsed, ctx.received);
+fn resumable(app: &App, ctx: &RequestCtx, answer: &Answer) -> Option<Resumable> {
+    let (shape, received, routed) = (&ctx.shape, &ctx.received, &ctx.routed);
     let set = &ctx.snapshot.set;
-    if !parsed.stream || !resume::eligible(set, received.endpoint, parsed.choices, answer) {
+    if !shape.stream || !resume::eligible(set, received.endpoint, shape.choices, answer) {
         return None;
     }
     let id = ctx.request_id();
@@ -354,7 +205,7 @@ fn resumable(
         snapshot: Arc::clone(&ctx.snapshot),
         decision: routed.decision.clone(),
         pinned: routed.decision.reason == Reason::Pinned,
-        headers: upstream_headers(ctx.headers(), &id),
+        headers: pipeline::upstream_headers(ctx.headers(), &id),
         started: received.started,
         deadline: ctx.deadline,
         trace: ctx.trace().cloned(),
@@ -363,77 +214,14 @@ fn resumable(
         blocks: routed.placement.blocks.clone(),
         body: received.body.clone(),
         api: received.endpoint,
-        adds_usage: parsed.adds_usage(),
+        adds_usage: shape.rewrite.adds_usage(),
         ceilings: (0..set.profiles.len())
-            .map(|p| {
-                routing::output_ceiling(
-                    &ctx.snapshot,
-                    &routed.decision,
-                    parsed,
-                    ProfileIndex::new(p),
-                )
-            })
+            .map(|p| shape.ceiling(ProfileIndex::new(p)))
             .collect(),
         cache_salt: routed.cache_salt.clone(),
     };
     Some(request.into_resumable(answer))
 }
-
-/// `policy.calibration`: a non-streamed request answered by another profile than the
-/// reference, in the sample (the router's own draw), is asked of the reference too. Every
-/// such request counts towards the limit on that extra load, sampled or not.
-fn sample_for_calibration(
-    app: &App,
-    ctx: &RequestCtx<'_>,
-    routed: &Routed,
-    served: ProfileIndex,
-) -> Option<Sample> {
-    let decision = &routed.decision;
-    let (snapshot, parsed, received) = (&ctx.snapshot, &ctx.parsed, ctx.received);
-    let policy = snapshot.set.policy.calibration.as_ref()?;
-    let reference = snapshot.set.index_of(&policy.reference_profile)?;
-    // An agent API's answer is not a chat answer to compare.
-    if parsed.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
-        return None;
-    }
-    if !app.calibrator.sample(policy.sample_rate) {
-        return None;
-    }
-    // A call asked again may act again; such a request is not sent twice.
-    if parsed.offers_tools {
-        app.calibrator.not_comparable();
-        return None;
-    }
-    let id = ctx.request_id();
-    let key = id.to_str().unwrap_or_default();
-    Some(Sample {
-        calibrator: Arc::clone(&app.calibrator),
-        client: app.client.clone(),
-        config: app.config.resilience,
-        snapshot: Arc::clone(snapshot),
-        policy: policy.clone(),
-        decision: decision.clone(),
-        served,
-        reference,
-        wants_json: parsed.wants_json,
-        max_tokens: parsed.max_tokens,
-        choices: parsed.choices,
-        path: received.endpoint.path(),
-        headers: upstream_headers(&received.parts.headers, &id),
-        body: parsed.upstream_body(
-            &received.body,
-            &snapshot.runtime[reference].model_json,
-            BodyEdits {
-                cache_salt: routed.cache_salt.as_deref(),
-                ..BodyEdits::default()
-            },
-        ),
-        request_id: key.to_owned(),
-    })
-}
-
-/// Says whether the conversation's profile or the prompt's cached prefix decided.
-const AFFINITY_HEADER: HeaderName = HeaderName::from_static("x-quantrouter-affinity");
 
 /// How often a stream waiting for a cold tier gets a keep-alive comment: well inside the
 /// idle timeouts of proxies and clients (60 s is common, some use 10 to 30 s).
@@ -442,12 +230,7 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// A stream that waits for a tier scaling from zero: the head goes out at once with the
 /// decision's headers, keep-alive comments hold the connection while the tier starts, then
 /// the upstream's stream follows (or an error event, as for any failure after the head).
-fn cold_stream(
-    app: &Arc<App>,
-    received: Received,
-    detached: Detached,
-    routed: Routed,
-) -> Response<ResponseBody> {
+fn cold_stream(app: &Arc<App>, mut ctx: RequestCtx) -> Response<ResponseBody> {
     let (mut head, ()) = Response::new(()).into_parts();
     let sse = [
         (header::CONTENT_TYPE, "text/event-stream"),
@@ -456,33 +239,31 @@ fn cold_stream(
     for (name, value) in sse {
         head.headers.insert(name, HeaderValue::from_static(value));
     }
+    // Attempts are not known when the head goes out; the stream itself is the answer.
     let served = Served {
-        profile: routed.decision.profile,
+        profile: ctx.routed.decision.profile,
         attempts: 0,
         fallback: None,
     };
-    let deadline = detached.deadline();
-    finish_head(&mut head, detached.snapshot(), &routed.decision, &served);
-    let affinity = HeaderValue::from_static(routed.affinity.as_str());
-    head.headers.insert(AFFINITY_HEADER, affinity);
-    // Not known when the head goes out; the stream itself is the answer.
-    head.headers.remove("x-quantrouter-attempts");
-    if let Some(grant) = detached.grant() {
-        crate::tenants::gate::insert_rate_headers(&mut head.headers, &grant.rate);
-    }
+    pipeline::router_headers(&mut head.headers, &ctx, &served);
+    let deadline = ctx.deadline;
     let app = Arc::clone(app);
     // The watchdog sees a body polled by each comment: keep them inside the idle timeout.
     let interval = KEEPALIVE_INTERVAL.min(app.config.resilience.idle_timeout / 2);
     let answer: ColdAnswer = Box::pin(async move {
         let answered = async {
-            let mut ctx = RequestCtx::attach(&received, detached)?;
-            wait_for_cold_tier(&ctx, &routed).await?;
-            let answer = forward(&app, &ctx, &routed).await?;
-            Ok(respond(&app, &mut ctx, &routed, answer))
+            pipeline::wait_for_cold_tier(&ctx).await?;
+            let answer = forward(&app, &ctx).await?;
+            Ok::<_, ApiError>(respond(&app, &mut ctx, answer))
         };
-        match answered.await {
+        let answered = answered.await;
+        match answered {
             Ok(response) => streamed_body(response).await,
-            Err(error) => Err(error_event(&error, &received.parts, app.config.log_prompts)),
+            Err(error) => Err(error_event(
+                &error,
+                &ctx.received.parts,
+                app.config.log_prompts,
+            )),
         }
     });
     let body = Relayed::ColdStart {
@@ -531,58 +312,14 @@ fn error_event(error: &ApiError, parts: &http::request::Parts, log_prompts: bool
     sse::data_event(body.to_string().as_bytes())
 }
 
-/// A routing decision, as the log and the trace record it.
-pub(crate) struct DecisionLog<'a> {
-    pub snapshot: &'a Snapshot,
-    pub decision: &'a RoutingDecision,
-    pub parsed: &'a ParsedRequest<'a>,
-    pub request_id: &'a str,
-}
-
-impl DecisionLog<'_> {
-    /// The decision in the log (with the prompt only under `--log-prompts`) and the trace.
-    pub(crate) fn record(self, app: &App, trace: Option<&RequestTrace>) {
-        let Self {
-            snapshot,
-            decision,
-            parsed,
-            request_id,
-        } = self;
-        let chosen = &snapshot.set.profiles[decision.profile];
-        if app.config.log_prompts {
-            let prompt: Vec<&str> = parsed.prompt().segments.iter().map(|s| s.text).collect();
-            tracing::info!(request_id, profile = %chosen.id, reason = decision.reason.as_str(),
-            complexity = decision.complexity, prompt = %prompt.join("\n"), "routed");
-        } else {
-            tracing::debug!(profile = %chosen.id, reason = decision.reason.as_str(),
-            complexity = decision.complexity, "routed");
-        }
-        if let Some(trace) = trace {
-            trace.record(
-                "route",
-                vec![
-                    KeyValue::new("quantrouter.profile", chosen.id.clone()),
-                    KeyValue::new("quantrouter.tier", chosen.tier.clone()),
-                    KeyValue::new("quantrouter.reason", decision.reason.as_str()),
-                    KeyValue::new("quantrouter.complexity", decision.complexity),
-                    KeyValue::new(
-                        "quantrouter.task_class",
-                        format!("{:?}", decision.task_class),
-                    ),
-                ],
-            );
-        }
-    }
-}
-
 /// The content type checked, then the body read within its limits.
 pub(super) async fn read_json_body(
     app: &App,
     body: Incoming,
     headers: &HeaderMap,
 ) -> Result<Bytes, ApiError> {
-    check_content_type(headers)?;
-    read_body(app, body, headers).await
+    pipeline::check_content_type(headers)?;
+    read_body(app, body, content_length(headers)).await
 }
 
 const HOP_BY_HOP: [HeaderName; 6] = [
@@ -593,203 +330,39 @@ const HOP_BY_HOP: [HeaderName; 6] = [
     header::UPGRADE,
     header::TRAILER,
 ];
-/// Client headers worth passing to vLLM; everything else (API keys above all) stays here.
-const FORWARDED: [HeaderName; 5] = [
-    header::ACCEPT,
-    header::USER_AGENT,
-    HeaderName::from_static("traceparent"),
-    HeaderName::from_static("tracestate"),
-    HeaderName::from_static("openai-organization"),
-];
 
-/// How a request was served, for the response headers and metric labels.
-#[derive(Debug)]
-struct Served {
-    profile: ProfileIndex,
-    attempts: u32,
-    fallback: Option<Fallback>,
-}
-
-impl Served {
-    fn of(answer: &Answer) -> Self {
-        Self {
-            profile: answer.profile,
-            attempts: answer.attempts,
-            fallback: answer.fallback,
-        }
-    }
-
-    fn reason(&self, decision: &RoutingDecision) -> Reason {
-        match self.fallback {
-            Some(Fallback {
-                reason: FallbackReason::Quality,
-                ..
-            }) => Reason::FallbackQuality,
-            Some(_) => Reason::FallbackError,
-            None => decision.reason,
-        }
-    }
-
-    fn labels(&self, snapshot: &Snapshot, decision: &RoutingDecision) -> RequestLabels {
-        RequestLabels {
-            profile: Arc::clone(&snapshot.runtime[self.profile].telemetry),
-            reason: self.reason(decision),
-        }
-    }
-}
-
-/// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).
-fn span_attributes(
-    snapshot: &Snapshot,
-    served: &Served,
-    status: StatusCode,
-    parsed: &ParsedRequest<'_>,
-) -> Vec<KeyValue> {
-    let profile = &snapshot.set.profiles[served.profile];
-    vec![
-        KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
-        KeyValue::new("gen_ai.request.model", parsed.model.to_string()),
-        KeyValue::new("gen_ai.response.model", profile.model.clone()),
-        KeyValue::new("quantrouter.profile", profile.id.clone()),
-        KeyValue::new("quantrouter.tier", profile.tier.clone()),
-        KeyValue::new("quantrouter.attempts", i64::from(served.attempts)),
-    ]
-}
-
-/// Drops hop-by-hop headers and adds the `x-quantrouter-*` ones.
-fn finish_head(
-    head: &mut http::response::Parts,
-    snapshot: &Snapshot,
-    decision: &RoutingDecision,
-    served: &Served,
-) {
-    const PROFILE: HeaderName = HeaderName::from_static("x-quantrouter-profile");
-    const TIER: HeaderName = HeaderName::from_static("x-quantrouter-tier");
-    const REASON: HeaderName = HeaderName::from_static("x-quantrouter-reason");
-    const ATTEMPTS: HeaderName = HeaderName::from_static("x-quantrouter-attempts");
-    const COMPLEXITY: HeaderName = HeaderName::from_static("x-quantrouter-complexity");
-    let headers = &mut head.headers;
+/// Drops the upstream's hop-by-hop headers.
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // Looked for before removal: a removal hashes the name, a look at the few names an
     // upstream sends compares them.
-    if headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
-        // Headers the upstream's `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-            .collect();
-        for name in HOP_BY_HOP.iter().chain(&named) {
-            headers.remove(name);
-        }
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
     }
-    let telemetry = &snapshot.runtime[served.profile].telemetry;
-    let values = [
-        (PROFILE, telemetry.profile_header.clone()),
-        (TIER, telemetry.tier_header.clone()),
-        (
-            REASON,
-            Some(HeaderValue::from_static(served.reason(decision).as_str())),
-        ),
-        (ATTEMPTS, Some(attempts_header(served.attempts))),
-        (COMPLEXITY, complexity_header(decision.complexity)),
-    ];
-    for (name, value) in values {
-        if let Some(value) = value {
-            headers.insert(name, value);
-        }
-    }
-    if let Some(v) = crate::second_opinion::header(decision) {
-        headers.insert(crate::second_opinion::HEADER, v);
-    }
-    if let Some(f) = served.fallback {
-        let value = format!(
-            "from={}; to={}; reason={}",
-            snapshot.set.profiles[f.from].id,
-            snapshot.set.profiles[f.to].id,
-            f.reason.as_str()
-        );
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(HeaderName::from_static("x-quantrouter-fallback"), v);
-        }
+    // Headers the upstream's `Connection` names are hop-by-hop too (RFC 9110 §7.6.1).
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
     }
 }
 
-/// `x-quantrouter-attempts`: a static value for the usual few attempts.
-fn attempts_header(attempts: u32) -> HeaderValue {
-    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-    match SMALL.get(attempts as usize) {
-        Some(s) => HeaderValue::from_static(s),
-        None => HeaderValue::from(attempts),
-    }
-}
-
-/// `x-quantrouter-complexity`: the score with three decimals, exactly as `{:.3}` writes it.
-/// A score in [0, 1] not within a hair of a rounding tie is written directly; the
-/// formatter's exact decimal expansion cost ~1,000 instructions per request.
-pub(super) fn complexity_header(score: f64) -> Option<HeaderValue> {
-    let scaled = score * 1000.0;
-    let near_tie = (scaled - scaled.floor() - 0.5).abs() < 1e-6;
-    if near_tie || !(0.0..=1.0).contains(&score) || score.is_sign_negative() {
-        return HeaderValue::from_str(&format!("{score:.3}")).ok();
-    }
-    // In 0..=1000 by the check above.
-    let milli = scaled.round() as u32;
-    let digit = |n: u32| b'0' + (n % 10) as u8;
-    let text = [
-        digit(milli / 1000),
-        b'.',
-        digit(milli / 100),
-        digit(milli / 10),
-        digit(milli),
-    ];
-    HeaderValue::from_bytes(&text).ok()
-}
-
-/// Headers for every upstream attempt: JSON content type, the client headers worth
-/// forwarding, and the request id.
-fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(FORWARDED.len() + 2);
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    for name in &FORWARDED {
-        if let Some(v) = client.get(name) {
-            headers.insert(name.clone(), v.clone());
-        }
-    }
-    headers.insert(REQUEST_ID, request_id.clone());
+/// The body's length as the client declared it, if it did.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
-}
-
-pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return Ok(());
-    };
-    let essence = value
-        .to_str()
-        .unwrap_or_default()
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim();
-    if essence.eq_ignore_ascii_case("application/json") {
-        Ok(())
-    } else {
-        Err(ApiError::UnsupportedMediaType)
-    }
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 /// Reads the whole body within the client body timeout, refusing more than the body limit
-/// (early, from Content-Length, when the client declares it).
-async fn read_body(app: &App, body: Incoming, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+/// (early, from the length the client `declared`, if it did).
+async fn read_body(app: &App, body: Incoming, declared: Option<u64>) -> Result<Bytes, ApiError> {
     let limit = app.config.body_limit;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
@@ -856,7 +429,8 @@ async fn dry_run(app: &App, req: Request<Incoming>) -> Result<Response<ResponseB
     }
     let (parts, body) = req.into_parts();
     let tenant = app.authenticate(&parts.headers)?;
-    let body = read_json_body(app, body, &parts.headers).await?;
+    pipeline::check_content_type(&parts.headers)?;
+    let body = read_body(app, body, content_length(&parts.headers)).await?;
     let started = Instant::now();
     let endpoint = match serde_json::from_slice::<Shape>(&body) {
         Ok(Shape { messages: None }) => Endpoint::Completions,

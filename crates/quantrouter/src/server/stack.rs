@@ -19,11 +19,10 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt as _};
 use tracing::Instrument as _;
 
 use super::connections::Conn;
-use super::context::RequestId;
 use super::delivery::{self, Delivered};
-use super::{proxy, App, ResponseBody, REQUEST_ID};
+use super::{proxy, App, ResponseBody};
 use crate::openai::{ApiError, Endpoint};
-use crate::telemetry;
+use crate::pipeline::{RequestId, REQUEST_ID};
 use crate::traces::RequestTrace;
 
 /// The public port's service for one client connection. Layers, outermost first:
@@ -103,17 +102,15 @@ where
 /// Layer 2: every request has an id, and every response says it.
 async fn request_id<S>(
     app: Arc<App>,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     next: S,
 ) -> Result<Response<ResponseBody>, Infallible>
 where
     S: Service<Request<Incoming>, Response = Response<ResponseBody>, Error = Infallible>,
 {
-    let id = match req.headers().get(&REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => app.next_request_id(),
-    };
-    req.extensions_mut().insert(RequestId(id.clone()));
+    let (mut parts, body) = req.into_parts();
+    let id = RequestId::assign(&mut parts, || app.next_request_id());
+    let req = Request::from_parts(parts, body);
     let Ok(mut response) = next.oneshot(req).await;
     response.headers_mut().insert(REQUEST_ID, id);
     Ok(response)
@@ -131,26 +128,16 @@ where
     // An HTTP/1.1 request whose body an early rejection may leave unread.
     let unread_body = req.version() < Version::HTTP_2 && !req.body().is_end_stream();
     // Anthropic's clients read errors in Anthropic's shape.
-    let anthropic = matches!(
-        req.uri().path(),
-        "/v1/messages" | "/v1/messages/count_tokens"
-    );
+    let endpoint = match req.uri().path() {
+        "/v1/messages/count_tokens" => Some(Endpoint::Messages),
+        path => Endpoint::of_path(path),
+    };
     let error = match next.oneshot(req).await {
         Ok(response) => return Ok(response),
         Err(error) => error,
     };
-    let code = error.kind().1;
-    telemetry::router_error(code);
-    // What a client sent can be quoted in the message, prompt text included.
-    match error.quotes_request() && !app.config.log_prompts {
-        true => tracing::debug!(code, "request rejected"),
-        false => tracing::debug!(%error, code, "request rejected"),
-    }
     let close = unread_body && error.before_body();
-    let response = match anthropic {
-        true => crate::apis::anthropic_error_response(error),
-        false => error.into_response(),
-    };
+    let response = crate::pipeline::refusal(&app, error, endpoint);
     let mut response = response.map(Either::Left);
     if close {
         // The body was not read, so the connection cannot carry another request. Say so:

@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::proxy::complexity_header;
 use crate::app::request_id;
+use crate::pipeline::complexity_header;
 use http::HeaderValue;
 
 fn text(value: &HeaderValue) -> &str {

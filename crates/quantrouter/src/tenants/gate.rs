@@ -15,6 +15,9 @@ use super::{bearer, ActiveTenant, ImplicitKeys, KeyRejected, RejectReason, Tenan
 use super::{TenantSnapshot, TenantsConfig};
 pub use crate::openai::{insert_rate_headers, LimitReached};
 
+/// The header Anthropic's clients send their key in.
+const API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
 /// A router's tenants: the active document, the limiter that counts against it, and the
 /// clock its windows are read on.
 #[derive(Debug)]
@@ -98,8 +101,8 @@ impl Tenants {
         }
     }
 
-    /// The tenant of a request's `Authorization: Bearer` key; `None` when no tenant has a
-    /// key (no authentication). Nothing here logs or keeps the key.
+    /// The tenant of a request's key — `Authorization: Bearer`, else `x-api-key` — `None`
+    /// when no tenant has a key (no authentication). Nothing here logs or keeps the key.
     pub fn authenticate(
         &self,
         headers: &HeaderMap,
@@ -108,9 +111,11 @@ impl Tenants {
         if !snapshot.requires_key() {
             return Ok(None);
         }
-        let key = match headers.get(header::AUTHORIZATION) {
-            None => return Err(KeyRejected::Missing),
-            Some(value) => bearer(value.as_bytes()).ok_or(KeyRejected::Malformed)?,
+        let key = match (headers.get(header::AUTHORIZATION), headers.get(API_KEY)) {
+            (Some(value), _) => bearer(value.as_bytes()).ok_or(KeyRejected::Malformed)?,
+            // Anthropic's clients send the key as it is, in `x-api-key`.
+            (None, Some(value)) => value.to_str().map_err(|_| KeyRejected::Malformed)?,
+            (None, None) => return Err(KeyRejected::Missing),
         };
         snapshot
             .authenticate(Some(key))

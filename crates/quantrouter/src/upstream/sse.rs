@@ -58,12 +58,16 @@ pub struct EventScan {
     /// in vLLM's streams, plus the role and finish events; what a stream that ends without
     /// `usage` is charged.
     pub data_events: u64,
-    /// The first bytes of the event being counted unexamined: enough to tell `[DONE]`.
+    /// The first bytes of the event being counted unexamined: enough to tell `[DONE]` and
+    /// an API's last event.
     head: Vec<u8>,
+    /// The last whole event that went on ends the stream ([`ends_stream`]).
+    pub last_event: bool,
 }
 
-/// Bytes of an event's start that tell whether it is data: `data: [DONE]` and one more.
-const HEAD: usize = 13;
+/// Bytes of an event's start that tell whether it is data (not `data: [DONE]`) and whether
+/// it ends its stream: `event: response.incomplete` is the longest such start.
+const HEAD: usize = 26;
 
 /// What became of one piece of a stream.
 #[derive(Debug, Default)]
@@ -225,8 +229,11 @@ impl EventScan {
                 self.awaiting_output = false;
                 first_output = true;
             }
-            if keep && counts_as_data(event) {
-                self.data_events += 1;
+            if keep {
+                self.last_event = ends_stream(event);
+                if counts_as_data(event) {
+                    self.data_events += 1;
+                }
             }
             // Held-back bytes were not sent yet; copied ones (not stripping) were.
             match (keep, held && self.strip_usage) {
@@ -313,6 +320,7 @@ impl EventScan {
             if counts_as_data(&self.head) {
                 self.data_events += 1;
             }
+            self.last_event = ends_stream(&self.head);
             self.head.clear();
             start = end;
         }
@@ -332,6 +340,20 @@ impl EventScan {
         let output = self.awaiting_output && data_of(event).is_some_and(|d| carries_output(&d));
         (keep, usage, output)
     }
+}
+
+/// Whether an event (or its first bytes) ends its stream: chat's `[DONE]`, Anthropic's
+/// `message_stop`, or a Responses stream's last event, which carries the whole response.
+fn ends_stream(event: &[u8]) -> bool {
+    const LAST: [&[u8]; 5] = [
+        b"data: [DONE]",
+        b"event: message_stop",
+        b"event: response.completed",
+        b"event: response.incomplete",
+        b"event: response.failed",
+    ];
+    let event = event.trim_ascii_start();
+    LAST.iter().any(|last| event.starts_with(last))
 }
 
 /// Whether an event (or the rest of one) is data worth a token: not a comment, not an

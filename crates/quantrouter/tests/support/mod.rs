@@ -598,6 +598,36 @@ pub fn keys(list: &[&str]) -> Option<HashSet<String>> {
     Some(list.iter().map(|s| (*s).to_owned()).collect())
 }
 
+/// A fixed instant mid-minute (2100-01-01 00:00:30 UTC): tenant limits' calendar-minute
+/// windows do not roll over between a test's requests, however slowly they come.
+pub const MID_MINUTE: u64 = 4_102_444_830_000;
+
+/// Tenants from the document `doc` (written into `dir`), counted locally on a clock stopped
+/// at [`MID_MINUTE`].
+pub async fn tenants_from(
+    dir: &tempfile::TempDir,
+    doc: &str,
+) -> Arc<quantrouter::tenants::Tenants> {
+    use quantrouter::tenants::limiter::LimiterConfig;
+    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+    let file = dir.path().join("tenants.json");
+    std::fs::write(&file, doc).unwrap();
+    let config = TenantsConfig {
+        file: Some(file),
+        file_interval: Duration::from_secs(60),
+        redis: None,
+        redis_poll: Duration::from_secs(60),
+        api_keys: None,
+        metrics_top: 50,
+    };
+    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    Arc::new(
+        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
+            .await
+            .unwrap(),
+    )
+}
+
 /// What a [`capture_upstream`] received: each completion request's headers and body.
 pub type Captured = Arc<std::sync::Mutex<Vec<(HeaderMap, Bytes)>>>;
 

@@ -95,12 +95,12 @@ pin_project_lite::pin_project! {
 
     impl PinnedDrop for UpstreamBody {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
+            let mut this = this.project();
             if let Some(hook) = this.hook.take() {
                 let end = BodyEnd {
                     completed: false,
                     failure: None,
-                    usage: None,
+                    usage: this.inner.as_mut().usage_so_far(),
                     data_events: this.inner.data_events(),
                     elapsed: this.started.elapsed(),
                 };

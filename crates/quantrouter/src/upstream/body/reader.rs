@@ -89,6 +89,22 @@ impl<B> Reader<B> {
         self.read.ended.flatten()
     }
 
+    /// The usage the upstream reported in what was read, for a body left before its end (its
+    /// client went away): the counts of a usage event taken as it passed, or those of a
+    /// stream whose last event went on before the client left, which then had the whole
+    /// answer. `None` otherwise: the answer was cut short of its counts.
+    pub fn usage_so_far(self: Pin<&mut Self>) -> Option<Usage> {
+        let read = self.project().read;
+        if let Some(ended) = read.ended {
+            return ended;
+        }
+        match &read.events {
+            Some(events) if events.strips_usage() => events.usage,
+            Some(events) if events.last_event => find_usage(read.tail.make_contiguous()),
+            _ => None,
+        }
+    }
+
     /// Whether the first output of a stream passed since the last call.
     pub fn take_first_output(self: Pin<&mut Self>) -> bool {
         std::mem::take(&mut self.project().read.first_output)

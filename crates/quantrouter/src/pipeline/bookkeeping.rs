@@ -1,24 +1,80 @@
-//! A generation request's bookkeeping, in one place: when its answer ends, the answer's
-//! [`OnEnd`] hook (or the endpoint picker, for an answer Envoy relays) hands the
-//! [`Outcome`] to [`Ledger::book`] — the calibration sample, upstream failures, usage and
-//! cost, the learned characters per token, the trace's end, the tenant's usage settled and
-//! the request's duration.
+//! A generation request's bookkeeping, in one place: [`ledger`] counts the answer's head
+//! and gathers what its end is booked with; when the answer ends, the answer's [`OnEnd`]
+//! hook (or the endpoint picker, for an answer Envoy relays) hands the [`Outcome`] to
+//! [`Ledger::book`] — the calibration sample, upstream failures, usage and cost, the learned
+//! characters per token, the trace's end, the tenant's usage settled and the request's
+//! duration.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::StatusCode;
 use opentelemetry::KeyValue;
 use quantrouter_policy::ProfileIndex;
 
+use super::context::RequestCtx;
+use super::headers::{upstream_headers, Served};
+use crate::apis::AgentApi;
+use crate::app::App;
 use crate::calibration::Sample;
+use crate::openai::Endpoint;
 use crate::openai::Usage;
 use crate::profiles::{PerToken, Snapshot};
 use crate::routing::PromptSize;
 use crate::telemetry::{self, RequestLabels};
 use crate::tenants::gate::Charge;
-use crate::tenants::{Grant, Tenants};
+use crate::tenants::{ActiveTenant, Grant, Tenants};
 use crate::traces::RequestTrace;
 use crate::upstream::{BodyEnd, OnEnd, Outcome, Pool};
+
+/// An answer's head, as far as its books go.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnswerHead {
+    pub status: StatusCode,
+    /// An SSE stream: its first output event is the first token, not the head.
+    pub sse: bool,
+}
+
+/// Step 4: the answer's head counted (its status; the first token of a whole answer), and
+/// the [`Ledger`] its end is booked with — usage and cost, the tenant's charge, the
+/// calibration sample and the trace.
+pub(crate) fn ledger(app: &App, ctx: &mut RequestCtx, served: &Served, head: AnswerHead) -> Ledger {
+    let AnswerHead { status, sse } = head;
+    let labels = served.labels(ctx);
+    telemetry::response_headers(&labels, status.as_u16());
+    if !sse {
+        // Not a stream: the first token comes with the head (vLLM, and any server that
+        // answers whole). A stream reports its first output event through the ledger.
+        telemetry::first_token(&labels, ctx.received.started.elapsed());
+    }
+    let sample = sample_for_calibration(app, ctx, served.profile).filter(|_| status.is_success());
+    let attributes = match ctx.trace() {
+        Some(_) => span_attributes(ctx, served, status),
+        None => Vec::new(),
+    };
+    Ledger::new(&ctx.snapshot, served.profile, labels, ctx.routed.prompt)
+        .traced(ctx.trace(), attributes)
+        .charging(
+            app.tenants.as_ref(),
+            ctx.grant.take(),
+            status.is_success(),
+            sse,
+        )
+        .sampled(sample)
+}
+
+/// Whether the books of a request from `tenant` to `endpoint` may need its answer's body:
+/// the usage a tenant with limits or budgets is charged, the copy a calibration sample
+/// compares (`policy.calibration`), or the id a stored Responses answer is placed by. Known
+/// from the request's head, so a door can choose how to relay the answer before it has the
+/// body. A door may leave any other answer's body unread: its tokens and cost then go
+/// uncounted (the request, its status and its duration still are).
+pub(crate) fn reads_answer(app: &App, tenant: Option<&ActiveTenant>, endpoint: Endpoint) -> bool {
+    let limited = tenant.is_some_and(|t| t.quota.is_limited());
+    let calibrated = app.store.load().set.policy.calibration.is_some();
+    let may_sample = calibrated && AgentApi::of(endpoint).is_none();
+    limited || may_sample || endpoint == Endpoint::Responses
+}
 
 /// What a request's end is booked with, gathered when its answer's head is known.
 pub(crate) struct Ledger {
@@ -205,6 +261,60 @@ impl Prices {
             self.counterfactual.cost(usage),
         );
     }
+}
+
+/// `policy.calibration`: a non-streamed request answered by another profile than the
+/// reference, in the sample (the router's own draw), is asked of the reference too. Every
+/// such request counts towards the limit on that extra load, sampled or not.
+fn sample_for_calibration(app: &App, ctx: &RequestCtx, served: ProfileIndex) -> Option<Sample> {
+    let (snapshot, shape, received) = (&ctx.snapshot, &ctx.shape, &ctx.received);
+    let policy = snapshot.set.policy.calibration.as_ref()?;
+    let reference = snapshot.set.index_of(&policy.reference_profile)?;
+    // An agent API's answer is not a chat answer to compare.
+    if shape.stream || served == reference || AgentApi::of(received.endpoint).is_some() {
+        return None;
+    }
+    if !app.calibrator.sample(policy.sample_rate) {
+        return None;
+    }
+    // A call asked again may act again; such a request is not sent twice.
+    if shape.offers_tools {
+        app.calibrator.not_comparable();
+        return None;
+    }
+    let id = ctx.request_id();
+    let key = id.to_str().unwrap_or_default().to_owned();
+    Some(Sample {
+        calibrator: Arc::clone(&app.calibrator),
+        client: app.client.clone(),
+        config: app.config.resilience,
+        snapshot: Arc::clone(snapshot),
+        policy: policy.clone(),
+        decision: ctx.routed.decision.clone(),
+        served,
+        reference,
+        wants_json: shape.wants_json,
+        max_tokens: shape.max_tokens,
+        choices: shape.choices,
+        path: received.endpoint.path(),
+        headers: upstream_headers(&received.parts.headers, &id),
+        body: ctx.upstream_body(reference),
+        request_id: key,
+    })
+}
+
+/// Attributes of a finished request span (HTTP and `gen_ai.*` conventions).
+fn span_attributes(ctx: &RequestCtx, served: &Served, status: StatusCode) -> Vec<KeyValue> {
+    let profile = &ctx.snapshot.set.profiles[served.profile];
+    let model = ctx.shape.rewrite.model(&ctx.received.body);
+    vec![
+        KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
+        KeyValue::new("gen_ai.request.model", model),
+        KeyValue::new("gen_ai.response.model", profile.model.clone()),
+        KeyValue::new("quantrouter.profile", profile.id.clone()),
+        KeyValue::new("quantrouter.tier", profile.tier.clone()),
+        KeyValue::new("quantrouter.attempts", i64::from(served.attempts)),
+    ]
 }
 
 fn usage_attributes(usage: Usage) -> [KeyValue; 2] {

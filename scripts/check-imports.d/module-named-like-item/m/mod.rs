@@ -1,0 +1,6 @@
+pub mod document;
+pub mod train;
+
+pub use train::train;
+
+pub const CLASSES: usize = 5;

@@ -1,0 +1,5 @@
+use super::document::Document;
+
+pub fn train() -> Document {
+    Document(0)
+}
