@@ -284,6 +284,10 @@ fn respond(
     let status = response.status();
     telemetry::response_headers(&labels, status.as_u16());
     let (mut head, incoming) = response.into_parts();
+    if resumable.is_some() {
+        // A continuation makes the stream longer than the upstream's length says.
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
     let sse = is_event_stream(&head.headers);
     if !sse {
         // Not a stream: the first token comes with the head (vLLM, and any server that
