@@ -21,12 +21,14 @@ use super::retry::{Answer, Forwarder, Outgoing, Plan};
 use super::ResilienceConfig;
 use crate::apis::{AgentApi, Translation};
 use crate::openai::{BodyEdits, Endpoint as Api};
-use crate::profiles::Snapshot;
+use crate::profiles::{PerToken, Snapshot};
 use crate::telemetry;
 use crate::traces::RequestTrace;
 use crate::upstream::body::{Asked, Broken, Continuation, Resumable, Resume, Served};
 use crate::upstream::continuation::{self, Unresumable};
-use crate::upstream::{is_event_stream, BodyError, Placement, TimeLimits, UpstreamClient};
+use crate::upstream::{
+    is_event_stream, BodyError, Endpoint, Placement, TimeLimits, UpstreamClient,
+};
 
 /// A streamed request as a continuation needs it, kept while its stream runs.
 #[derive(Debug)]
@@ -89,11 +91,11 @@ pub fn eligible(
 impl ResumeRequest {
     /// What the stream of `answer` carries to be resumed.
     pub fn into_resumable(self, answer: &Answer) -> Resumable {
-        let served = Served {
-            profile: answer.profile,
-            endpoint: Arc::clone(&answer.endpoint),
-            attempts: answer.attempts,
-        };
+        let served = self.served(
+            answer.profile,
+            Arc::clone(&answer.endpoint),
+            answer.attempts,
+        );
         let max_resumes = self.snapshot.set.policy.stream_resume.max_resumes;
         let idle = self.config.idle_timeout;
         let hook = Box::new(StreamResumer(Arc::new(self)));
@@ -192,11 +194,18 @@ impl ResumeRequest {
                 deadline: self.deadline,
                 first_output_by: sent_at + self.client.header_timeout,
             },
-            served: Served {
-                profile,
-                endpoint,
-                attempts,
-            },
+            served: self.served(profile, endpoint, attempts),
+        }
+    }
+
+    /// `endpoint` of `profile` serves a part of the stream, after `attempts` in all.
+    fn served(&self, profile: ProfileIndex, endpoint: Arc<Endpoint>, attempts: u32) -> Served {
+        Served {
+            profile,
+            endpoint,
+            attempts,
+            telemetry: Arc::clone(&self.snapshot.runtime[profile].telemetry),
+            prices: PerToken::of(&self.snapshot.set.profiles[profile]),
         }
     }
 
