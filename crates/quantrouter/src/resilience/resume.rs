@@ -9,6 +9,7 @@
 //! [`crate::upstream::continuation`]'s; relaying it is [`crate::upstream::body::Resuming`]'s.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -104,6 +105,7 @@ impl ResumeRequest {
 
     /// A continuation of `broken`, through the request's own way; `None` when there is none.
     async fn continuation(&self, broken: Broken) -> Option<Continuation> {
+        let broke_at = SystemTime::now();
         let id = self.profile_id(broken.served.profile);
         broken.served.endpoint.failed_mid_answer();
         let (bodies, why) = self.bodies(&broken);
@@ -171,7 +173,7 @@ impl ResumeRequest {
             }
         };
         telemetry::stream_resume(id, result);
-        self.trace_break(&broken, result);
+        self.trace_break(&broken, result, broke_at);
         continuation.ok()
     }
 
@@ -287,17 +289,19 @@ impl ResumeRequest {
         tracing::info!(request_id = self.request_id, profile = id,
             failure = %broken.failure, why, "the stream is not resumed");
         telemetry::stream_resume(id, "not_resumable");
-        self.trace_break(broken, "not_resumable");
+        self.trace_break(broken, "not_resumable", SystemTime::now());
     }
 
-    /// The break in the request's trace, beside the attempts' spans.
-    fn trace_break(&self, broken: &Broken, result: &'static str) {
+    /// The break in the request's trace, beside the attempts' spans: from `broke_at` to
+    /// the continuation (or its failure).
+    fn trace_break(&self, broken: &Broken, result: &'static str, broke_at: SystemTime) {
         let Some(trace) = &self.trace else {
             return;
         };
         let tokens = i64::try_from(broken.tokens).unwrap_or(i64::MAX);
-        trace.record(
+        trace.record_since(
             "stream resume",
+            broke_at,
             vec![
                 KeyValue::new(
                     "quantrouter.profile",
