@@ -605,6 +605,15 @@ fn cost(profile: &quantrouter_policy::Profile, input: u64, output: u64) -> f64 {
         + output as f64 * (profile.cost_per_1m_output_tokens / 1e6)
 }
 
+/// A simulator serving [`MODEL`] on loopback.
+async fn sim() -> SimServer {
+    let config = SimConfig {
+        model: MODEL.to_owned(),
+        ..SimConfig::default()
+    };
+    SimServer::bind(loopback(), config).await.unwrap()
+}
+
 /// The spend counters of `tenant` in Redis (the day's and the month's), in millionths.
 async fn redis_spend(redis: &RedisServer, tenant: &str) -> Vec<i64> {
     let pattern = format!("{PREFIX}:tenants:usage:{{{tenant}}}:spend:*");
@@ -638,13 +647,7 @@ async fn a_continuation_on_another_profile_is_booked_at_its_prices_and_breaks_it
     // continues. Each part is charged at the prices of the profile that generated it, and
     // the tenant's spend is counted in Redis.
     let redis = RedisServer::start(None);
-    let config = SimConfig {
-        model: MODEL.to_owned(),
-        ..SimConfig::default()
-    };
-    let breaking = SimServer::bind(loopback(), config.clone()).await.unwrap();
-    let fp8 = SimServer::bind(loopback(), config.clone()).await.unwrap();
-    let fp16 = SimServer::bind(loopback(), config).await.unwrap();
+    let (breaking, fp8, fp16) = (sim().await, sim().await, sim().await);
     let set = profile_set(
         "books",
         &[
@@ -767,13 +770,7 @@ async fn a_resume_on_the_same_profile_is_a_retry_within_the_budget_and_traced() 
     let (collector, spans) = otlp_receiver().await;
     // fp8, pinned, has two endpoints that both break a stream after its role and nine
     // tokens: a twelve-token answer breaks, and its three-token continuation does not.
-    let config = SimConfig {
-        model: MODEL.to_owned(),
-        ..SimConfig::default()
-    };
-    let first = SimServer::bind(loopback(), config.clone()).await.unwrap();
-    let second = SimServer::bind(loopback(), config.clone()).await.unwrap();
-    let other = SimServer::bind(loopback(), config).await.unwrap();
+    let (first, second, other) = (sim().await, sim().await, sim().await);
     let set = profile_set(
         "budget",
         &[
@@ -917,11 +914,7 @@ async fn streams_the_rules_leave_alone_end_as_they_always_did() {
         (http::StatusCode::OK, "text/event-stream", script)
     })
     .await;
-    let config = SimConfig {
-        model: MODEL.to_owned(),
-        ..SimConfig::default()
-    };
-    let healthy = SimServer::bind(loopback(), config).await.unwrap();
+    let healthy = sim().await;
     let set = profile_set(
         "rules",
         &[
