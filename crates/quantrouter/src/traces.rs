@@ -4,15 +4,16 @@
 //!
 //! Spans: one per request (server kind, HTTP and `gen_ai.*` attributes), a `route` child for
 //! the decision, and an `upstream attempt` child per upstream call (client kind), whose
-//! context goes to vLLM as W3C `traceparent`. The client's `traceparent` is continued.
+//! context goes to vLLM as W3C `traceparent`, and a `stream resume` child per break of a
+//! stream, from the break to its continuation. The client's `traceparent` is continued.
 //! Export is batched on the SDK's own thread; an unreachable collector drops spans and
 //! never slows a request.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer, TracerProvider};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer, TracerProvider};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
@@ -139,6 +140,18 @@ impl RequestTrace {
         self.traces
             .child(&self.cx, name, SpanKind::Internal, attributes)
             .span()
+            .end();
+    }
+
+    /// A finished child span for something that began at `start` (a stream's break).
+    pub fn record_since(&self, name: &'static str, start: SystemTime, attributes: Vec<KeyValue>) {
+        let tracer = &self.traces.tracer;
+        tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &self.cx)
             .end();
     }
 

@@ -19,13 +19,19 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
 use quantrouter::profiles::SourceKind;
-use quantrouter::server::Server;
+use quantrouter::resilience::BudgetConfig;
+use quantrouter::server::{Server, ServerConfig};
 use quantrouter::tenants::limiter::LimiterConfig;
 use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+use quantrouter::traces::Traces;
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use serde_json::{json, Value};
 use support::llama::LlamaServer;
+use support::otlp::{attribute, hex, otlp_receiver};
+use support::redis_server::RedisServer;
 use support::sim_process::{serve_when_spawned, SimProcess};
 use support::{client, eventually, loopback, send, start_router, SIMPLE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
@@ -35,15 +41,28 @@ use vllm_sim::{Faults, SimConfig, SimServer, StreamBreak};
 
 const KEY: &str = "sk-resume-7Qm2";
 const MODEL: &str = "shared-model";
+/// The key prefix of the tenants' counters in Redis.
+const PREFIX: &str = "qr-resume";
 
 /// A router over `set` for the tenant `team` (key [`KEY`], counted locally in a fixed
 /// minute), with an idle timeout of a second, so a stalled stream breaks quickly.
 async fn router(set: ProfileSet) -> (Server, tempfile::TempDir) {
+    let team = json!({"id": "team", "limits": {"tokens_per_minute": 1_000_000}});
+    router_with(set, team, None, |_| {}).await
+}
+
+/// [`router`] for `tenant` (its key [`KEY`]), counted in `redis` if given, with `tweak`
+/// to the configuration.
+async fn router_with(
+    set: ProfileSet,
+    mut tenant: Value,
+    redis: Option<&RedisServer>,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tenants.json");
-    let doc = json!({"version": 1, "tenants": [{"id": "team",
-        "key_sha256": [quantrouter_policy::hash_key(KEY)],
-        "limits": {"tokens_per_minute": 1_000_000}}]});
+    tenant["key_sha256"] = json!([quantrouter_policy::hash_key(KEY)]);
+    let doc = json!({"version": 1, "tenants": [tenant]});
     std::fs::write(&file, doc.to_string()).unwrap();
     let config = TenantsConfig {
         file: Some(file),
@@ -53,12 +72,17 @@ async fn router(set: ProfileSet) -> (Server, tempfile::TempDir) {
         api_keys: None,
         metrics_top: 50,
     };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
+    let shared = redis.map(|redis| (redis.handle(), PREFIX.to_owned()));
+    let mut limiter = LimiterConfig::new(shared, "replica-0".to_owned());
+    // A loaded machine's Redis is slow now and then; the request waits rather than being
+    // counted locally.
+    limiter.redis_timeout = Duration::from_secs(2);
     let tenants = Tenants::start(config, limiter, Clock::manual(4_102_444_800_000));
     let tenants = Arc::new(tenants.await.unwrap());
     let router = start_router(set, |c| {
         c.tenants = Some(tenants);
         c.resilience.idle_timeout = Duration::from_secs(1);
+        tweak(c);
     })
     .await;
     (router, dir)
@@ -139,14 +163,20 @@ fn chat(model: &str, max_tokens: u32) -> Value {
         "extra_body": {"ignore_eos": true}})
 }
 
-/// The same request sent whole, straight to a simulator: the uninterrupted answer.
-async fn uninterrupted(url: &str, request: &Value) -> Value {
+/// `request` as it goes over the wire: the client's `extra_body` merged in.
+fn on_the_wire(request: &Value) -> Value {
     let mut body = request.clone();
     let fields = body.as_object_mut().unwrap();
-    fields.remove("stream_options");
     if let Some(Value::Object(extra)) = fields.remove("extra_body") {
         fields.extend(extra);
     }
+    body
+}
+
+/// The same request sent whole, straight to a simulator: the uninterrupted answer.
+async fn uninterrupted(url: &str, request: &Value) -> Value {
+    let mut body = on_the_wire(request);
+    body.as_object_mut().unwrap().remove("stream_options");
     body["model"] = json!(MODEL);
     let path = match body.get("messages") {
         Some(_) => "/v1/chat/completions",
@@ -482,24 +512,82 @@ async fn streams_that_end_stall_or_send_an_error_go_on_from_the_next_profile() {
 
 /// An agent-API stream through the router, as its events' JSON.
 async fn agent_stream(router: &Server, path: &str, body: Value) -> Vec<Value> {
+    let reply = post_stream(router, path, &body, &[]).await;
+    let events = data_events(&reply.body);
+    let failed =
+        |e: &&Value| ["error", "response.failed"].contains(&e["type"].as_str().unwrap_or_default());
+    assert!(!events.iter().any(|e| failed(&e)), "{:?}", reply.body);
+    events
+}
+
+/// `body` posted to the router's `path` with the tenant's key and `headers`: a 200 whose
+/// whole body is read.
+async fn post_stream(
+    router: &Server,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> support::Reply {
     let url = format!("http://{}{path}", router.public_addr());
     let auth = format!("Bearer {KEY}");
-    let headers = [
+    let mut all = vec![
         ("content-type", "application/json"),
         ("authorization", auth.as_str()),
     ];
-    let reply = send(&client(), "POST", &url, &body.to_string(), &headers).await;
+    all.extend_from_slice(headers);
+    let reply = send(&client(), "POST", &url, &body.to_string(), &all).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
-    let text = String::from_utf8_lossy(&reply.body).into_owned();
-    let events: Vec<Value> = text
+    reply
+}
+
+/// The JSON of a stream's data events (`[DONE]` left out).
+fn data_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
         .split("\n\n")
         .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
         .filter_map(|data| serde_json::from_str(data).ok())
-        .collect();
-    let failed =
-        |e: &&Value| ["error", "response.failed"].contains(&e["type"].as_str().unwrap_or_default());
-    assert!(!events.iter().any(|e| failed(&e)), "{text}");
-    events
+        .collect()
+}
+
+/// A chat stream of `request` through the router, as a client without the `openai`
+/// package reads it: its text, its finish reasons, its usage and its last event.
+async fn chat_stream(router: &Server, request: &Value, headers: &[(&str, &str)]) -> ChatSeen {
+    let mut body = on_the_wire(request);
+    body["stream"] = json!(true);
+    let reply = post_stream(router, "/v1/chat/completions", &body, headers).await;
+    let events = data_events(&reply.body);
+    let choices = events
+        .iter()
+        .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default());
+    let mut seen = ChatSeen {
+        profile: reply.header("x-quantrouter-profile").to_owned(),
+        last: events.last().cloned().unwrap_or_default(),
+        usage: events
+            .iter()
+            .rev()
+            .find(|e| e["usage"].is_object())
+            .map(|e| e["usage"].clone()),
+        ..ChatSeen::default()
+    };
+    for choice in choices {
+        seen.text
+            .push_str(choice["delta"]["content"].as_str().unwrap_or_default());
+        if let Some(finish) = choice["finish_reason"].as_str() {
+            seen.finish_reasons.push(finish.to_owned());
+        }
+    }
+    seen
+}
+
+/// What a client read of a chat stream ([`chat_stream`]).
+#[derive(Debug, Default)]
+struct ChatSeen {
+    /// `x-quantrouter-profile`: the profile that started the answer.
+    profile: String,
+    text: String,
+    finish_reasons: Vec<String>,
+    usage: Option<Value>,
+    last: Value,
 }
 
 /// The text of an agent-API stream: its events of `kind`, each's text at `pointer`.
@@ -509,6 +597,418 @@ fn agent_text(events: &[Value], kind: &str, pointer: &str) -> String {
         .filter(|e| e["type"] == kind)
         .filter_map(|e| e.pointer(pointer)?.as_str())
         .collect()
+}
+
+/// What `input` and `output` tokens cost at `profile`'s prices.
+fn cost(profile: &quantrouter_policy::Profile, input: u64, output: u64) -> f64 {
+    input as f64 * (profile.cost_per_1m_input_tokens / 1e6)
+        + output as f64 * (profile.cost_per_1m_output_tokens / 1e6)
+}
+
+/// A simulator serving [`MODEL`] on loopback.
+async fn sim() -> SimServer {
+    let config = SimConfig {
+        model: MODEL.to_owned(),
+        ..SimConfig::default()
+    };
+    SimServer::bind(loopback(), config).await.unwrap()
+}
+
+/// The spend counters of `tenant` in Redis (the day's and the month's), in millionths.
+async fn redis_spend(redis: &RedisServer, tenant: &str) -> Vec<i64> {
+    let pattern = format!("{PREFIX}:tenants:usage:{{{tenant}}}:spend:*");
+    let mut connection = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut spend = Vec::new();
+    for key in redis.keys(&pattern).await {
+        let micros: i64 = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        spend.push(micros);
+    }
+    spend
+}
+
+fn assert_close(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= want.abs() * 1e-9,
+        "{what}: {got}, not {want}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_on_another_profile_is_booked_at_its_prices_and_breaks_its_breaker() {
+    // int4, which the router picks, breaks; the tenant may use fp8 besides, so fp8
+    // continues. Each part is charged at the prices of the profile that generated it, and
+    // the tenant's spend is counted in Redis.
+    let redis = RedisServer::start(None);
+    let (breaking, fp8, fp16) = (sim().await, sim().await, sim().await);
+    let set = profile_set(
+        "books",
+        &[
+            ("llama8b-fp16", vec![fp16.url()]),
+            ("llama8b-fp8", vec![fp8.url()]),
+            ("llama8b-awq", vec![breaking.url()]),
+        ],
+    );
+    let mut set = set;
+    for profile in &mut set.profiles {
+        // Prices a thousand times the default ones: the spend counted in Redis, in
+        // millionths, tells each part's price from another's.
+        profile.cost_per_1m_input_tokens *= 1000.0;
+        profile.cost_per_1m_output_tokens *= 1000.0;
+    }
+    let tenant = json!({"id": "books",
+        "limits": {"tokens_per_minute": 1_000_000, "budget_per_day": 1000.0, "soft_limit": 1.0},
+        "allowed_profiles": ["books-llama8b-awq", "books-llama8b-fp8"]});
+    // A breaker that opens at half of two outcomes: one broken stream shows whether the
+    // break was counted (its head already counted as a success).
+    let (router, _dir) = router_with(set.clone(), tenant, Some(&redis), |c| {
+        c.resilience.breaker.min_volume = 2
+    })
+    .await;
+    let request = chat("auto", 40);
+    let whole = uninterrupted(&fp8.url(), &request).await;
+    let prompt = whole["usage"]["prompt_tokens"].as_u64().unwrap();
+    break_after_ten(&breaking, StreamBreak::Reset);
+
+    let seen = chat_stream(&router, &request, &[]).await;
+    assert_eq!(seen.profile, "books-llama8b-awq");
+    assert_eq!(seen.text, answer_text(&whole), "{seen:?}");
+    assert_eq!(seen.finish_reasons, ["length"], "{seen:?}");
+    let usage =
+        json!({"prompt_tokens": prompt, "completion_tokens": 40, "total_tokens": prompt + 40});
+    assert_eq!(seen.usage, Some(usage), "{seen:?}");
+    let continued = last_request(&fp8.url()).await;
+    assert_eq!(continued["continue_final_message"], true);
+    assert_eq!(continued["max_tokens"], 31);
+    assert_eq!(fp16.stats().requests, 0, "the tenant may not use fp16");
+
+    // int4 generated the prompt's answer up to the break (nine tokens), fp8 the rest; the
+    // prompt is charged once, at int4; fp8's second prefill of the nine is charged to no one.
+    let (int4, fp8_id) = (
+        "profile=\"books-llama8b-awq\"",
+        "profile=\"books-llama8b-fp8\"",
+    );
+    let tokens = "quantrouter_tokens_total";
+    for (profile, direction, want) in [
+        (int4, "input", prompt),
+        (int4, "output", 9),
+        (fp8_id, "input", 0),
+        (fp8_id, "output", 31),
+    ] {
+        let labels = [profile, &format!("direction=\"{direction}\"")];
+        let got = metric(&router, tokens, &labels).await;
+        assert_eq!(got, want as f64, "{profile} {direction}");
+    }
+    let profiles = &set.profiles;
+    let (fp16_p, fp8_p, int4_p) = (&profiles[0], &profiles[1], &profiles[2]);
+    let int4_cost = cost(int4_p, prompt, 9);
+    let fp8_cost = cost(fp8_p, 0, 31);
+    let cost_total = "quantrouter_cost_usd_total";
+    assert_close(
+        metric(&router, cost_total, &[int4]).await,
+        int4_cost,
+        "int4 cost",
+    );
+    assert_close(
+        metric(&router, cost_total, &[fp8_id]).await,
+        fp8_cost,
+        "fp8 cost",
+    );
+    // Savings are against the default profile (fp16) generating each part.
+    let counterfactual = "quantrouter_counterfactual_cost_usd_total";
+    let (int4_would, fp8_would) = (cost(fp16_p, prompt, 9), cost(fp16_p, 0, 31));
+    assert_close(
+        metric(&router, counterfactual, &[int4]).await,
+        int4_would,
+        "int4 would",
+    );
+    assert_close(
+        metric(&router, counterfactual, &[fp8_id]).await,
+        fp8_would,
+        "fp8 would",
+    );
+    let tenant = ["tenant=\"books\""];
+    let spend = metric(&router, "quantrouter_tenant_spend_total", &tenant).await;
+    assert_close(spend, int4_cost + fp8_cost, "the tenant's spend");
+    // Redis holds the day's and the month's spend, in millionths (rounded up), once the
+    // reservation is settled; all at int4's prices would be about half of it.
+    let want = ((int4_cost + fp8_cost) * 1e6).ceil() as i64;
+    let spent = eventually(Duration::from_secs(5), || async {
+        let kept = redis_spend(&redis, "books").await;
+        kept.len() == 2 && kept.iter().all(|micros| (micros - want).abs() <= 1)
+    })
+    .await;
+    let kept = redis_spend(&redis, "books").await;
+    assert!(spent, "Redis keeps {kept:?} of spend, not {want} twice");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            tenant_tokens(&router).await == prompt + 40
+        })
+        .await,
+        "the tenant is charged {} tokens, not {}",
+        prompt + 40,
+        tenant_tokens(&router).await
+    );
+
+    // The endpoint that broke counted a failure (`Endpoint::failed_mid_answer`).
+    let snapshot = router.app.store.load();
+    let endpoints = snapshot.runtime[2].pool.endpoints();
+    assert_eq!(endpoints[0].base(), breaking.url());
+    let state = endpoints[0].circuit(tokio::time::Instant::now());
+    assert_eq!(state, quantrouter::resilience::CircuitState::Open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_on_the_same_profile_is_a_retry_within_the_budget_and_traced() {
+    let (collector, spans) = otlp_receiver().await;
+    // fp8, pinned, has two endpoints that both break a stream after its role and nine
+    // tokens: a twelve-token answer breaks, and its three-token continuation does not.
+    let (first, second, other) = (sim().await, sim().await, sim().await);
+    let set = profile_set(
+        "budget",
+        &[
+            ("llama8b-fp16", vec![other.url()]),
+            ("llama8b-fp8", vec![first.url(), second.url()]),
+            ("llama8b-awq", vec![other.url()]),
+        ],
+    );
+    let traces = Traces::to_endpoint(&collector).unwrap();
+    let exporter = traces.clone();
+    let tenant = json!({"id": "budget", "limits": {"tokens_per_minute": 1_000_000}});
+    let (router, _dir) = router_with(set, tenant, None, move |c| {
+        c.traces = Some(traces);
+        // One retry in the budget, whatever the requests, for as long as the test runs.
+        c.resilience.budget = BudgetConfig {
+            ratio: 0.0,
+            floor: 1,
+            window: Duration::from_secs(600),
+        };
+    })
+    .await;
+    let request = chat("budget-llama8b-fp8", 12);
+    let whole = uninterrupted(&other.url(), &request).await;
+    for sim in [&first, &second] {
+        break_after_ten(sim, StreamBreak::Reset);
+    }
+    let sent = || first.stats().requests + second.stats().requests;
+    let (resumed_trace, failed_trace) = (
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "5c0a3e8f9b1d4c2e8a7f6b5d4c3b2a19",
+    );
+    let traceparent = |trace: &str| format!("00-{trace}-00f067aa0ba902b7-01");
+
+    // The first break takes the budget's one retry: the other endpoint continues.
+    let header = traceparent(resumed_trace);
+    let seen = chat_stream(&router, &request, &[("traceparent", &header)]).await;
+    assert_eq!(seen.text, answer_text(&whole), "{seen:?}");
+    assert_eq!(seen.finish_reasons, ["length"], "{seen:?}");
+    assert_eq!(sent(), 2);
+    let fp8 = "profile=\"budget-llama8b-fp8\"";
+    let (retries, resumes) = (
+        "quantrouter_retries_total",
+        "quantrouter_stream_resumes_total",
+    );
+    assert_eq!(metric(&router, retries, &[fp8]).await, 1.0);
+    assert_eq!(
+        metric(&router, resumes, &[fp8, "result=\"resumed\""]).await,
+        1.0
+    );
+
+    // The second finds the budget spent: no continuation, and the client gets the error
+    // event of the break, as without resumption.
+    let header = traceparent(failed_trace);
+    let seen = chat_stream(&router, &request, &[("traceparent", &header)]).await;
+    let nine: Vec<&str> = answer_text(&whole).split(' ').take(9).collect();
+    assert_eq!(seen.text, nine.join(" "), "{seen:?}");
+    assert!(seen.finish_reasons.is_empty(), "{seen:?}");
+    assert_eq!(seen.last["error"]["code"], "upstream_error", "{seen:?}");
+    assert_eq!(sent(), 3, "no continuation was asked for");
+    assert_eq!(metric(&router, retries, &[fp8]).await, 1.0);
+    assert_eq!(
+        metric(&router, resumes, &[fp8, "result=\"failed\""]).await,
+        1.0
+    );
+
+    // Both traces show the break beside the attempts, under the request's span.
+    exporter.flush();
+    let exported = eventually(Duration::from_secs(5), || async {
+        let spans = spans.lock().unwrap();
+        let requests = spans.iter().filter(|s| s.name.starts_with("POST "));
+        requests.count() >= 2
+    })
+    .await;
+    assert!(exported, "both requests' spans reach the collector");
+    let spans = spans.lock().unwrap().clone();
+    let of = |trace: &str| -> Vec<Span> {
+        spans
+            .iter()
+            .filter(|s| hex(&s.trace_id) == trace)
+            .cloned()
+            .collect()
+    };
+    let (resumed, failed) = (of(resumed_trace), of(failed_trace));
+    let text = |span: &Span, key: &str| match attribute(span, key) {
+        Some(AnyValue::StringValue(v)) => v,
+        other => panic!("{key}: {other:?}"),
+    };
+    let int = |span: &Span, key: &str| match attribute(span, key) {
+        Some(AnyValue::IntValue(v)) => v,
+        other => panic!("{key}: {other:?}"),
+    };
+    let named = |spans: &[Span], name: &str| -> Vec<Span> {
+        spans.iter().filter(|s| s.name == name).cloned().collect()
+    };
+    let request_span = &named(&resumed, "POST /v1/chat/completions")[0];
+    let attempts = named(&resumed, "upstream attempt");
+    let breaks = named(&resumed, "stream resume");
+    assert_eq!((attempts.len(), breaks.len()), (2, 1), "{resumed:#?}");
+    let (broke, continued) = match int(&attempts[0], "quantrouter.retry") {
+        0 => (&attempts[0], &attempts[1]),
+        _ => (&attempts[1], &attempts[0]),
+    };
+    assert_eq!(int(continued, "quantrouter.retry"), 1);
+    assert_ne!(
+        text(broke, "server.address"),
+        text(continued, "server.address")
+    );
+    let resume = &breaks[0];
+    assert_eq!(
+        text(resume, "server.address"),
+        text(broke, "server.address")
+    );
+    assert_eq!(text(resume, "quantrouter.profile"), "budget-llama8b-fp8");
+    assert_eq!(text(resume, "quantrouter.failure"), "mid_stream");
+    assert_eq!(text(resume, "quantrouter.result"), "resumed");
+    assert_eq!(int(resume, "quantrouter.delivered_tokens"), 9);
+    for span in [broke, continued, resume] {
+        assert_eq!(span.parent_span_id, request_span.span_id, "{span:#?}");
+    }
+    assert!(resume.start_time_unix_nano >= broke.start_time_unix_nano);
+    assert!(continued.start_time_unix_nano >= resume.start_time_unix_nano);
+    let attempts = named(&failed, "upstream attempt");
+    let breaks = named(&failed, "stream resume");
+    assert_eq!((attempts.len(), breaks.len()), (1, 1), "{failed:#?}");
+    assert_eq!(text(&breaks[0], "quantrouter.result"), "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_the_rules_leave_alone_end_as_they_always_did() {
+    // int4, which the router picks, is a scripted server that ends each stream without a
+    // finish: after a tool call's first delta, after two choices' text, or after a `[DONE]`
+    // that came without a finish reason. A resumed stream would go on at the simulator.
+    let (scripted, _) = support::scripted_upstream(|body| {
+        let script = if body["tools"].is_array() {
+            tool_call_stream()
+        } else if body["n"] == 2 {
+            two_choices_stream()
+        } else {
+            done_without_finish_stream()
+        };
+        (http::StatusCode::OK, "text/event-stream", script)
+    })
+    .await;
+    let healthy = sim().await;
+    let set = profile_set(
+        "rules",
+        &[
+            ("llama8b-fp16", vec![healthy.url()]),
+            ("llama8b-fp8", vec![healthy.url()]),
+            ("llama8b-awq", vec![scripted]),
+        ],
+    );
+    let (router, _dir) = router(set).await;
+    let base = json!({"model": "auto", "stream": true, "max_tokens": 40,
+        "messages": [{"role": "user", "content": SIMPLE}],
+        "stream_options": {"include_usage": true}});
+    let mut tool = base.clone();
+    tool["tools"] = json!([{"type": "function", "function": {"name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let mut two = base.clone();
+    two["n"] = json!(2);
+    for (request, script) in [
+        (&tool, tool_call_stream()),
+        (&two, two_choices_stream()),
+        (&base, done_without_finish_stream()),
+    ] {
+        let reply = post_stream(&router, "/v1/chat/completions", request, &[]).await;
+        assert_eq!(reply.header("x-quantrouter-profile"), "rules-llama8b-awq");
+        // Every byte as the upstream sent it, and nothing after.
+        assert_eq!(String::from_utf8_lossy(&reply.body), script);
+    }
+    assert_eq!(healthy.stats().requests, 0, "nothing was continued");
+    // The tool call broke and was not resumed; several choices are not watched, and a
+    // `[DONE]` ends a whole answer.
+    let resumes = "quantrouter_stream_resumes_total";
+    let int4 = "profile=\"rules-llama8b-awq\"";
+    for (result, count) in [("not_resumable", 1.0), ("resumed", 0.0), ("failed", 0.0)] {
+        let labels = [int4, &format!("result=\"{result}\"")];
+        assert_eq!(metric(&router, resumes, &labels).await, count, "{result}");
+    }
+}
+
+/// A chat chunk of the scripted streams, with `choices`.
+fn scripted_chunk(choices: Value) -> Value {
+    json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+        "model": MODEL, "choices": choices})
+}
+
+/// `chunks` as an SSE stream, ended by `[DONE]` when `done`.
+fn sse(chunks: &[Value], done: bool) -> String {
+    let mut stream: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    if done {
+        stream.push_str("data: [DONE]\n\n");
+    }
+    stream
+}
+
+/// Text, then the first delta of a tool call, then the end.
+fn tool_call_stream() -> String {
+    let call = json!({"index": 0, "id": "call_1", "type": "function",
+        "function": {"name": "weather", "arguments": "{\"city\": \"Par"}});
+    sse(
+        &[
+            scripted_chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}])),
+            scripted_chunk(json!([{"index": 0, "delta": {"content": "Let me look."}}])),
+            scripted_chunk(json!([{"index": 0, "delta": {"tool_calls": [call]}}])),
+        ],
+        false,
+    )
+}
+
+/// Two choices' text, then the end.
+fn two_choices_stream() -> String {
+    sse(
+        &[
+            scripted_chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": "Paris"}}]),
+            ),
+            scripted_chunk(
+                json!([{"index": 1, "delta": {"role": "assistant", "content": "It is"}}]),
+            ),
+            scripted_chunk(json!([{"index": 1, "delta": {"content": " Paris"}}])),
+        ],
+        false,
+    )
+}
+
+/// Text, then `[DONE]` without a finish reason before it.
+fn done_without_finish_stream() -> String {
+    sse(
+        &[
+            scripted_chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": "Paris"}}]),
+            ),
+            scripted_chunk(json!([{"index": 0, "delta": {"content": "."}}])),
+        ],
+        true,
+    )
 }
 
 /// llama.cpp's server, real and greedy: the router's continuation of a stream it broke

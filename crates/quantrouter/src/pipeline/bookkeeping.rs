@@ -3,7 +3,8 @@
 //! hook (or the endpoint picker, for an answer Envoy relays) hands the [`Outcome`] to
 //! [`Ledger::book`] — the calibration sample, upstream failures, usage and cost, the learned
 //! characters per token, the trace's end, the tenant's usage settled and the request's
-//! duration.
+//! duration. A resumed stream's parts are booked at the profiles that generated them
+//! ([`split`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use crate::telemetry::{self, RequestLabels};
 use crate::tenants::gate::Charge;
 use crate::tenants::{ActiveTenant, Grant, Tenants};
 use crate::traces::RequestTrace;
+use crate::upstream::body::Handover;
 use crate::upstream::{BodyEnd, OnEnd, Outcome, Pool};
 
 /// An answer's head, as far as its books go.
@@ -86,6 +88,16 @@ pub(crate) struct Ledger {
     trace: Option<(RequestTrace, Vec<KeyValue>)>,
     tenant: Option<TenantCharge>,
     sample: Option<Sample>,
+    /// The later parts of a resumed stream that continuations generated, in order.
+    parts: Vec<Part>,
+}
+
+/// A part of a resumed stream (`policy.stream_resume`) that a continuation generated.
+struct Part {
+    labels: RequestLabels,
+    prices: Prices,
+    /// Tokens delivered before it: the part starts at this output token.
+    after: u64,
 }
 
 /// The tenant's reservation, settled to what the answer used.
@@ -98,7 +110,7 @@ struct TenantCharge {
 }
 
 /// Per-token prices of the serving profile and of `default_profile`, for cost and savings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Prices {
     actual: PerToken,
     counterfactual: PerToken,
@@ -122,6 +134,7 @@ impl Ledger {
             trace: None,
             tenant: None,
             sample: None,
+            parts: Vec::new(),
         }
     }
 
@@ -172,35 +185,67 @@ impl Ledger {
     /// The one bookkeeping function of a generation request.
     pub(crate) fn book(self, outcome: Outcome) {
         let Outcome { end, answer } = outcome;
+        let Self {
+            labels,
+            pool,
+            prompt,
+            prices,
+            trace,
+            tenant,
+            sample,
+            parts,
+        } = self;
         // Calibration: after the client has its answer, a sample is asked of the reference.
-        if let (Some(sample), Some(answer)) = (self.sample, answer) {
+        if let (Some(sample), Some(answer)) = (sample, answer) {
             sample.run(answer, end.usage);
         }
         if let Some(failure) = end.failure {
-            telemetry::upstream_error(self.labels.profile.id(), failure.kind());
+            telemetry::upstream_error(labels.profile.id(), failure.kind());
         }
+        let first = (&labels, prices);
         if let Some(usage) = end.usage {
-            self.prices.record(&self.labels, usage);
-            self.prompt.observe(&self.pool, usage);
+            for (labels, prices, usage) in split(first, &parts, usage) {
+                prices.record(labels, usage);
+            }
+            prompt.observe(&pool, usage);
         }
-        if let Some((trace, mut attributes)) = self.trace {
+        if let Some((trace, mut attributes)) = trace {
             if let Some(usage) = end.usage {
                 attributes.extend(usage_attributes(usage));
             }
             trace.finish(attributes);
         }
-        if let Some(mut tenant) = self.tenant {
-            let charge = tenant.charge(&end, self.prices);
+        if let Some(mut tenant) = tenant {
+            let cost = |usage| split(first, &parts, usage).map(|(_, p, u)| p.cost(u)).sum();
+            let charge = tenant.charge(&end, cost);
             let settle = tenant.tenants.settle(&mut tenant.grant);
             settle(charge);
         }
-        telemetry::finished(&self.labels, end.elapsed);
+        telemetry::finished(&labels, end.elapsed);
     }
 }
 
 impl OnEnd for Ledger {
     fn first_output(&mut self, elapsed: Duration) {
         Ledger::first_output(self, elapsed);
+    }
+
+    fn resumed(&mut self, handovers: &[Handover]) {
+        let reason = self.labels.reason;
+        self.parts = handovers
+            .iter()
+            .map(|handover| Part {
+                labels: RequestLabels {
+                    profile: Arc::clone(&handover.served.telemetry),
+                    reason,
+                },
+                prices: Prices {
+                    actual: handover.served.prices,
+                    counterfactual: self.prices.counterfactual,
+                },
+                after: handover.after,
+            })
+            .collect();
     }
 
     fn on_end(self: Box<Self>, outcome: Outcome) {
@@ -211,15 +256,15 @@ impl OnEnd for Ledger {
 // === impl TenantCharge ===
 
 impl TenantCharge {
-    /// What the answer is charged when it ends: its `usage`; a stream without one (its
-    /// client left, or the upstream sends none) the prompt's estimate and a token per event
-    /// it delivered; an error answer nothing; a whole answer left before its usage, what it
-    /// reserved.
-    fn charge(&self, end: &BodyEnd, prices: Prices) -> Charge {
+    /// What the answer is charged when it ends: its `usage`, at `cost`; a stream without
+    /// one (its client left, or the upstream sends none) the prompt's estimate and a token
+    /// per event it delivered; an error answer nothing; a whole answer left before its
+    /// usage, what it reserved.
+    fn charge(&self, end: &BodyEnd, cost: impl Fn(Usage) -> f64) -> Charge {
         let used = |usage: Usage| Charge::Used {
             input: usage.prompt_tokens,
             output: usage.completion_tokens,
-            cost: prices.cost(usage),
+            cost: cost(usage),
         };
         match (self.served, end.usage) {
             (false, _) => Charge::Nothing,
@@ -317,6 +362,35 @@ fn span_attributes(ctx: &RequestCtx, served: &Served, status: StatusCode) -> Vec
     ]
 }
 
+/// `usage` of a whole answer by the profile that generated each part: the first part (the
+/// profile that started the answer, `first`) is charged the prompt and the tokens delivered
+/// before the first continuation, each continuation in `parts` the tokens from its own start
+/// to the next one's (the last, the rest). A continuation's `usage` counts the delivered text
+/// as prompt again; the stream's usage already moved it back to the completion, so that
+/// second prefill is charged to no one: it is the cost of the failure.
+fn split<'a>(
+    first: (&'a RequestLabels, Prices),
+    parts: &'a [Part],
+    usage: Usage,
+) -> impl Iterator<Item = (&'a RequestLabels, Prices, Usage)> + 'a {
+    let all = usage.completion_tokens;
+    // Where each part starts in the answer's output, and where the next one starts.
+    let starts = std::iter::once(0).chain(parts.iter().map(move |part| part.after.min(all)));
+    let ends = parts.iter().map(move |part| part.after.min(all));
+    let profiles =
+        std::iter::once(first).chain(parts.iter().map(|part| (&part.labels, part.prices)));
+    profiles
+        .zip(starts.zip(ends.chain(std::iter::once(all))))
+        .enumerate()
+        .map(move |(i, ((labels, prices), (start, end)))| {
+            let part = Usage {
+                prompt_tokens: if i == 0 { usage.prompt_tokens } else { 0 },
+                completion_tokens: end.saturating_sub(start),
+            };
+            (labels, prices, part)
+        })
+}
+
 fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
     let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     [
@@ -326,4 +400,75 @@ fn usage_attributes(usage: Usage) -> [KeyValue; 2] {
             tokens(usage.completion_tokens),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use quantrouter_policy::{ProfileSet, Reason, DEFAULT_PROFILE_SET};
+
+    use super::*;
+    use crate::telemetry::ProfileTelemetry;
+
+    /// The labels and prices of profile `i` of the default set, `counterfactual` its default's.
+    fn profile(set: &ProfileSet, i: usize) -> (RequestLabels, Prices) {
+        let labels = RequestLabels {
+            profile: Arc::new(ProfileTelemetry::new(&set.profiles[i])),
+            reason: Reason::Utility,
+        };
+        let default = set.profile(&set.default_profile).unwrap();
+        let prices = Prices {
+            actual: PerToken::of(&set.profiles[i]),
+            counterfactual: PerToken::of(default),
+        };
+        (labels, prices)
+    }
+
+    fn part(set: &ProfileSet, i: usize, after: u64) -> Part {
+        let (labels, prices) = profile(set, i);
+        Part {
+            labels,
+            prices,
+            after,
+        }
+    }
+
+    fn usage(prompt_tokens: u64, completion_tokens: u64) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+        }
+    }
+
+    #[test]
+    fn each_part_of_a_resumed_answer_is_booked_at_the_profile_that_generated_it() {
+        let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        let (labels, prices) = profile(&set, 2);
+        let parts = [part(&set, 1, 9), part(&set, 0, 30)];
+        let booked: Vec<_> = split((&labels, prices), &parts, usage(20, 40))
+            .map(|(labels, prices, usage)| (labels.profile.id().to_owned(), prices, usage))
+            .collect();
+        let ids: Vec<_> = booked.iter().map(|(id, ..)| id.as_str()).collect();
+        assert_eq!(ids, ["llama8b-awq", "llama8b-fp8", "llama8b-fp16"]);
+        let usages: Vec<_> = booked.iter().map(|(.., usage)| *usage).collect();
+        assert_eq!(usages, [usage(20, 9), usage(0, 21), usage(0, 10)]);
+        assert_eq!(booked[1].1, parts[0].prices);
+
+        // Without a continuation the answer is the first profile's, whole.
+        let whole: Vec<_> = split((&labels, prices), &[], usage(20, 40)).collect();
+        assert_eq!(whole.len(), 1);
+        assert_eq!((whole[0].1, whole[0].2), (prices, usage(20, 40)));
+    }
+
+    #[test]
+    fn a_continuation_of_nothing_delivered_leaves_the_prompt_to_the_first_part() {
+        let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
+        let (labels, prices) = profile(&set, 2);
+        // And a usage short of what was delivered (a stream charged by its events) never
+        // books a part below zero.
+        let parts = [part(&set, 1, 0), part(&set, 0, 50)];
+        let usages: Vec<_> = split((&labels, prices), &parts, usage(20, 40))
+            .map(|(.., usage)| usage)
+            .collect();
+        assert_eq!(usages, [usage(20, 0), usage(0, 40), usage(0, 0)]);
+    }
 }

@@ -9,6 +9,7 @@
 //! [`crate::upstream::continuation`]'s; relaying it is [`crate::upstream::body::Resuming`]'s.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -21,12 +22,14 @@ use super::retry::{Answer, Forwarder, Outgoing, Plan};
 use super::ResilienceConfig;
 use crate::apis::{AgentApi, Translation};
 use crate::openai::{BodyEdits, Endpoint as Api};
-use crate::profiles::Snapshot;
+use crate::profiles::{PerToken, Snapshot};
 use crate::telemetry;
 use crate::traces::RequestTrace;
 use crate::upstream::body::{Asked, Broken, Continuation, Resumable, Resume, Served};
 use crate::upstream::continuation::{self, Unresumable};
-use crate::upstream::{is_event_stream, BodyError, Placement, TimeLimits, UpstreamClient};
+use crate::upstream::{
+    is_event_stream, BodyError, Endpoint, Placement, TimeLimits, UpstreamClient,
+};
 
 /// A streamed request as a continuation needs it, kept while its stream runs.
 #[derive(Debug)]
@@ -89,11 +92,11 @@ pub fn eligible(
 impl ResumeRequest {
     /// What the stream of `answer` carries to be resumed.
     pub fn into_resumable(self, answer: &Answer) -> Resumable {
-        let served = Served {
-            profile: answer.profile,
-            endpoint: Arc::clone(&answer.endpoint),
-            attempts: answer.attempts,
-        };
+        let served = self.served(
+            answer.profile,
+            Arc::clone(&answer.endpoint),
+            answer.attempts,
+        );
         let max_resumes = self.snapshot.set.policy.stream_resume.max_resumes;
         let idle = self.config.idle_timeout;
         let hook = Box::new(StreamResumer(Arc::new(self)));
@@ -102,6 +105,7 @@ impl ResumeRequest {
 
     /// A continuation of `broken`, through the request's own way; `None` when there is none.
     async fn continuation(&self, broken: Broken) -> Option<Continuation> {
+        let broke_at = SystemTime::now();
         let id = self.profile_id(broken.served.profile);
         broken.served.endpoint.failed_mid_answer();
         let (bodies, why) = self.bodies(&broken);
@@ -169,7 +173,7 @@ impl ResumeRequest {
             }
         };
         telemetry::stream_resume(id, result);
-        self.trace_break(&broken, result);
+        self.trace_break(&broken, result, broke_at);
         continuation.ok()
     }
 
@@ -192,11 +196,18 @@ impl ResumeRequest {
                 deadline: self.deadline,
                 first_output_by: sent_at + self.client.header_timeout,
             },
-            served: Served {
-                profile,
-                endpoint,
-                attempts,
-            },
+            served: self.served(profile, endpoint, attempts),
+        }
+    }
+
+    /// `endpoint` of `profile` serves a part of the stream, after `attempts` in all.
+    fn served(&self, profile: ProfileIndex, endpoint: Arc<Endpoint>, attempts: u32) -> Served {
+        Served {
+            profile,
+            endpoint,
+            attempts,
+            telemetry: Arc::clone(&self.snapshot.runtime[profile].telemetry),
+            prices: PerToken::of(&self.snapshot.set.profiles[profile]),
         }
     }
 
@@ -278,17 +289,19 @@ impl ResumeRequest {
         tracing::info!(request_id = self.request_id, profile = id,
             failure = %broken.failure, why, "the stream is not resumed");
         telemetry::stream_resume(id, "not_resumable");
-        self.trace_break(broken, "not_resumable");
+        self.trace_break(broken, "not_resumable", SystemTime::now());
     }
 
-    /// The break in the request's trace, beside the attempts' spans.
-    fn trace_break(&self, broken: &Broken, result: &'static str) {
+    /// The break in the request's trace, beside the attempts' spans: from `broke_at` to
+    /// the continuation (or its failure).
+    fn trace_break(&self, broken: &Broken, result: &'static str, broke_at: SystemTime) {
         let Some(trace) = &self.trace else {
             return;
         };
         let tokens = i64::try_from(broken.tokens).unwrap_or(i64::MAX);
-        trace.record(
+        trace.record_since(
             "stream resume",
+            broke_at,
             vec![
                 KeyValue::new(
                     "quantrouter.profile",

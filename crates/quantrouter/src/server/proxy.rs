@@ -164,6 +164,10 @@ fn respond(app: &App, ctx: &mut RequestCtx, answer: Answer) -> Response<Upstream
     } = answer;
     let status = response.status();
     let (mut head, incoming) = response.into_parts();
+    if resumable.is_some() {
+        // A continuation makes the stream longer than the upstream's length says.
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
     let sse = is_event_stream(&head.headers);
     remove_hop_by_hop(&mut head.headers);
     pipeline::router_headers(&mut head.headers, ctx, &served);

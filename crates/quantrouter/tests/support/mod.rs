@@ -6,6 +6,7 @@
 pub mod envoy;
 pub mod kube_api;
 pub mod llama;
+pub mod otlp;
 pub mod redis_server;
 pub mod sim_process;
 

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 pub use guard::{Guarded, Held};
 pub use limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
 pub use reader::Reader;
-pub use resume::{Asked, Broken, Continuation, Resumable, Resume, Resuming, Served};
+pub use resume::{Asked, Broken, Continuation, Handover, Resumable, Resume, Resuming, Served};
 
 use super::UpstreamIncoming;
 use crate::openai::Usage;
@@ -39,6 +39,10 @@ pub trait OnEnd: Send + Sync {
     /// The first event of an SSE stream with generated output (text, reasoning, a tool
     /// call) passed, this long after the request started: the time to first token.
     fn first_output(&mut self, _elapsed: Duration) {}
+
+    /// Continuations on other upstreams generated the answer's later parts, in order
+    /// (`policy.stream_resume`); told once, just before [`OnEnd::on_end`].
+    fn resumed(&mut self, _handovers: &[Handover]) {}
 
     /// The body ended; the last call.
     fn on_end(self: Box<Self>, outcome: Outcome);
@@ -96,7 +100,8 @@ pin_project_lite::pin_project! {
     impl PinnedDrop for UpstreamBody {
         fn drop(this: Pin<&mut Self>) {
             let mut this = this.project();
-            if let Some(hook) = this.hook.take() {
+            if let Some(mut hook) = this.hook.take() {
+                tell_handovers(&mut *hook, this.inner.inner_ref());
                 let end = BodyEnd {
                     completed: false,
                     failure: None,
@@ -179,9 +184,10 @@ impl UpstreamBody {
     fn finish(self: Pin<&mut Self>, failure: Option<BodyError>) {
         let mut this = self.project();
         *this.done = true;
-        let Some(hook) = this.hook.take() else {
+        let Some(mut hook) = this.hook.take() else {
             return;
         };
+        tell_handovers(&mut *hook, this.inner.inner_ref());
         let answer = match failure {
             None => this.inner.as_mut().take_copy(),
             Some(_) => None,
@@ -245,6 +251,14 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Tells `hook` who generated the later parts of a resumed stream, if any did.
+fn tell_handovers(hook: &mut dyn OnEnd, resuming: &Resuming) {
+    let handovers = resuming.handovers();
+    if !handovers.is_empty() {
+        hook.resumed(handovers);
     }
 }
 

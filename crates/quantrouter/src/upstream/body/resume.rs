@@ -22,6 +22,8 @@ use tokio::time::{Instant, Sleep};
 
 use super::guard::{Guarded, Held};
 use super::limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
+use crate::profiles::PerToken;
+use crate::telemetry::ProfileTelemetry;
 use crate::upstream::continuation::{Delivered, Seen};
 use crate::upstream::keepalive::MIN_INTERVAL;
 use crate::upstream::sse::EventBuffer;
@@ -60,6 +62,17 @@ pub struct Served {
     pub profile: ProfileIndex,
     pub endpoint: Arc<Endpoint>,
     pub attempts: u32,
+    /// The profile's metric handles and prices: its part is booked at them.
+    pub telemetry: Arc<ProfileTelemetry>,
+    pub prices: PerToken,
+}
+
+/// A continuation that took over the stream: who served it, and the tokens delivered
+/// before it (counted as in [`Delivered::tokens`]).
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub served: Served,
+    pub after: u64,
 }
 
 /// Another upstream's answer that continues the stream.
@@ -95,6 +108,8 @@ pin_project_lite::pin_project! {
         #[pin]
         part: Part,
         resumable: Option<Box<Resumable>>,
+        // The continuations that took over, in order, for the books.
+        handovers: Vec<Handover>,
     }
 }
 
@@ -215,6 +230,7 @@ impl Resuming {
         Self {
             part,
             resumable: None,
+            handovers: Vec::new(),
         }
     }
 
@@ -226,6 +242,11 @@ impl Resuming {
     /// The request's deadline, which every part holds to.
     pub fn deadline(&self) -> Instant {
         self.part.inner_ref().deadline()
+    }
+
+    /// The continuations that took over the stream so far.
+    pub fn handovers(&self) -> &[Handover] {
+        &self.handovers
     }
 }
 
@@ -260,6 +281,11 @@ impl Body for Resuming {
                         } = continuation;
                         let part = Guarded::new(TimeLimited::new(incoming, limits), held);
                         this.part.set(part);
+                        let after = resumable.delivered.tokens();
+                        this.handovers.push(Handover {
+                            served: served.clone(),
+                            after,
+                        });
                         resumable.took_over(served);
                     }
                     Poll::Ready(None) => {

@@ -1,7 +1,7 @@
 use std::sync::Mutex;
 
 use http_body_util::BodyExt;
-use quantrouter_policy::ProfileIndex;
+use quantrouter_policy::{ProfileIndex, ProfileSet, DEFAULT_PROFILE_SET};
 
 use super::*;
 use crate::resilience::ResilienceConfig;
@@ -49,10 +49,13 @@ fn limits() -> TimeLimits {
 
 fn served() -> Served {
     let config = ResilienceConfig::default();
+    let set = ProfileSet::from_json(DEFAULT_PROFILE_SET).unwrap();
     Served {
         profile: ProfileIndex::new(0),
         endpoint: Arc::new(Endpoint::new("http://127.0.0.1:1", &config, Instant::now())),
         attempts: 1,
+        telemetry: Arc::new(ProfileTelemetry::new(&set.profiles[0])),
+        prices: PerToken::of(&set.profiles[0]),
     }
 }
 
@@ -67,7 +70,10 @@ fn stream(body: &'static str, script: &Script, max_resumes: u32) -> Resuming {
 
 /// Everything the body sends, and how it ends.
 async fn read(body: Resuming) -> (String, Option<BodyError>) {
-    let mut body = std::pin::pin!(body);
+    read_pinned(std::pin::pin!(body)).await
+}
+
+async fn read_pinned(mut body: Pin<&mut Resuming>) -> (String, Option<BodyError>) {
     let mut out = String::new();
     while let Some(frame) = body.frame().await {
         match frame {
@@ -119,8 +125,13 @@ async fn a_body_that_ends_without_a_finish_goes_on_with_its_continuation() {
     let script = Script::default();
     script.0.lock().unwrap().continuations.push(Some(REST));
     let broken: &'static str = Box::leak(format!("{ROLE}{HELLO}").into_boxed_str());
-    let (out, end) = read(stream(broken, &script, 1)).await;
+    let mut body = std::pin::pin!(stream(broken, &script, 1));
+    let (out, end) = read_pinned(body.as_mut()).await;
     assert_eq!(end, None, "{out}");
+    // The books learn that the continuation generated the text after the first token.
+    let handovers = body.handovers();
+    assert_eq!(handovers.len(), 1);
+    assert_eq!(handovers[0].after, 1);
     let (text, finishes, ids) = texts(&out);
     assert_eq!((text.as_str(), finishes), ("Hello world", 1));
     assert!(ids.iter().all(|id| id == "a"), "one id throughout: {ids:?}");
@@ -131,6 +142,18 @@ async fn a_body_that_ends_without_a_finish_goes_on_with_its_continuation() {
         asked.as_slice(),
         [(BodyError::Incomplete, "Hello".to_owned(), 1)]
     );
+}
+
+#[tokio::test]
+async fn done_without_a_finish_reason_ends_a_whole_stream() {
+    let script = Script::default();
+    let whole: &'static str = Box::leak(format!("{ROLE}{HELLO}{DONE}").into_boxed_str());
+    let mut body = std::pin::pin!(stream(whole, &script, 1));
+    let (out, end) = read_pinned(body.as_mut()).await;
+    assert_eq!((out.as_str(), end), (whole, None));
+    let state = script.0.lock().unwrap();
+    assert!(state.asked.is_empty() && state.refused.is_empty());
+    assert!(body.handovers().is_empty());
 }
 
 #[tokio::test]
