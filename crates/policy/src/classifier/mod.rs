@@ -23,6 +23,7 @@ mod document;
 mod eval;
 mod grams;
 mod lexicon;
+mod noise;
 mod outcome;
 mod routing_eval;
 mod train;
@@ -30,14 +31,18 @@ mod train;
 pub use data::{parse_labelled, DataError, Difficulty, LabelledPrompt, Split};
 pub use document::{ClassifierDocument, ClassifierError, FeatureSettings, TrainingMetrics};
 pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport, SourceReport};
+pub use noise::{
+    paired_bootstrap, seed_spread, Difference, HeldOutScores, PairedBootstrap, SeedSpread,
+};
 pub use outcome::{
     fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, DegenerateHead,
     LinearRow, OutcomeExample, OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree,
     Verdicts, INPUT_RANGE, MAX_GRADE, OUTCOME_FEATURES, OUTCOME_INPUTS,
 };
 pub use routing_eval::{
-    check_fit, complexity_scores, cross_validate, length_scores, random_scores, routing_curve,
-    FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, FOLDS, MIN_GAP,
+    check_fit, complexity_scores, cross_validate, cross_validate_with_scores, length_scores,
+    random_scores, routing_curve, FoldReport, OutcomeCrossValidation, RoutingCurve,
+    SourceCrossValidation, FOLDS, MIN_GAP,
 };
 pub use train::{fit, retrain_outcomes, train, train_with_outcomes, TrainOptions};
 
