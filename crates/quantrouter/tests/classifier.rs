@@ -697,6 +697,40 @@ fn the_cli_trains_and_evaluates_the_outcome_head() {
     ] {
         assert!(stdout.contains(line), "{line}: {stdout}");
     }
+    // Held out by folds of prompts (a single category), with the noise of the comparison.
+    let folded = path("folded.jsonl");
+    let text = std::fs::read_to_string(&outcomes).unwrap();
+    std::fs::write(
+        &folded,
+        text.replace("\"category\":\"b\"", "\"category\":\"a\""),
+    )
+    .unwrap();
+    let held_out = |extra: &[&str]| {
+        let mut args = vec!["classifier", "eval", "--outcomes", &folded];
+        args.extend_from_slice(extra);
+        support::cli(&args)
+    };
+    let (code, stdout, stderr) = held_out(&[
+        "--cross-validate",
+        "category",
+        "--bootstrap",
+        "100",
+        "--fold-seeds",
+        "0,1",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "sim (held out by 5 folds by prompt)",
+        "100 resamples of the prompts",
+        "less prompt length: ",
+        "less complexity: ",
+        "sim (pooled held-out APGR by fold seed):\n  0: 0.",
+        ", 1: 0.",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    let (code, _, stderr) = held_out(&["--bootstrap", "100"]);
+    assert_ne!(code, 0, "{stderr}");
     let (code, _, stderr) = support::cli(&["classifier", "eval"]);
     assert_eq!(code, 1, "{stderr}");
     let (code, _, stderr) = support::cli(&[

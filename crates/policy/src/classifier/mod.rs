@@ -24,6 +24,7 @@ mod eval;
 mod grams;
 mod lexicon;
 mod metrics;
+mod noise;
 mod outcome;
 mod routing_eval;
 mod train;
@@ -34,14 +35,17 @@ pub use eval::{evaluate, leave_one_source_out, ClassReport, EvalReport};
 pub use metrics::{
     FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation, SourceReport,
 };
+pub use noise::{
+    paired_bootstrap, seed_spread, Difference, HeldOutScores, PairedBootstrap, SeedSpread,
+};
 pub use outcome::{
     fit_examples, fit_outcomes, outcome_from_value, parse_outcomes, ChoiceTrees, DegenerateHead,
     LinearRow, OutcomeExample, OutcomeHead, OutcomeInputs, OutcomeRecord, TrafficOutcome, Tree,
     Verdicts, INPUT_RANGE, MAX_GRADE, OUTCOME_FEATURES, OUTCOME_INPUTS,
 };
 pub use routing_eval::{
-    check_fit, complexity_scores, cross_validate, length_scores, random_scores, routing_curve,
-    FOLDS, MIN_GAP,
+    check_fit, complexity_scores, cross_validate, cross_validate_with_scores, length_scores,
+    random_scores, routing_curve, FOLDS, MIN_GAP,
 };
 pub use train::{fit, retrain_outcomes, train, train_with_outcomes, TrainOptions};
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::data::hash;
 use super::metrics::{FoldReport, OutcomeCrossValidation, RoutingCurve, SourceCrossValidation};
+use super::noise::HeldOutScores;
 use super::outcome::{
     fit_examples, DegenerateHead, OutcomeExample, OutcomeHead, OutcomeRecord, Verdicts,
 };
@@ -78,7 +79,8 @@ pub fn check_fit(
     }
 }
 
-fn curve(scores: &[f64], records: &[Verdicts]) -> RoutingCurve {
+/// The curve of `scores[i]` over records judged `records[i]`.
+pub(crate) fn curve(scores: &[f64], records: &[Verdicts]) -> RoutingCurve {
     let n = records.len().max(1) as f64;
     let (cheap, reference) = records.iter().fold((0.0, 0.0), |(c, r), v| {
         let (cheap, reference) = v.scores();
@@ -173,6 +175,17 @@ pub fn cross_validate(
     seed: u64,
     model: &Classifier,
 ) -> OutcomeCrossValidation {
+    cross_validate_with_scores(records, window, seed, model).0
+}
+
+/// [`cross_validate`], with each source's pooled held-out scores and its baselines' (in the
+/// order of its sources), which [`paired_bootstrap`](super::paired_bootstrap) resamples.
+pub fn cross_validate_with_scores(
+    records: &[OutcomeRecord],
+    window: usize,
+    seed: u64,
+    model: &Classifier,
+) -> (OutcomeCrossValidation, Vec<HeldOutScores>) {
     let examples = model.outcome_examples(records, window);
     let weights = ComplexityWeights {
         scoring_window_chars: window,
@@ -184,6 +197,7 @@ pub fn cross_validate(
     }
     let mut held_out_scores = vec![0.0; records.len()];
     let mut sources = Vec::new();
+    let mut kept = Vec::new();
     for (source, members) in by_source {
         let (by, groups) = held_out_groups(records, &members, seed);
         let mut folds = Vec::new();
@@ -205,24 +219,28 @@ pub fn cross_validate(
         let mean_apgr =
             (!counted.is_empty()).then(|| counted.iter().sum::<f64>() / counted.len() as f64);
         let all: Vec<&OutcomeRecord> = members.iter().map(|&i| &records[i]).collect();
-        let scores: Vec<f64> = members.iter().map(|&i| held_out_scores[i]).collect();
+        let scores = HeldOutScores {
+            verdicts: all.iter().map(|r| r.verdicts).collect(),
+            head: members.iter().map(|&i| held_out_scores[i]).collect(),
+            length: length_scores(&all),
+            complexity: complexity_scores(Some(model), &all, &weights),
+        };
         sources.push(SourceCrossValidation {
             source: source.to_owned(),
             by,
             folds,
             mean_apgr,
-            pooled: routing_curve(&scores, &all),
-            length: routing_curve(&length_scores(&all), &all),
-            complexity: Some(routing_curve(
-                &complexity_scores(Some(model), &all, &weights),
-                &all,
-            )),
+            pooled: curve(&scores.head, &scores.verdicts),
+            length: curve(&scores.length, &scores.verdicts),
+            complexity: Some(curve(&scores.complexity, &scores.verdicts)),
         });
+        kept.push(scores);
     }
-    OutcomeCrossValidation {
+    let cv = OutcomeCrossValidation {
         records: records.len(),
         sources,
-    }
+    };
+    (cv, kept)
 }
 
 /// The logits of the records at `held` (sorted) by a head fitted to the others
