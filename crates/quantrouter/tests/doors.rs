@@ -22,7 +22,8 @@ use quantrouter_policy::{hash_key, StaticUpstream, Upstream, UpstreamApi};
 use serde_json::{json, Value};
 use support::envoy::Envoy;
 use support::{
-    capture_upstream, client, loopback, python, send, tenants_from, Captured, Tiers, CODE, SIMPLE,
+    capture_upstream, client, loopback, python, send, tenants_from, Captured, Reply, Tiers, CODE,
+    SIMPLE,
 };
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -351,20 +352,11 @@ async fn a_client_cannot_choose_the_endpoint(world: &mut World) {
     for door in DOORS {
         world.captured.lock().unwrap().clear();
         let url = format!("{}/v1/chat/completions", world.base(door));
-        let bearer = format!("Bearer {KEY}");
-        let reply = send(
-            &client(),
-            "POST",
-            &url,
-            &body.to_string(),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", &bearer),
-                ("x-gateway-destination-endpoint", &capture),
-                ("x-gateway-destination-endpoint-fallback", &capture),
-            ],
-        )
-        .await;
+        let destinations = [
+            ("x-gateway-destination-endpoint", capture.as_str()),
+            ("x-gateway-destination-endpoint-fallback", capture.as_str()),
+        ];
+        let reply = post_as_tenant(&url, &body, &destinations).await;
         assert_eq!(reply.status, 200, "{door:?}: {:?}", reply.body);
         assert_eq!(reply.header("x-quantrouter-profile"), expected, "{door:?}");
         let captured = world.captured.lock().unwrap();
@@ -373,6 +365,17 @@ async fn a_client_cannot_choose_the_endpoint(world: &mut World) {
             "{door:?}: the client's destination got the request: {captured:?}"
         );
     }
+}
+
+/// `body` POSTed to `url` with the tenant's key as a bearer token and `extra` headers.
+async fn post_as_tenant(url: &str, body: &Value, extra: &[(&str, &str)]) -> Reply {
+    let bearer = format!("Bearer {KEY}");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", bearer.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    send(&client(), "POST", url, &body.to_string(), &headers).await
 }
 
 // === impl World ===
@@ -483,18 +486,7 @@ impl World {
     /// The profile `/v1/route` gives a chat `body`.
     async fn policy_pick(&self, body: &Value) -> String {
         let url = format!("{}/v1/route", self.base(Door::Http));
-        let bearer = format!("Bearer {KEY}");
-        let reply = send(
-            &client(),
-            "POST",
-            &url,
-            &body.to_string(),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", &bearer),
-            ],
-        )
-        .await;
+        let reply = post_as_tenant(&url, body, &[]).await;
         reply.json()["profile"].as_str().unwrap().to_owned()
     }
 
