@@ -398,6 +398,67 @@ async fn a_sentinel_failover_under_traffic_answers_every_request_and_limits_stay
 /// limit is counted in one place. A check through which a router did not count in Redis
 /// all along (a heartbeat timed out on a loaded test machine: the documented outage), or
 /// across which the minute ended, is made again with the next tenant.
+/// Clients of `node` other than the one asking.
+fn other_clients(node: &support::redis_server::RedisServer) -> usize {
+    let mut conn = node.client().get_connection().unwrap();
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+    list.lines().count().saturating_sub(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_gone_a_broken_connection_finds_the_master_last_found() {
+    let mut set = tokio::task::spawn_blocking(|| {
+        SentinelSet::start("qr-alone", Some(DATA_PASSWORD), Some(SENTINEL_PASSWORD))
+    })
+    .await
+    .unwrap();
+    let (url, sentinel_password) = (set.url(), set.sentinel_password());
+    let (profiles, _sims) = sim_tiers(Duration::ZERO).await;
+    push_ok(
+        "profiles",
+        &versioned(&profiles, 1),
+        &url,
+        sentinel_password,
+    );
+    push_ok(
+        "tenants",
+        &tenants_doc(&[("busy", 400)]),
+        &url,
+        sentinel_password,
+    );
+    let logs = tempfile::tempdir().unwrap();
+    let router = sentinel_router(&set, &profiles, "r1", &logs.path().join("r1.log")).await;
+    let ready = eventually(Duration::from_secs(20), || async {
+        profile_version(router.admin).await == Some(1) && counting_in_redis(router.admin).await
+    })
+    .await;
+    assert!(ready, "the router did not load from the Sentinel set");
+    let master = set.master_port().unwrap();
+    set.stop_sentinels();
+    // Every connection the router holds breaks; a new one has no sentinel to ask.
+    let mut conn = set.node(master).client().get_connection().unwrap();
+    for kind in ["normal", "pubsub"] {
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg(kind)
+            .query::<u64>(&mut conn)
+            .unwrap();
+    }
+    drop(conn);
+    // Requests need the counters: the limiter reconnects, or counts on local shares.
+    let back = eventually(Duration::from_secs(20), || async {
+        post(router.public, "busy").await;
+        other_clients(set.node(master)) > 0 && counting_in_redis(router.admin).await
+    })
+    .await;
+    assert!(
+        back,
+        "the router did not reconnect to the master it last found"
+    );
+    assert_eq!(post(router.public, "busy").await, StatusCode::OK);
+}
+
 async fn assert_limit_shared(
     publics: &[std::net::SocketAddr; 2],
     admins: &[std::net::SocketAddr; 2],

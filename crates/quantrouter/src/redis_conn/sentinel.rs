@@ -71,6 +71,8 @@ struct Known {
     /// The last master's address, suspected or not: a discovery that finds another one is
     /// a switch.
     last: Option<ConnectionAddr>,
+    /// The last master found, suspected or not: tried when no sentinel answers.
+    fallback: Option<ConnectionInfo>,
 }
 
 // === impl Tracker ===
@@ -169,19 +171,19 @@ impl Tracker {
         if let Some(known) = self.state.known_client()? {
             return Ok(known);
         }
-        let found = tokio::time::timeout(DISCOVERY_TIMEOUT, discovery.async_get_client())
-            .await
-            .map_err(|_| {
-                RedisError::from((
-                    ErrorKind::Io,
-                    "no sentinel named the master in time",
-                    format!("{} within {DISCOVERY_TIMEOUT:?}", self.state.described),
-                ))
-            })?;
-        let found = match found {
-            Ok(found) => found,
-            Err(error) => return Err(self.state.explain(error).await),
-        };
+        let found =
+            match tokio::time::timeout(DISCOVERY_TIMEOUT, discovery.async_get_client()).await {
+                Ok(Ok(found)) => found,
+                Ok(Err(error)) => return self.state.unfound(error).await,
+                Err(_) => {
+                    let error = RedisError::from((
+                        ErrorKind::Io,
+                        "no sentinel named the master in time",
+                        format!("{} within {DISCOVERY_TIMEOUT:?}", self.state.described),
+                    ));
+                    return self.state.unfound(error).await;
+                }
+            };
         let generation = self.state.found(found.get_connection_info().clone());
         Ok((found, generation))
     }
@@ -269,6 +271,7 @@ impl State {
             .as_ref()
             .is_some_and(|last| !same_node(last, info.addr()));
         known.last = Some(info.addr().clone());
+        known.fallback = Some(info.clone());
         known.master = Some(info);
         if moved {
             self.switches.send_modify(|generation| *generation += 1);
@@ -303,17 +306,37 @@ impl State {
             let address = at(info.addr(), host, port);
             info.set_addr(address)
         });
+        known.fallback = known.fallback.take().map(|info| {
+            let address = at(info.addr(), host, port);
+            info.set_addr(address)
+        });
         known.last = known.last.as_ref().map(|last| at(last, host, port));
         self.switches.send_modify(|generation| *generation += 1);
         tracing::warn!(master = %self.name, %host, port, "sentinels switched the redis master; following it");
     }
 
-    /// Says what a failed discovery means, naming the master and the sentinels: each
-    /// sentinel is asked for the master's address, which tells a sentinel set out of reach
-    /// from an unknown master name and from a master that does not answer (a failover
-    /// under way).
-    async fn explain(&self, error: RedisError) -> RedisError {
-        let (name, sentinels) = (&self.name, &self.described);
+    /// A discovery failed. With no sentinel answering at all, the master last found is tried
+    /// rather than none: it is still the master unless a failover came first, and a demoted
+    /// one answers `READONLY`, which makes the next connection ask the sentinels again.
+    /// Otherwise the error says why, naming the master and the sentinels.
+    async fn unfound(&self, error: RedisError) -> RedisResult<(redis::Client, u64)> {
+        let asked = self.ask_sentinels().await;
+        let fallback = self.lock().fallback.clone();
+        match (asked.answered, fallback) {
+            (0, Some(info)) => {
+                tracing::warn!(master = %self.name, "no sentinel answers; connecting to the redis master last found");
+                let client = redis::Client::open(info.clone())?;
+                self.lock().master = Some(info);
+                Ok((client, *self.switches.borrow()))
+            }
+            _ => Err(self.explain(error, asked)),
+        }
+    }
+
+    /// Each sentinel asked for the master's address: how many answered, and the addresses
+    /// they named.
+    async fn ask_sentinels(&self) -> Asked {
+        let name = &self.name;
         let mut answered = 0;
         let mut named = Vec::new();
         for sentinel in &self.sentinels {
@@ -331,6 +354,15 @@ impl State {
             }
         }
         named.dedup();
+        Asked { answered, named }
+    }
+
+    /// Says what a failed discovery means, from what the sentinels `asked` said: a sentinel
+    /// set out of reach, an unknown master name, or a master that does not answer (a
+    /// failover under way).
+    fn explain(&self, error: RedisError, asked: Asked) -> RedisError {
+        let (name, sentinels) = (&self.name, &self.described);
+        let Asked { answered, named } = asked;
         if answered == 0 {
             return RedisError::from((
                 ErrorKind::Io,
@@ -354,6 +386,12 @@ impl State {
             ),
         ))
     }
+}
+
+/// What the sentinels said when asked for the master's address.
+struct Asked {
+    answered: usize,
+    named: Vec<String>,
 }
 
 /// `address` moved to `host:port`, keeping its TLS settings.

@@ -478,6 +478,11 @@ impl SentinelSet {
         .unwrap()
     }
 
+    /// Stops every sentinel: the set goes on without anyone to name its master.
+    pub fn stop_sentinels(&mut self) {
+        self.sentinels.clear();
+    }
+
     /// The master's port as the first sentinel that answers names it.
     pub fn master_port(&self) -> Option<u16> {
         self.sentinel_clients().iter().find_map(|client| {
