@@ -22,8 +22,8 @@ use quantrouter_policy::{hash_key, StaticUpstream, Upstream, UpstreamApi};
 use serde_json::{json, Value};
 use support::envoy::Envoy;
 use support::{
-    capture_upstream, client, loopback, python, send, tenants_from, Captured, Reply, Tiers, CODE,
-    SIMPLE,
+    capture_upstream, client, eventually, loopback, python, send, tenants_from, Captured, Reply,
+    Tiers, CODE, SIMPLE,
 };
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -33,6 +33,8 @@ use vllm_sim::SimConfig;
 const KEY: &str = "sk-doors-team-a-4Fq9";
 /// A tenant allowed two requests a minute.
 const TIGHT_KEY: &str = "sk-doors-tight-7Rm2";
+/// A tenant whose tokens are counted.
+const METERED_KEY: &str = "sk-doors-metered-5Vn1";
 /// The capture profile's own upstream key.
 const UPSTREAM_KEY: &str = "sk-upstream-capture-2Wd8";
 /// An endpoint a client would like its request sent to; nothing listens there.
@@ -179,12 +181,11 @@ fn rows() -> Vec<(&'static str, Row)> {
         ("a client cannot choose the endpoint", |w| {
             Box::pin(a_client_cannot_choose_the_endpoint(w))
         }),
-        // Tenant isolation (issue 38, item 2): rows added with the tenant boundary —
-        // - another tenant's stored response: 404 response_not_found for GET, DELETE and
-        //   previous_response_id;
-        // - another tenant's x-session-id does not move a conversation's tier;
-        // - x-quantrouter-affinity reports only the tenant's own earlier traffic;
-        // - the second opinion asks only a profile the tenant may use.
+        (
+            "a native agent stream is charged the upstream's count",
+            |w| Box::pin(a_native_agent_stream_is_charged_the_upstreams_count(w)),
+        ),
+        // The tenant-isolation tables run through both doors in tests/tenant_boundary.rs.
     ]
 }
 
@@ -299,6 +300,63 @@ async fn a_tenant_over_its_rate_is_refused(world: &mut World) {
     }
 }
 
+/// A streamed Messages and a streamed Responses answer, served natively, charge the metered
+/// tenant the tokens the upstream reported in the stream, through either door.
+async fn a_native_agent_stream_is_charged_the_upstreams_count(world: &mut World) {
+    let asks = [
+        (
+            "/v1/messages",
+            json!({"model": "auto", "max_tokens": 16, "stream": true,
+            "messages": [{"role": "user", "content": SIMPLE}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "auto", "max_output_tokens": 16, "stream": true,
+            "input": SIMPLE}),
+        ),
+    ];
+    for door in DOORS {
+        for (path, body) in &asks {
+            let before = world.metered_tokens().await;
+            let url = format!("{}{path}", world.base(door));
+            let reply = post_as(METERED_KEY, &url, body, &[]).await;
+            assert_eq!(reply.status, 200, "{door:?} {path}: {:?}", reply.body);
+            let reported = streamed_usage(&String::from_utf8_lossy(&reply.body));
+            assert!(reported > 0, "{door:?} {path}: no usage in the stream");
+            let charged = eventually(Duration::from_secs(5), || async {
+                world.metered_tokens().await == before + reported
+            })
+            .await;
+            assert!(
+                charged,
+                "{door:?} {path}: charged {} for the {reported} tokens the stream reported",
+                world.metered_tokens().await - before
+            );
+        }
+    }
+}
+
+/// The tokens an agent stream reports: Messages' input in `message_start` and output in
+/// `message_delta`, or the usage of Responses' last event (`response.completed` or `.incomplete`).
+fn streamed_usage(stream: &str) -> u64 {
+    let events = stream
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok());
+    let count = |usage: &Value, key: &str| usage[key].as_u64().unwrap_or(0);
+    events
+        .map(|event| match event["type"].as_str() {
+            Some("message_start") => count(&event["message"]["usage"], "input_tokens"),
+            Some("message_delta") => count(&event["usage"], "output_tokens"),
+            Some("response.completed" | "response.incomplete") => {
+                let usage = &event["response"]["usage"];
+                count(usage, "input_tokens") + count(usage, "output_tokens")
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
 /// Pinned to the profile whose upstream records its requests, with the client's key in
 /// both headers and destinations of its own: the model server sees its own key only.
 async fn the_model_server_gets_no_client_credential(world: &mut World) {
@@ -356,7 +414,7 @@ async fn a_client_cannot_choose_the_endpoint(world: &mut World) {
             ("x-gateway-destination-endpoint", capture.as_str()),
             ("x-gateway-destination-endpoint-fallback", capture.as_str()),
         ];
-        let reply = post_as_tenant(&url, &body, &destinations).await;
+        let reply = post_as(KEY, &url, &body, &destinations).await;
         assert_eq!(reply.status, 200, "{door:?}: {:?}", reply.body);
         assert_eq!(reply.header("x-quantrouter-profile"), expected, "{door:?}");
         let captured = world.captured.lock().unwrap();
@@ -367,9 +425,9 @@ async fn a_client_cannot_choose_the_endpoint(world: &mut World) {
     }
 }
 
-/// `body` POSTed to `url` with the tenant's key as a bearer token and `extra` headers.
-async fn post_as_tenant(url: &str, body: &Value, extra: &[(&str, &str)]) -> Reply {
-    let bearer = format!("Bearer {KEY}");
+/// `body` POSTed to `url` with `key` as a bearer token and `extra` headers.
+async fn post_as(key: &str, url: &str, body: &Value, extra: &[(&str, &str)]) -> Reply {
+    let bearer = format!("Bearer {key}");
     let mut headers = vec![
         ("content-type", "application/json"),
         ("authorization", bearer.as_str()),
@@ -389,11 +447,14 @@ impl World {
         let (capture_url, captured) = capture_upstream().await;
         let key_file = dir.path().join("upstream-key");
         std::fs::write(&key_file, UPSTREAM_KEY).unwrap();
-        // One tenant without limits, one allowed two requests a minute.
+        // One tenant without limits, one allowed two requests a minute, one whose tokens
+        // are counted.
         let doc = json!({"version": 1, "tenants": [
             {"id": "team-a", "key_sha256": [hash_key(KEY)]},
             {"id": "tight", "key_sha256": [hash_key(TIGHT_KEY)],
              "limits": {"requests_per_minute": 2}},
+            {"id": "metered", "key_sha256": [hash_key(METERED_KEY)],
+             "limits": {"tokens_per_minute": 100_000_000}},
         ]});
         let tenants = tenants_from(&dir, &doc.to_string()).await;
         let sims = |_| SimConfig {
@@ -433,6 +494,15 @@ impl World {
             clients: Clients::start(),
             _dir: dir,
         }
+    }
+
+    /// The metered tenant's tokens this minute, from the admin port.
+    async fn metered_tokens(&self) -> u64 {
+        let url = format!("http://{}/admin/tenants", self.tiers.router.admin_addr());
+        let report = send(&client(), "GET", &url, "", &[]).await.json();
+        let tenants = report["tenants"].as_array().unwrap();
+        let metered = tenants.iter().find(|t| t["id"] == "metered").unwrap();
+        metered["usage"]["tokens_this_minute"].as_u64().unwrap()
     }
 
     fn base(&self, door: Door) -> String {
@@ -486,7 +556,7 @@ impl World {
     /// The profile `/v1/route` gives a chat `body`.
     async fn policy_pick(&self, body: &Value) -> String {
         let url = format!("{}/v1/route", self.base(Door::Http));
-        let reply = post_as_tenant(&url, body, &[]).await;
+        let reply = post_as(KEY, &url, body, &[]).await;
         reply.json()["profile"].as_str().unwrap().to_owned()
     }
 

@@ -31,7 +31,7 @@ use super::proto::ext_proc::{
 };
 use super::proto::{BodySendMode, HeaderSendMode, ProcessingMode};
 use crate::app::App;
-use crate::openai::{find_usage, ApiError, Endpoint};
+use crate::openai::{ApiError, Endpoint};
 use crate::pipeline::{
     self, address, AnswerHead, Arrival, Door, Ledger, RequestCtx, RequestId, Served, StoredWatch,
     REQUEST_ID,
@@ -40,6 +40,7 @@ use crate::resilience::retry::{Fallback, FallbackReason};
 use crate::resilience::{CircuitState, Permit};
 use crate::telemetry;
 use crate::tenants::ActiveTenant;
+use crate::upstream::body::{reported_usage, UsageTail};
 use crate::upstream::{is_event_stream, BodyEnd, EventScan, InflightGuard, Outcome, Pick};
 
 /// Header and `envoy.lb` key: the endpoint chosen, `ip:port`.
@@ -64,9 +65,6 @@ const UPSTREAM_ADDRESS: &str = "upstream.address";
 
 /// Largest body chunk sent back in full-duplex mode: Envoy recommends at most 64 KiB.
 const MAX_CHUNK: usize = 64 * 1024;
-
-/// Bytes kept of a whole (non-stream) answer to find its `usage`, which ends the object.
-const USAGE_TAIL: usize = 64 * 1024;
 
 /// Where the picker's answers go: the stream's response side.
 pub(super) type Outbound = UnboundedSender<ProcessingResponse>;
@@ -157,7 +155,7 @@ struct Answer {
     ledger: Option<Ledger>,
     sse: bool,
     scan: EventScan,
-    tail: BytesMut,
+    tail: UsageTail,
     /// A copy of the whole answer, when the books ask for one (calibration).
     copy: Option<BytesMut>,
     stored: Option<StoredWatch>,
@@ -654,15 +652,11 @@ impl Answer {
                 }
                 scanned.out.unwrap_or_default()
             }
-            false => {
-                self.tail.extend_from_slice(&chunk);
-                if self.tail.len() > USAGE_TAIL {
-                    let cut = self.tail.len() - USAGE_TAIL;
-                    let _ = self.tail.split_to(cut);
-                }
-                chunk
-            }
+            false => chunk,
         };
+        if !self.scan.strips_usage() {
+            self.tail.push(&out);
+        }
         if end {
             if let Some(rest) = self.scan.finish().out {
                 out = [out, rest].concat().into();
@@ -682,10 +676,8 @@ impl Answer {
                 stored.finish();
             }
         }
-        let usage = match self.sse {
-            true => self.scan.usage,
-            false => find_usage(&self.tail),
-        };
+        let events = self.sse.then_some(&self.scan);
+        let usage = reported_usage(events, &mut self.tail, completed);
         let end = BodyEnd {
             completed,
             failure: None,

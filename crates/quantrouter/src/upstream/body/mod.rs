@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 pub use guard::{Guarded, Held};
 pub use limits::{AwaitsOutput, BodyError, TimeLimited, TimeLimits};
-pub use reader::Reader;
+pub use reader::{reported_usage, Reader, UsageTail};
 pub use resume::{Asked, Broken, Continuation, Handover, Resumable, Resume, Resuming, Served};
 
 use super::UpstreamIncoming;

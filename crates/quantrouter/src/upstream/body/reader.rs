@@ -33,7 +33,7 @@ struct Read {
     first_output: bool,
     // The end of the body so far, to read `usage` from at the end (unused when usage
     // events are stripped: their counts are taken as they pass).
-    tail: VecDeque<u8>,
+    tail: UsageTail,
     // A copy of a whole answer as it passes, for calibration.
     copy: Option<BytesMut>,
     copy_limit: usize,
@@ -51,7 +51,7 @@ impl<B> Reader<B> {
                 events: sse.then(|| EventScan::new(strip_usage)),
                 awaiting_output: true,
                 first_output: false,
-                tail: VecDeque::new(),
+                tail: UsageTail::default(),
                 copy: None,
                 copy_limit: 0,
                 ended: None,
@@ -95,13 +95,9 @@ impl<B> Reader<B> {
     /// answer. `None` otherwise: the answer was cut short of its counts.
     pub fn usage_so_far(self: Pin<&mut Self>) -> Option<Usage> {
         let read = self.project().read;
-        if let Some(ended) = read.ended {
-            return ended;
-        }
-        match &read.events {
-            Some(events) if events.strips_usage() => events.usage,
-            Some(events) if events.last_event => find_usage(read.tail.make_contiguous()),
-            _ => None,
+        match read.ended {
+            Some(ended) => ended,
+            None => reported_usage(read.events.as_ref(), &mut read.tail, false),
         }
     }
 
@@ -185,7 +181,7 @@ impl Read {
         let Some(events) = &mut self.events else {
             // Not a stream: any data is the answer coming.
             self.awaiting_output = false;
-            keep_tail(&mut self.tail, &data);
+            self.tail.push(&data);
             if let Some(copy) = &mut self.copy {
                 match copy.len() + data.len() <= self.copy_limit {
                     true => copy.extend_from_slice(&data),
@@ -200,7 +196,7 @@ impl Read {
             self.first_output = true;
         }
         if let (Some(out), false) = (&scanned.out, self.strips_usage()) {
-            keep_tail(&mut self.tail, out);
+            self.tail.push(out);
         }
         scanned.out
     }
@@ -226,11 +222,7 @@ impl Read {
                 Some(last.freeze())
             }
         };
-        let usage = match (self.strips_usage(), &self.events) {
-            (true, Some(events)) => events.usage,
-            _ => find_usage(self.tail.make_contiguous()),
-        };
-        self.ended = Some(usage);
+        self.ended = Some(reported_usage(self.events.as_ref(), &mut self.tail, true));
         last.filter(|last| !last.is_empty())
     }
 
@@ -243,17 +235,47 @@ impl Read {
 /// bytes with `data: [DONE]`), or the end of a JSON answer, with room to spare.
 const USAGE_TAIL: usize = 1024;
 
-/// Appends `data` to the copied tail of a body, keeping its last [`USAGE_TAIL`] bytes.
-/// Copying matters: holding on to the frames themselves would keep each one's read (up to 8 KiB)
-/// alive, per frame and per stream.
-fn keep_tail(tail: &mut VecDeque<u8>, data: &[u8]) {
-    let data = &data[data.len().saturating_sub(USAGE_TAIL)..];
-    let excess = (tail.len() + data.len()).saturating_sub(USAGE_TAIL);
-    tail.drain(..excess);
-    if tail.capacity() == 0 {
-        tail.reserve_exact(USAGE_TAIL);
+/// The last [`USAGE_TAIL`] bytes of an answer on its way out, where its `usage` is: the end
+/// of a JSON answer, or of a stream whose usage events go on to the client.
+#[derive(Debug, Default)]
+pub struct UsageTail(VecDeque<u8>);
+
+impl UsageTail {
+    /// Appends `data`, keeping the last [`USAGE_TAIL`] bytes. Copying matters: holding on to
+    /// the frames themselves would keep each one's read (up to 8 KiB) alive, per frame and
+    /// per stream.
+    pub fn push(&mut self, data: &[u8]) {
+        let tail = &mut self.0;
+        let data = &data[data.len().saturating_sub(USAGE_TAIL)..];
+        let excess = (tail.len() + data.len()).saturating_sub(USAGE_TAIL);
+        tail.drain(..excess);
+        if tail.capacity() == 0 {
+            tail.reserve_exact(USAGE_TAIL);
+        }
+        tail.extend(data);
     }
-    tail.extend(data);
+
+    fn usage(&mut self) -> Option<Usage> {
+        find_usage(self.0.make_contiguous())
+    }
+}
+
+/// The usage an answer reported, from what was read of it, the same at every door: the
+/// counts of the usage events a stream's `events` took as they passed (the events cut for
+/// the router), else those in the answer's `tail` once it `ended` or, for a stream, once its
+/// last event went on (a client may leave between that and the body's end). `None`: the
+/// answer stopped short of its counts.
+pub fn reported_usage(
+    events: Option<&EventScan>,
+    tail: &mut UsageTail,
+    ended: bool,
+) -> Option<Usage> {
+    match events {
+        Some(events) if events.strips_usage() => events.usage,
+        Some(events) if ended || events.last_event => tail.usage(),
+        None if ended => tail.usage(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -262,41 +284,38 @@ mod tests {
 
     #[test]
     fn tail_keeps_the_last_bytes_across_frames() {
-        let mut tail = VecDeque::new();
+        let mut tail = UsageTail::default();
         let mut body = Vec::new();
         for i in 0..500u32 {
             let frame = format!("data: {{\"n\":{i}}}\n\n");
-            keep_tail(&mut tail, frame.as_bytes());
+            tail.push(frame.as_bytes());
             body.extend_from_slice(frame.as_bytes());
         }
-        assert_eq!(tail.len(), USAGE_TAIL);
-        assert_eq!(tail.make_contiguous(), &body[body.len() - USAGE_TAIL..]);
+        assert_eq!(tail.0.len(), USAGE_TAIL);
+        assert_eq!(tail.0.make_contiguous(), &body[body.len() - USAGE_TAIL..]);
         assert_eq!(
-            tail.capacity(),
+            tail.0.capacity(),
             USAGE_TAIL,
             "the tail never grows past its size"
         );
 
         let big = vec![b'x'; 3 * USAGE_TAIL];
-        keep_tail(&mut tail, &big);
-        assert_eq!(tail.make_contiguous(), &big[..USAGE_TAIL]);
+        tail.push(&big);
+        assert_eq!(tail.0.make_contiguous(), &big[..USAGE_TAIL]);
     }
 
     #[test]
     fn usage_is_read_from_the_tail_of_a_long_stream() {
-        let mut tail = VecDeque::new();
+        let mut tail = UsageTail::default();
         for _ in 0..1000 {
-            keep_tail(
-                &mut tail,
-                b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n",
-            );
+            tail.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n");
         }
         let usage = br#"data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1000,"total_tokens":1007}}"#;
         // Split mid-event, as TCP may deliver it.
-        keep_tail(&mut tail, &usage[..40]);
-        keep_tail(&mut tail, &usage[40..]);
-        keep_tail(&mut tail, b"\n\ndata: [DONE]\n\n");
-        let found = find_usage(tail.make_contiguous()).unwrap();
+        tail.push(&usage[..40]);
+        tail.push(&usage[40..]);
+        tail.push(b"\n\ndata: [DONE]\n\n");
+        let found = tail.usage().unwrap();
         assert_eq!((found.prompt_tokens, found.completion_tokens), (7, 1000));
     }
 }
