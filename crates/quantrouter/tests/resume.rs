@@ -25,7 +25,6 @@ use quantrouter::profiles::SourceKind;
 use quantrouter::resilience::BudgetConfig;
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter::tenants::limiter::LimiterConfig;
-use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
 use quantrouter::traces::Traces;
 use quantrouter_policy::{ProfileSet, StaticUpstream, Upstream, DEFAULT_PROFILE_SET};
 use serde_json::{json, Value};
@@ -60,25 +59,15 @@ async fn router_with(
     tweak: impl FnOnce(&mut ServerConfig),
 ) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tenants.json");
     tenant["key_sha256"] = json!([quantrouter_policy::hash_key(KEY)]);
     let doc = json!({"version": 1, "tenants": [tenant]});
-    std::fs::write(&file, doc.to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(60),
-        redis: None,
-        redis_poll: Duration::from_secs(60),
-        api_keys: None,
-        metrics_top: 50,
-    };
     let shared = redis.map(|redis| (redis.handle(), PREFIX.to_owned()));
     let mut limiter = LimiterConfig::new(shared, "replica-0".to_owned());
     // A loaded machine's Redis is slow now and then; the request waits rather than being
     // counted locally.
     limiter.redis_timeout = Duration::from_secs(2);
-    let tenants = Tenants::start(config, limiter, Clock::manual(4_102_444_800_000));
-    let tenants = Arc::new(tenants.await.unwrap());
+    let tenants =
+        support::tenants_counted_by(dir.path(), &doc.to_string(), limiter, 4_102_444_800_000).await;
     let router = start_router(set, |c| {
         c.tenants = Some(tenants);
         c.resilience.idle_timeout = Duration::from_secs(1);

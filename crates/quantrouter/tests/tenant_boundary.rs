@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use quantrouter::server::{Server, ServerConfig};
 use quantrouter::tenants::limiter::LimiterConfig;
-use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
+use quantrouter::tenants::Tenants;
 use quantrouter_policy::{
     hash_key, ProfileSet, SecondOpinion, StaticUpstream, Upstream, UpstreamApi, DEFAULT_PROFILE_SET,
 };
@@ -349,21 +349,10 @@ async fn tenants(specs: &[(&str, Value)]) -> (Arc<Tenants>, tempfile::TempDir) {
             tenant
         })
         .collect();
-    let file = dir.path().join("tenants.json");
-    std::fs::write(&file, json!({"version": 1, "tenants": list}).to_string()).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(1),
-        redis: None,
-        redis_poll: Duration::from_secs(1),
-        api_keys: None,
-        metrics_top: 50,
-    };
+    let doc = json!({"version": 1, "tenants": list}).to_string();
     let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let tenants = Tenants::start(config, limiter, Clock::manual(NOW_MS))
-        .await
-        .unwrap();
-    (Arc::new(tenants), dir)
+    let tenants = support::tenants_counted_by(dir.path(), &doc, limiter, NOW_MS).await;
+    (tenants, dir)
 }
 
 /// Both doors open, and `tenants`.

@@ -303,10 +303,21 @@ pub async fn file_tenants(
     dir: &std::path::Path,
     doc: &serde_json::Value,
 ) -> Arc<quantrouter::tenants::Tenants> {
-    use quantrouter::tenants::limiter::LimiterConfig;
+    let limiter = quantrouter::tenants::limiter::LimiterConfig::new(None, "replica-0".to_owned());
+    tenants_counted_by(dir, &doc.to_string(), limiter, 4_102_444_800_000).await
+}
+
+/// Tenants from the document `doc`, written to a file in `dir`, counted by `limiter` on a
+/// clock stopped at `now_ms`.
+pub async fn tenants_counted_by(
+    dir: &std::path::Path,
+    doc: &str,
+    limiter: quantrouter::tenants::limiter::LimiterConfig,
+    now_ms: u64,
+) -> Arc<quantrouter::tenants::Tenants> {
     use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
     let file = dir.join("tenants.json");
-    std::fs::write(&file, doc.to_string()).unwrap();
+    std::fs::write(&file, doc).unwrap();
     let config = TenantsConfig {
         file: Some(file),
         file_interval: Duration::from_secs(1),
@@ -315,8 +326,7 @@ pub async fn file_tenants(
         api_keys: None,
         metrics_top: 50,
     };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    let clock = Clock::manual(4_102_444_800_000);
+    let clock = Clock::manual(now_ms);
     Arc::new(Tenants::start(config, limiter, clock).await.unwrap())
 }
 
@@ -609,24 +619,8 @@ pub async fn tenants_from(
     dir: &tempfile::TempDir,
     doc: &str,
 ) -> Arc<quantrouter::tenants::Tenants> {
-    use quantrouter::tenants::limiter::LimiterConfig;
-    use quantrouter::tenants::{Clock, Tenants, TenantsConfig};
-    let file = dir.path().join("tenants.json");
-    std::fs::write(&file, doc).unwrap();
-    let config = TenantsConfig {
-        file: Some(file),
-        file_interval: Duration::from_secs(60),
-        redis: None,
-        redis_poll: Duration::from_secs(60),
-        api_keys: None,
-        metrics_top: 50,
-    };
-    let limiter = LimiterConfig::new(None, "replica-0".to_owned());
-    Arc::new(
-        Tenants::start(config, limiter, Clock::manual(MID_MINUTE))
-            .await
-            .unwrap(),
-    )
+    let limiter = quantrouter::tenants::limiter::LimiterConfig::new(None, "replica-0".to_owned());
+    tenants_counted_by(dir.path(), doc, limiter, MID_MINUTE).await
 }
 
 /// What a [`capture_upstream`] received: each completion request's headers and body.
